@@ -1,0 +1,23 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up first.
+PY := .venv/bin/python
+SETUP_INPUTS := pyproject.toml scripts/setup.sh scripts/build_horovod.sh $(wildcard patches/*.patch)
+
+.PHONY: setup demo test bench clean
+
+setup: .venv/.setup-done
+
+.venv/.setup-done: $(SETUP_INPUTS)
+	bash scripts/setup.sh
+	touch $@
+
+demo: setup
+	$(PY) -m hvd_magic.demo notebooks/quickstart.ipynb
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf .venv hvd_runs .pytest_cache

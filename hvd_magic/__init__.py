@@ -1,0 +1,48 @@
+"""hvd_magic: run a notebook cell on N real Horovod ranks through a Spark barrier stage.
+
+    %load_ext hvd_magic
+
+    %%horovod --np 4
+    import torch, horovod.torch as hvd
+    hvd.init()
+    hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+
+Importing this package has no side effects and loads neither IPython nor Spark: rank processes
+import it too, and must start as fresh interpreters. The API is loaded on first use.
+"""
+
+from .errors import HorovodMagicError, LaunchError, RankError, RunCancelled, RunTimeout
+from .reporting import report
+
+__version__ = "0.1.0"
+
+_API = {"run", "last_run", "runs", "Run"}
+
+
+def __getattr__(name):
+    if name in _API:
+        from . import api
+        return getattr(api, name)
+    if name == "timeline":
+        from .timeline import timeline
+        return timeline
+    raise AttributeError(f"module 'hvd_magic' has no attribute {name!r}")
+
+
+def load_ipython_extension(ip):
+    """`%load_ext hvd_magic`: register `%%horovod` and `%horovod_timeline`."""
+    from .magics import HorovodMagics
+    ip.register_magics(HorovodMagics)
+
+
+def unload_ipython_extension(ip):
+    from .magics import HorovodMagics
+    for kind in ("line", "cell"):
+        for name, fn in list(ip.magics_manager.magics[kind].items()):
+            owner = getattr(fn, "__self__", None)
+            if isinstance(owner, HorovodMagics):
+                del ip.magics_manager.magics[kind][name]
+
+
+__all__ = ["run", "last_run", "runs", "Run", "report", "timeline", "RankError", "LaunchError",
+           "RunCancelled", "RunTimeout", "HorovodMagicError"]

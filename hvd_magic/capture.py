@@ -1,0 +1,351 @@
+"""Turn a notebook cell into a function that runs the same way on a rank.
+
+The cell's text goes through IPython's own transforms (so ``!cmd`` lines work), is parsed once
+(a `SyntaxError` points at the cell's own line), and is spliced into
+
+    def <cell>(name_a, name_b, ...):      # notebook values the cell reads, passed by value
+        import numpy as np                # notebook imports the cell uses, re-imported on the rank
+        from math import sqrt
+        ...the cell's statements...
+        return <last expression>, <locals() if --export>
+
+Modules are never pickled: a name bound to a module (or to an importable function or class of an
+installed package) becomes an import statement at the top of the body. Every other notebook value
+the cell reads is pickled on its own first, so that everything that cannot travel is named at once,
+before any job starts.
+
+Not for: launching, Spark, or showing anything.
+"""
+
+import ast
+import builtins
+import dataclasses
+import linecache
+import re
+import symtable
+import sys
+import types
+
+from IPython.core.error import UsageError
+
+CELL_FUNCTION = "__cell__"
+_HIDDEN = re.compile(r"^(_+|_i{1,3}|_i?\d+|_[iod]h|In|Out|get_ipython|exit|quit)$")
+_SHELL_CALLS = {"system": "_hvd_magic_system", "getoutput": "_hvd_magic_getoutput"}
+
+
+@dataclasses.dataclass
+class CellFunction:
+    """A cell made into a function, with the notebook values it needs."""
+    fn: types.FunctionType
+    filename: str
+    source: str
+    values: dict                 # name -> notebook value, passed as keyword arguments
+    imports: list                # the import statements put at the top of the body (as text)
+    export: tuple = ()
+    quiet: bool = False          # the cell ends with `;`: do not display its value
+
+    @property
+    def sources(self):
+        return {self.filename: self.source}
+
+
+def _ipython_transform(cell):
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager().transform_cell(cell)
+
+
+def _is_get_ipython_call(node, method):
+    """`get_ipython().<method>(...)`, which IPython's transforms write for ``!``, ``%`` and ``%%``."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == method and isinstance(node.func.value, ast.Call)
+            and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "get_ipython")
+
+
+def _check_statements(tree, lines):
+    """Refuse what cannot be a function body, naming the line."""
+    def line_of(node):
+        return f"line {node.lineno}: `{lines[node.lineno - 1].strip()}`"
+
+    class Checker(ast.NodeVisitor):
+        depth = 0
+
+        def nested_scope(self, node):
+            self.depth += 1
+            super().generic_visit(node)
+            self.depth -= 1
+
+        visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = nested_scope
+
+        def generic_visit(self, node):
+            top = self.depth == 0
+            if isinstance(node, (ast.Global, ast.Nonlocal)) and top:
+                raise UsageError(
+                    f"{line_of(node)}: `global`/`nonlocal` at the top of a %%horovod cell has no "
+                    "meaning: the cell runs as a function on each rank, away from the notebook's "
+                    "namespace. Use --export NAME to bring a value back instead.")
+            if isinstance(node, ast.Return) and top:
+                raise UsageError(f"{line_of(node)}: `return` outside a function. The cell's last "
+                                 "expression is already its value; end the cell with it.")
+            if isinstance(node, (ast.Yield, ast.YieldFrom)) and top:
+                raise UsageError(f"{line_of(node)}: `yield` at the top of a %%horovod cell would "
+                                 "turn the whole cell into a generator; put it inside a function.")
+            if isinstance(node, (ast.Await, ast.AsyncFor, ast.AsyncWith)) and top:
+                raise UsageError(f"{line_of(node)}: top-level `await` is not supported on the ranks;"
+                                 " wrap the coroutine in asyncio.run(...).")
+            for kind in ("run_line_magic", "run_cell_magic"):
+                if _is_get_ipython_call(node, kind):
+                    what = "line magic" if kind == "run_line_magic" else "cell magic"
+                    raise UsageError(
+                        f"{line_of(node)}: a {what} cannot run on the ranks (there is no IPython "
+                        "there). Run it in its own cell, or use plain Python in this one.")
+            super().generic_visit(node)
+
+    Checker().visit(tree)
+
+
+class _ShellCalls(ast.NodeTransformer):
+    """``!cmd`` became `get_ipython().system('cmd')`; on a rank it runs `hvd_magic.shell.system`."""
+
+    def __init__(self):
+        self.used = set()
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        for method, local in _SHELL_CALLS.items():
+            if _is_get_ipython_call(node, method):
+                self.used.add(method)
+                return ast.copy_location(
+                    ast.Call(func=ast.Name(local, ast.Load()), args=node.args, keywords=node.keywords),
+                    node)
+        return node
+
+
+# --- which notebook names the cell reads -----------------------------------------------------
+
+def _scope_globals(table):
+    """Names read as globals anywhere in this scope or the scopes nested in it."""
+    names = {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()}
+    for child in table.get_children():
+        names |= _scope_globals(child)
+    return names
+
+
+def _loads(node):
+    """Names loaded by a statement, not counting the bodies of functions and lambdas it defines."""
+    found = []
+
+    def walk(n):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in n.decorator_list + n.args.defaults + [x for x in n.args.kw_defaults if x]:
+                walk(d)
+            return
+        if isinstance(n, ast.Lambda):
+            for d in n.args.defaults:
+                walk(d)
+            return
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            found.append(n.id)
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            found.append(n.target.id)
+        for child in ast.iter_child_nodes(n):
+            walk(child)
+
+    walk(node)
+    return found
+
+
+def _stores(node):
+    """Names a simple statement binds for certain."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    targets = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and getattr(node, "value", None):
+        targets = [node.target]
+    elif isinstance(node, (ast.With, ast.AsyncWith)):
+        targets = [i.optional_vars for i in node.items if i.optional_vars is not None]
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _read_before_bound(stmts, bound, out):
+    """Add to `out` the names some statement may read before the cell has bound them."""
+    for stmt in stmts:
+        if isinstance(stmt, (ast.For, ast.AsyncFor)):
+            out.update(n for n in _loads(stmt.iter) if n not in bound)
+            inner = bound | {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
+            _read_before_bound(stmt.body, set(inner), out)
+            _read_before_bound(stmt.orelse, set(bound), out)
+        elif isinstance(stmt, (ast.If, ast.While)):
+            out.update(n for n in _loads(stmt.test) if n not in bound)
+            _read_before_bound(stmt.body, set(bound), out)
+            _read_before_bound(stmt.orelse, set(bound), out)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                out.update(n for n in _loads(item.context_expr) if n not in bound)
+            bound |= _stores(stmt)
+            _read_before_bound(stmt.body, bound, out)
+        elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            _read_before_bound(stmt.body, set(bound), out)
+            for handler in stmt.handlers:
+                if handler.type is not None:
+                    out.update(n for n in _loads(handler.type) if n not in bound)
+                _read_before_bound(handler.body, set(bound), out)
+            _read_before_bound(stmt.orelse, set(bound), out)
+            _read_before_bound(stmt.finalbody, bound, out)
+        elif type(stmt).__name__ == "Match":
+            out.update(n for n in _loads(stmt.subject) if n not in bound)
+            for case in stmt.cases:
+                _read_before_bound(case.body, set(bound), out)
+                if case.guard is not None:
+                    out.update(n for n in _loads(case.guard) if n not in bound)
+        else:
+            out.update(n for n in _loads(stmt) if n not in bound)
+            bound |= _stores(stmt)
+    return out
+
+
+def names_read(tree):
+    """Names the cell may read from outside itself: its globals, and locals read before bound."""
+    fn_def = _function_def(CELL_FUNCTION, [], tree.body or [ast.Pass()])
+    fn_def.lineno = fn_def.col_offset = 0
+    wrapper = ast.fix_missing_locations(ast.Module(body=[fn_def], type_ignores=[]))
+    table = symtable.symtable(ast.unparse(wrapper), "<cell>", "exec").get_children()[0]
+    cell_locals = {s.get_name() for s in table.get_symbols() if s.is_local()}
+    free = _scope_globals(table)
+    early = _read_before_bound(tree.body, set(), set())
+    return free | (early & cell_locals)
+
+
+# --- imports instead of pickles --------------------------------------------------------------
+
+def _attribute_chains(tree, name):
+    """Dotted paths used after `name` in the cell: ``xml.etree.ElementTree.parse`` -> [...]."""
+    chains = set()
+    for node in ast.walk(tree):
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if parts and isinstance(node, ast.Name) and node.id == name:
+            chains.add(tuple(reversed(parts)))
+    return chains
+
+
+def _module_imports(name, module, tree):
+    statements = []
+    modname = module.__name__
+    if modname == name:
+        statements.append(f"import {modname}")
+    else:
+        statements.append(f"import {modname} as {name}")
+    # Submodules reached through the name (``os.path`` is loaded by ``os``; ``xml.etree`` is not).
+    for chain in sorted(_attribute_chains(tree, name)):
+        for i in range(1, len(chain) + 1):
+            sub = ".".join((modname,) + chain[:i])
+            if isinstance(sys.modules.get(sub), types.ModuleType):
+                statements.append(f"__import__({sub!r})")
+    return list(dict.fromkeys(statements))
+
+
+def _importable_from(value):
+    """``(module, attribute)`` when `value` is a function or class importable from a package."""
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    if module in ("__main__", "builtins") or "." in qualname or "<" in qualname:
+        return None
+    if not isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return None
+    mod = sys.modules.get(module)
+    if mod is None or getattr(mod, qualname, None) is not value:
+        return None
+    return module, qualname
+
+
+def hidden_name(name):
+    return bool(_HIDDEN.match(name))
+
+
+# --- the function ----------------------------------------------------------------------------
+
+def _function_def(name, arg_names, body):
+    extra = {"type_params": []} if sys.version_info >= (3, 12) else {}
+    return ast.FunctionDef(
+        name=name, args=ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in arg_names],
+                                      kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=body, decorator_list=[], returns=None, **extra)
+
+
+def _parse_statement(text, like):
+    stmt = ast.parse(text).body[0]
+    for node in ast.walk(stmt):
+        ast.copy_location(node, like)
+    return stmt
+
+
+def semicolon_at_end(cell):
+    try:
+        from IPython.core.displayhook import DisplayHook
+        return DisplayHook.semicolon_at_end_of_expression(cell)
+    except (ImportError, AttributeError):
+        return cell.rstrip().endswith(";")
+
+
+def capture_cell(cell, namespace, *, cell_id="0", export=(), hidden=()):
+    """Make a `CellFunction` out of a cell's text and the notebook namespace it runs against."""
+    filename = f"<hvd_magic cell {cell_id}>"
+    source = _ipython_transform(cell)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename)  # a SyntaxError here names the cell's own line
+    lines = source.splitlines()
+    _check_statements(tree, lines)
+    shell_calls = _ShellCalls()
+    tree = shell_calls.visit(tree)
+
+    wanted = sorted(n for n in names_read(tree)
+                    if n in namespace and n not in hidden and not hidden_name(n))
+    imports, values = [], {}
+    for name in wanted:
+        value = namespace[name]
+        if isinstance(value, types.ModuleType):
+            imports.extend(_module_imports(name, value, tree))
+        elif (origin := _importable_from(value)) is not None:
+            module, attr = origin
+            imports.append(f"from {module} import {attr}" + (f" as {name}" if attr != name else ""))
+        elif getattr(builtins, name, object()) is value:
+            continue  # the notebook re-exported a builtin under its own name
+        else:
+            values[name] = value
+    if shell_calls.used:
+        imports.append("from hvd_magic.shell import "
+                       + ", ".join(f"{m} as {_SHELL_CALLS[m]}" for m in sorted(shell_calls.used)))
+
+    body = list(tree.body)
+    first = body[0] if body else ast.Pass(lineno=1, col_offset=0)
+    if not body:
+        body = [ast.copy_location(ast.Pass(), first)]
+    last = body[-1]
+    value_expr = ast.Constant(None)
+    if isinstance(last, ast.Expr):
+        body = body[:-1]
+        value_expr = last.value
+    exports_expr = (ast.Call(ast.Name("locals", ast.Load()), [], []) if export
+                    else ast.Constant(None))
+    ret = ast.copy_location(ast.Return(ast.Tuple([value_expr, exports_expr], ast.Load())), last)
+    header = [_parse_statement(text, first) for text in imports]
+    fn_def = _function_def(CELL_FUNCTION, list(values), header + body + [ret])
+    ast.copy_location(fn_def, first)
+    module = ast.fix_missing_locations(ast.Module(body=[fn_def], type_ignores=[]))
+    namespace_for_fn = {"__builtins__": builtins, "__name__": "hvd_magic_cell"}
+    exec(compile(module, filename, "exec"), namespace_for_fn)
+    fn = namespace_for_fn[CELL_FUNCTION]
+    fn.__code__ = fn.__code__.replace(co_name="<cell>", co_qualname="<cell>") \
+        if sys.version_info >= (3, 11) else fn.__code__.replace(co_name="<cell>")
+    fn.__qualname__ = fn.__name__ = "cell"
+    return CellFunction(fn=fn, filename=filename, source=source, values=values, imports=imports,
+                        export=tuple(export), quiet=semicolon_at_end(cell))

@@ -1,0 +1,83 @@
+"""Errors a run can end with, rendered the way a notebook user needs to read them.
+
+`RankError` shows the first failing rank's own traceback (its rank and host in the header), then
+one line per other rank saying how it ended. IPython calls `_render_traceback_`, so the driver-side
+stack (Spark, threads, this package) is never shown.
+"""
+
+FOLLOW_ON_TYPES = {"HorovodInternalError", "HorovodShutdownError"}
+FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken pipe",
+                  "Connection reset by peer", "Connection closed by peer")
+
+
+def is_follow_on(info):
+    """True for errors that are consequences of another rank's failure, not causes."""
+    if info.get("type") in FOLLOW_ON_TYPES:
+        return True
+    text = f"{info.get('message', '')}"
+    return any(t in text for t in FOLLOW_ON_TEXT)
+
+
+def describe_end(info):
+    """One line: how a rank that did not succeed ended."""
+    if info.get("type"):
+        message = info.get("message", "").strip().splitlines()
+        return f"{info['type']}: {message[0] if message else ''}".rstrip(": ")
+    if info.get("signal"):
+        return f"killed by {info['signal']}"
+    if info.get("status") == "stopped":
+        return "stopped"
+    code = info.get("code")
+    return f"exited with code {code}" if code is not None else "ended"
+
+
+class HorovodMagicError(Exception):
+    """Base of the errors a run raises."""
+
+
+class LaunchError(HorovodMagicError):
+    """The ranks could not be started (Spark or the rendezvous said no); says what to do."""
+
+
+class RankError(HorovodMagicError):
+    """A rank failed. `.rank`, `.host`, `.info` (the first failure), `.others` (rank -> line)."""
+
+    def __init__(self, info, others=None, run_id=None, note=None):
+        self.info = info
+        self.rank = info.get("rank")
+        self.host = info.get("host")
+        self.others = others or {}
+        self.run_id = run_id
+        self.note = note
+        super().__init__(self.headline())
+
+    def headline(self):
+        where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        return f"{where} failed: {describe_end(self.info)}"
+
+    def _render_traceback_(self):
+        lines = [f"RankError: {self.headline()}"]
+        if self.note:
+            lines.append(self.note)
+        tb = self.info.get("traceback", "").rstrip()
+        if tb:
+            lines.append(f"--- traceback of rank {self.rank} ({self.host}) ---")
+            lines.extend(tb.splitlines())
+        if self.info.get("hint"):
+            lines.append(self.info["hint"])
+        if self.others:
+            lines.append("--- the other ranks ---")
+            for rank in sorted(self.others):
+                lines.append(f"rank {rank}: {self.others[rank]}")
+        return lines
+
+    def __str__(self):
+        return "\n".join(self._render_traceback_())
+
+
+class RunCancelled(HorovodMagicError):
+    """The run was interrupted or cancelled; every rank was stopped."""
+
+
+class RunTimeout(HorovodMagicError):
+    """The run reached its --timeout; every rank was stopped."""

@@ -1,0 +1,119 @@
+"""The IPython magics: ``%%horovod`` and ``%horovod_timeline``.
+
+A thin shell: parse the options, capture the cell, call `hvd_magic.api.launch`, show the result.
+Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the session.
+"""
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Dict, Float, Int, Unicode
+
+from . import api
+from .capture import capture_cell
+from .view import make_view
+
+
+def _names(text):
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise UsageError(f"--export takes comma-separated names, and {', '.join(bad)} is not a name.")
+    return names
+
+
+@magics_class
+class HorovodMagics(Magics):
+    np = Int(2, help="Ranks when --np is not given.").tag(config=True)
+    timeout = Float(0.0, help="Seconds before a run is stopped (0: no limit).").tag(config=True)
+    spark_conf = Dict(help="Spark settings for a session hvd_magic starts itself.").tag(config=True)
+    run_root = Unicode("hvd_runs", help="Folder for run folders (logs, timeline).").tag(config=True)
+    broadcast_mb = Float(4.0, help="Values larger than this travel by Spark broadcast.").tag(config=True)
+    horovod_env = Dict(help="Extra HOROVOD_* settings for every rank.").tag(config=True)
+
+    @magic_arguments()
+    @argument("--np", "-n", type=int, default=None,
+              help="Number of ranks. N > 0: a Spark barrier stage of N tasks (the active "
+                   "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
+                   "only, no Spark. Default: HorovodMagics.np (2).")
+    @argument("--timeout", type=float, default=None,
+              help="Stop every rank after this many seconds.")
+    @argument("--export", type=str, default="",
+              help="Comma-separated names whose final values on rank 0 are set in the notebook.")
+    @argument("--quiet", "-q", action="store_true",
+              help="Show only the cell's value (and errors), not the ranks' output.")
+    @argument("--text", action="store_true",
+              help="Plain text output instead of the widget dashboard.")
+    @argument("--background", action="store_true",
+              help="Return at once with the Run; it keeps going while other cells run.")
+    @argument("--master", type=str, default=None,
+              help="Spark master URL for a session hvd_magic starts (when none is active).")
+    @argument("--env", action="append", default=[], metavar="NAME=VALUE",
+              help="Environment variable for every rank (repeatable).")
+    @argument("--retries", type=int, default=0,
+              help="Allow Spark to re-attempt the barrier stage this many times (default 0: a "
+                   "retried stage is reported, never silently restarted).")
+    @argument("--name", type=str, default=None, help="A label for the run.")
+    @cell_magic
+    def horovod(self, line, cell):
+        """Run this cell on N Horovod ranks; its value is rank 0's last expression.
+
+        The cell runs as a function on every rank: the notebook's imports that it uses are
+        re-imported there, and the notebook values it reads are sent by value. Each rank's output
+        is shown live, labelled by rank, and kept in full in hvd_runs/<run id>/rank-<k>.log.
+        Every rank's value is in ``hvd_magic.last_run().results``.
+
+        Examples
+        --------
+        ::
+
+            %%horovod --np 4
+            import torch, horovod.torch as hvd
+            hvd.init()
+            total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum)
+            total.item()
+
+            %%horovod --np -2 --export model
+            model = train()          # model is set in the notebook afterwards
+
+            %%horovod --np 2 --timeout 600 --quiet
+            long_training()
+        """
+        args = parse_argstring(self.horovod, line)
+        np = api.check_np(self.np if args.np is None else args.np)
+        export = _names(args.export)
+        env = {}
+        for item in args.env:
+            if "=" not in item:
+                raise UsageError(f"--env takes NAME=VALUE, not {item!r}.")
+            key, value = item.split("=", 1)
+            env[key] = value
+        timeout = args.timeout if args.timeout is not None else (self.timeout or None)
+        if timeout is not None and timeout <= 0:
+            raise UsageError("--timeout takes a positive number of seconds.")
+
+        shell = self.shell
+        cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
+                               hidden=set(shell.user_ns_hidden))
+        pickled = api.pickle_values(dict(cell_fn.values))
+        import cloudpickle
+        job = {"fn": cloudpickle.dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
+               "cell": True, "export": list(export)}
+        view = make_view(quiet=args.quiet, widgets=False if args.text else None)
+        run = api.launch(
+            job, pickled, np, master=args.master, spark_conf=dict(self.spark_conf),
+            timeout=timeout, run_dir=None, view=view, background=args.background,
+            horovod_env=dict(self.horovod_env), env=env,
+            broadcast_bytes=int(self.broadcast_mb * 1024 * 1024), retries=args.retries,
+            name=args.name, cell=cell_fn)
+        if args.background:
+            return run
+        if run.exports:
+            shell.user_ns.update(run.exports)
+        return None if cell_fn.quiet else run.value
+
+    @line_magic
+    def horovod_timeline(self, line):
+        """Bring back and show the Horovod timeline of a run (see `hvd_magic.timeline`)."""
+        from .timeline import timeline_magic
+        return timeline_magic(self, line)

@@ -1,0 +1,149 @@
+"""The rank process: ``python -m hvd_magic.rank WORKDIR``.
+
+Started by a task (`hvd_magic.task`) with Horovod's environment already set. It loads the job the
+task wrote to ``WORKDIR/job.pkl`` (the cell's function and its arguments, pickled by cloudpickle),
+runs it, and leaves either ``result.pkl`` or ``error.json`` behind. Everything it prints goes to its
+stdout/stderr pipes, which the task forwards; structured events (progress, state) go as JSON lines
+to the file descriptor named by ``HVD_MAGIC_EVENT_FD``.
+
+Not for: anything Spark or IPython. This process must start as a fresh interpreter so that the
+cell's own imports are what load its modules.
+"""
+
+import json
+import linecache
+import os
+import signal
+import sys
+import traceback
+
+from . import reporting
+
+# Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
+EXIT_USER_ERROR = 1
+EXIT_RESULT_ERROR = 3
+
+
+def _die_with_parent():
+    """Ask Linux to kill this process when the task that started it dies (Spark cancelled it)."""
+    parent = int(os.environ.get("HVD_MAGIC_PARENT_PID", "0"))
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if parent and os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(137)
+
+
+def _install_stack_dump():
+    """SIGUSR1 prints every thread's Python stack to stderr (used by the hang watchdog)."""
+    import faulthandler
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
+def _register_source(filename, source):
+    # The cell's code was compiled on the driver; give tracebacks its text here too.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
+def _user_traceback(exc):
+    """The exception's traceback without this bootstrap's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _exports(scope, names):
+    """Rank 0's values of the --export names (other ranks send none back)."""
+    if not names or os.environ.get("HOROVOD_RANK", "0") != "0":
+        return None
+    missing = [n for n in names if n not in scope]
+    if missing:
+        raise NameError(f"--export {','.join(missing)}: not defined on rank 0 at the end of the "
+                        f"cell (it defines: {', '.join(sorted(k for k in scope if not k.startswith('_'))) or 'nothing'})")
+    return {n: scope[n] for n in names}
+
+
+def _write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def main(workdir):
+    _die_with_parent()
+    _install_stack_dump()
+    reporting.install_tqdm_hook()
+    import cloudpickle  # noqa: F401  (needed to unpickle the job)
+    import pickle
+
+    with open(os.path.join(workdir, "job.pkl"), "rb") as f:
+        job = pickle.load(f)
+    for filename, source in job.get("sources", {}).items():
+        _register_source(filename, source)
+    reporting.state("running")
+    try:
+        fn = pickle.loads(job["fn"])
+        args = [pickle.loads(b) for b in job["args"]]
+        kwargs = {name: pickle.loads(b) for name, b in job["kwargs"].items()}
+        value = fn(*args, **kwargs)
+        if job.get("cell"):
+            value, scope = value
+            value = (value, _exports(scope, job.get("export", ())))
+    except BaseException as exc:  # the user's code may raise anything, SystemExit included
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _write_json(os.path.join(workdir, "error.json"), {
+            "type": type(exc).__name__,
+            "module": type(exc).__module__,
+            "message": str(exc),
+            "traceback": _user_traceback(exc),
+        })
+        return EXIT_USER_ERROR
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        data = cloudpickle.dumps(value)
+    except Exception as exc:
+        _write_json(os.path.join(workdir, "error.json"), {
+            "type": "ResultError",
+            "module": __name__,
+            "message": f"the value this rank returned ({type(value).__name__}) cannot be sent "
+                       f"back to the notebook: {exc}. Return something picklable, or end the "
+                       f"cell with `;`.",
+            "traceback": "",
+        })
+        return EXIT_RESULT_ERROR
+    tmp = os.path.join(workdir, "result.pkl.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(workdir, "result.pkl"))
+    reporting.state("done")
+    return 0
+
+
+def _shutdown_horovod():
+    """Shut Horovod down in step with the other ranks (flushes the timeline too)."""
+    for name in ("horovod.torch", "horovod.tensorflow", "horovod.keras"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "shutdown"):
+            try:
+                module.shutdown()
+            except Exception:
+                pass
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1])
+    if code == 0:
+        _shutdown_horovod()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the rest of interpreter teardown: library threads left running can crash it, and
+    # everything this process owes the task is already on disk.
+    os._exit(code)

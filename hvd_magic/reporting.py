@@ -1,0 +1,160 @@
+"""What a rank tells the driver besides its printed lines: progress, metrics, state.
+
+`report(step=..., total=..., **metrics)` is public (``hvd_magic.report``); any tqdm bar in a rank
+calls it too, through a hook installed by the rank bootstrap. Outside a rank both do nothing, so
+the same cell also runs as plain notebook code.
+
+Events are JSON lines written to the pipe named by ``HVD_MAGIC_EVENT_FD``; the task forwards them.
+Calls are throttled here (at most one progress event per `MIN_INTERVAL` seconds per rank, plus the
+last one) so that calling `report` on every training step costs a time check, not a syscall.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+MIN_INTERVAL = 0.1
+
+_lock = threading.Lock()
+_fd = None
+_last_sent = 0.0
+_pending = None
+
+
+def _event_fd():
+    global _fd
+    if _fd is None:
+        value = os.environ.get("HVD_MAGIC_EVENT_FD")
+        _fd = int(value) if value else -1
+    return _fd
+
+
+def _write(event):
+    fd = _event_fd()
+    if fd < 0:
+        return
+    data = (json.dumps(event, default=str, separators=(",", ":")) + "\n").encode()
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
+def state(name, **info):
+    """Tell the driver this rank entered a new state (running, done...)."""
+    flush()
+    _write({"t": "state", "state": name, **info})
+
+
+def report(step=None, total=None, **metrics):
+    """Report progress and metrics of this rank; shown live in the notebook's dashboard.
+
+    Cheap enough to call on every step: events are sent at most ten times a second, and the
+    latest one is never lost (it is sent when the rank ends or reports a final step).
+
+    Examples
+    --------
+    >>> for step in range(100):
+    ...     loss = train_step()
+    ...     hvd_magic.report(step=step + 1, total=100, loss=loss)
+    """
+    global _last_sent, _pending
+    if _event_fd() < 0:
+        return
+    clean = {}
+    for key, value in metrics.items():
+        if hasattr(value, "item"):  # torch/numpy scalars
+            try:
+                value = value.item()
+            except (ValueError, RuntimeError):
+                value = str(value)
+        clean[key] = value
+    event = {"t": "progress", "step": step, "total": total, "metrics": clean}
+    now = time.monotonic()
+    with _lock:
+        final = step is not None and total is not None and step >= total
+        if final or now - _last_sent >= MIN_INTERVAL:
+            _pending = None
+            _last_sent = now
+        else:
+            _pending = event
+            return
+    _write(event)
+
+
+def flush():
+    """Send the latest throttled progress event, if one is waiting."""
+    global _pending
+    with _lock:
+        event, _pending = _pending, None
+    if event is not None:
+        _write(event)
+
+
+# --- tqdm -------------------------------------------------------------------------------------
+
+def _patch_tqdm(std):
+    cls = std.tqdm
+    if getattr(cls, "_hvd_magic_patched", False):
+        return
+    original_update, original_close = cls.update, cls.close
+
+    def update(self, n=1):
+        result = original_update(self, n)
+        _report_bar(self)
+        return result
+
+    def close(self):
+        if not getattr(self, "disable", False):
+            _report_bar(self)
+            flush()
+        return original_close(self)
+
+    cls.update, cls.close = update, close
+    cls._hvd_magic_patched = True
+
+
+def _report_bar(bar):
+    if getattr(bar, "disable", False):
+        return
+    metrics = {}
+    postfix = getattr(bar, "postfix", None)
+    if postfix:
+        metrics["postfix"] = str(postfix).lstrip(", ")
+    if getattr(bar, "desc", ""):
+        metrics["desc"] = bar.desc
+    report(step=bar.n, total=bar.total, **metrics)
+
+
+class _TqdmFinder:
+    """Patch tqdm right after the user's code imports it, so no tqdm is loaded before that."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tqdm.std":
+            return None
+        sys.meta_path.remove(self)
+        try:
+            import importlib.util
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            _patch_tqdm(module)
+
+        loader.exec_module = exec_and_patch
+        return spec
+
+
+def install_tqdm_hook():
+    if "tqdm.std" in sys.modules:
+        _patch_tqdm(sys.modules["tqdm.std"])
+    else:
+        sys.meta_path.insert(0, _TqdmFinder())

@@ -1,0 +1,232 @@
+"""Launch the ranks as one Spark barrier stage: all N tasks gang-scheduled, or none.
+
+With an active SparkSession (a real cluster) it is used as it is. Otherwise an embedded
+``local[N]`` session is started (UI off, quiet logs, workers on this very Python) and marked as
+ours, so that a later run needing more slots may restart it.
+
+Before anything is submitted the slots are checked (a barrier stage that cannot fit would fail
+with a Java ``BarrierJobSlotsNumberCheckFailed`` after minutes of retries), and dynamic allocation is
+refused. Spark errors reach the user as one line, never as a Java stack trace.
+
+Not for: widgets or anything the notebook shows; what a task does is `hvd_magic.task`.
+"""
+
+import functools
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+
+from IPython.core.error import UsageError
+
+from .errors import LaunchError
+from .task import spark_task
+
+EMBEDDED_MARK = "spark.hvd_magic.embedded"
+_LOG4J = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+
+
+def _active_context():
+    from pyspark import SparkContext
+    return SparkContext._active_spark_context
+
+
+def embedded_session(np, conf=None, master=None):
+    """The session we run on when the user has none: local[N] with at least N slots."""
+    from pyspark.sql import SparkSession
+
+    slots = max(np, os.cpu_count() or 1, 4)
+    # PySpark starts its workers with $PYSPARK_PYTHON (default: whatever python3 is on PATH);
+    # ours must be this very interpreter, which has torch, horovod and hvd_magic.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder
+               .master(master or f"local[{slots}]")
+               .appName("hvd_magic")
+               .config(EMBEDDED_MARK, "true")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.pyspark.python", sys.executable)
+               .config("spark.pyspark.driver.python", sys.executable)
+               .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{_LOG4J}")
+               .config("spark.executor.extraJavaOptions", f"-Dlog4j.configurationFile=file:{_LOG4J}"))
+    if master is None or master.startswith("local"):
+        builder = (builder.config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, str(value))
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def local_slots(master):
+    """Task slots of a local master string, or None when it is not local."""
+    if master == "local":
+        return 1
+    m = re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", master)
+    if m:
+        return os.cpu_count() if m.group(1) == "*" else int(m.group(1))
+    m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    return None
+
+
+def cluster_slots(sc):
+    """How many tasks of the default resource profile can run at once right now."""
+    jsc = sc._jsc.sc()
+    try:
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # older Spark: no resource profiles
+        return int(jsc.maxNumConcurrentTasks())
+
+
+def _executor_summary(sc):
+    try:
+        executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1
+    except Exception:
+        return ""
+    cores = sc.getConf().get("spark.executor.cores")
+    task_cpus = sc.getConf().get("spark.task.cpus", "1")
+    text = f"{executors} executor{'s' if executors != 1 else ''}"
+    if cores:
+        text += f" × {cores} cores"
+    if task_cpus != "1":
+        text += f", {task_cpus} cpus per task"
+    return text
+
+
+def java_message(exc):
+    """The first line of what Java said, without the stack trace."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(exc)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if "BarrierJobSlotsNumberCheckFailed" in text:
+        return ("Spark could not schedule all ranks at once (not enough free task slots for a "
+                "barrier stage). Use a smaller --np or add executors.")
+    if "BarrierJobUnsupportedRDDChainException" in text or "dynamic allocation" in text.lower():
+        return "Spark refused the barrier stage: " + first
+    python = re.findall(r"^(\w+(?:Error|Exception): .*)$", text.split("SQLSTATE")[0], re.M)
+    if "PythonException" in text and python:
+        return (f"a Spark task failed before its rank started: {python[-1].strip()}. Check that "
+                "the executors have the same Python packages as the driver (torch, horovod, "
+                "hvd_magic).")
+    return first
+
+
+class SparkLauncher:
+    """Runs `hvd_magic.task.spark_task` on N barrier tasks of a SparkSession."""
+
+    def __init__(self, session=None, master=None, conf=None, slot_wait=30.0):
+        self.session = session
+        self.master = master
+        self.conf = conf or {}
+        self.slot_wait = slot_wait
+        self.group = None
+        self.outcomes = None
+        self.error = None
+        self._thread = None
+        self._cancelled = False
+
+    # -- before launch ----------------------------------------------------------------------
+    def prepare(self, np):
+        """Find or start the session and check it can hold N ranks at once."""
+        if self.session is None:
+            from pyspark.sql import SparkSession
+            if _active_context() is not None:
+                session = SparkSession.builder.getOrCreate()
+                ours = session.sparkContext.getConf().get(EMBEDDED_MARK) == "true"
+                slots = local_slots(session.sparkContext.master)
+                if ours and slots is not None and slots < np and self.master is None:
+                    session.stop()  # ours and too small: start a bigger one
+                    session = embedded_session(np, self.conf)
+            else:
+                session = embedded_session(np, self.conf, self.master)
+            self.session = session
+        sc = self.session.sparkContext
+        conf = sc.getConf()
+        if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+            raise UsageError(
+                "Spark's dynamic allocation is on, and barrier stages cannot run with it. Start the "
+                "session with spark.dynamicAllocation.enabled=false (and a fixed number of "
+                "executors).")
+        self._check_slots(sc, np)
+        return self.session
+
+    def _check_slots(self, sc, np):
+        slots = local_slots(sc.master)
+        if slots is not None:
+            if slots < np:
+                raise UsageError(
+                    f"np={np} but the Spark session ({sc.master}) has {slots} task slots; use "
+                    f"--np {slots} or start the session with local[{np}].")
+            return
+        deadline = time.monotonic() + self.slot_wait
+        while True:  # executors register a few seconds after a session starts
+            slots = cluster_slots(sc)
+            if slots >= np or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        if slots < np:
+            summary = _executor_summary(sc)
+            raise UsageError(
+                f"np={np} but the cluster has {slots} task slots"
+                + (f" ({summary})" if summary else "")
+                + f"; use --np {max(slots, 1)} or add executors.")
+
+    @property
+    def driver_host(self):
+        return self.session.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
+
+    @property
+    def where(self):
+        return self.session.sparkContext.master
+
+    def broadcast(self, data):
+        return self.session.sparkContext.broadcast(data)
+
+    # -- launch -------------------------------------------------------------------------------
+    def start(self, settings, np):
+        from pyspark import InheritableThread
+
+        sc = self.session.sparkContext
+        self.group = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
+
+        def collect():
+            try:
+                sc.setJobGroup(self.group, f"hvd_magic run {settings.run_id} (np={np})",
+                               interruptOnCancel=True)
+                rdd = sc.parallelize(range(np), np).barrier().mapPartitions(
+                    functools.partial(spark_task, settings))
+                self.outcomes = rdd.collect()
+            except BaseException as exc:  # reported by the driver loop, never lost
+                self.error = exc if self._cancelled else LaunchError(java_message(exc))
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+
+        self._thread = InheritableThread(target=collect, name="hvd-magic-spark", daemon=True)
+        self._thread.start()
+
+    def done(self):
+        return self._thread is not None and not self._thread.is_alive()
+
+    def join(self, timeout=None):
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def cancel(self):
+        self._cancelled = True
+        if self.group is not None:
+            try:
+                self.session.sparkContext.cancelJobGroup(self.group)
+            except Exception:
+                pass
+
+    def job_ids(self):
+        """Spark job ids of this run's group (used by tests and the view)."""
+        if self.group is None:
+            return []
+        return list(self.session.sparkContext.statusTracker().getJobIdsForGroup(self.group))

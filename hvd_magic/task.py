@@ -1,0 +1,371 @@
+"""What one task does: the same code runs inside a Spark barrier task and in a driver-only thread.
+
+1. Every task tells the others its host (`Coordinator.all_gather`).
+2. Task 0 starts Horovod's rendezvous server with the host plan; the others wait at a barrier.
+3. Each task derives its Horovod slot (rank, local rank, cross rank...) from the plan.
+4. It spawns the rank as a subprocess (``python -m hvd_magic.rank``) in its own process group, with
+   Horovod's Gloo environment set explicitly, and forwards the rank's stdout, stderr and structured
+   events to the driver's event server, labelled by rank.
+5. It returns ``(rank, status, payload)``: the rank's pickled value, or its error summary.
+
+A ``stop`` message from the driver (cancel, timeout, another rank failed) ends the rank's process
+group: SIGTERM, a short grace, then SIGKILL.
+
+Not for: IPython, widgets or anything the notebook shows. Settings travel as one small picklable
+`TaskSettings`; the cell's function and values travel as bytes that only the rank unpickles.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from .events import EventClient
+
+# How long output may sit in the task before it is sent, and how much at most per frame.
+FLUSH_INTERVAL = 0.05
+MAX_BATCH_BYTES = 256 * 1024
+STOP_GRACE_SECONDS = 3.0
+
+
+@dataclasses.dataclass
+class TaskSettings:
+    run_id: str
+    np: int
+    events_address: str
+    token: str
+    job: bytes                      # pickled {"fn", "args", "kwargs", "sources"} (small values)
+    horovod_env: dict               # HOROVOD_* knobs chosen by the driver
+    broadcast_kwargs: dict = dataclasses.field(default_factory=dict)  # name -> Broadcast / bytes
+    cwd: str = ""
+    allow_retry: bool = False
+    extra_env: dict = dataclasses.field(default_factory=dict)
+
+
+class Coordinator:
+    """What a task needs from its siblings; Spark's BarrierTaskContext or threads on the driver."""
+
+    partition_id: int
+    attempt: int
+
+    def all_gather(self, message: str) -> list:
+        raise NotImplementedError
+
+    def barrier(self):
+        self.all_gather("")
+
+    def task_address(self, partition_id: int) -> str:
+        """The host the cluster knows this task's executor by (reachable from the others)."""
+        raise NotImplementedError
+
+    def gpus(self) -> list:
+        return []
+
+
+class SparkCoordinator(Coordinator):
+    def __init__(self):
+        from pyspark import BarrierTaskContext
+        self.ctx = BarrierTaskContext.get()
+        self.partition_id = self.ctx.partitionId()
+        self.attempt = self.ctx.attemptNumber()
+
+    def all_gather(self, message):
+        return self.ctx.allGather(message)
+
+    def barrier(self):
+        self.ctx.barrier()
+
+    def task_address(self, partition_id):
+        return self.ctx.getTaskInfos()[partition_id].address.rsplit(":", 1)[0]
+
+    def gpus(self):
+        resource = self.ctx.resources().get("gpu")
+        return list(resource.addresses) if resource is not None else []
+
+
+def spark_task(settings, _iterator):
+    """The function of the barrier stage (module level, so it pickles by reference)."""
+    yield run_task(settings, SparkCoordinator())
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+def host_plan(hosts, np):
+    """Horovod slots for tasks whose hosts are `hosts` (one entry per partition, in order).
+
+    Returns one slot per partition. Tasks on the same host get consecutive local ranks in
+    partition order; hosts are ordered by their first partition.
+    """
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    order = list(dict.fromkeys(hosts))
+    counts = {h: hosts.count(h) for h in order}
+    plan = get_host_assignments(parse_hosts(",".join(f"{h}:{counts[h]}" for h in order)), np)
+    by_host = {h: [s for s in plan if s.hostname == h] for h in order}
+    taken = {h: 0 for h in order}
+    slots = []
+    for h in hosts:
+        slots.append(by_host[h][taken[h]])
+        taken[h] += 1
+    return plan, slots
+
+
+def _resolve(host):
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def _local_ip_towards(ip):
+    """The address of this machine that packets to `ip` leave from."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((ip, 9))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _iface_of(ip):
+    import psutil
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    return "lo"
+
+
+def horovod_rank_env(slot, np, rendezvous_ip, rendezvous_port, iface):
+    return {
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(np),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        "HOROVOD_HOSTNAME": slot.hostname,
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_ip,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+        "HOROVOD_GLOO_IFACE": iface,
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+    }
+
+
+# --- forwarding output ------------------------------------------------------------------------
+
+class _Forwarder:
+    """Sends a rank's lines and events to the driver in batches, in order, never splitting lines."""
+
+    def __init__(self, client, rank):
+        self.client = client
+        self.rank = rank
+        self.lock = threading.Lock()
+        self.failed = False
+
+    def send(self, event):
+        event["rank"] = self.rank
+        if self.failed:
+            return
+        try:
+            self.client.send(event)
+        except OSError:
+            self.failed = True  # the driver went away; the rank's own work goes on
+
+    def pump_lines(self, pipe, stream):
+        """Read a pipe to its end; send complete lines in batches (a final partial line at EOF)."""
+        fd = pipe.fileno()
+        buffer = b""
+        batch, batch_bytes, batch_started = [], 0, None
+        import select
+        while True:
+            timeout = None if not batch else max(0.0, FLUSH_INTERVAL - (time.monotonic() - batch_started))
+            ready, _, _ = select.select([fd], [], [], timeout)
+            chunk = os.read(fd, 65536) if ready else None
+            if chunk == b"":  # EOF
+                if buffer:
+                    batch.append(buffer.decode("utf-8", "replace"))
+                if batch:
+                    self.send({"t": "lines", "stream": stream, "lines": batch})
+                return
+            if chunk:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                if complete:
+                    if not batch:
+                        batch_started = time.monotonic()
+                    for line in complete:
+                        batch.append(line.decode("utf-8", "replace"))
+                        batch_bytes += len(line)
+            if batch and (batch_bytes >= MAX_BATCH_BYTES
+                          or time.monotonic() - batch_started >= FLUSH_INTERVAL):
+                self.send({"t": "lines", "stream": stream, "lines": batch})
+                batch, batch_bytes = [], 0
+
+    def pump_events(self, pipe):
+        for raw in pipe:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                self.send(event)
+
+
+# --- the task ---------------------------------------------------------------------------------
+
+def _stop_group(proc, grace=STOP_GRACE_SECONDS):
+    """End the rank's whole process group: SIGTERM, a grace period, then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_task(settings: TaskSettings, coord: Coordinator):
+    if coord.attempt > 0 and not settings.allow_retry:
+        return (None, "retried", {
+            "partition": coord.partition_id, "attempt": coord.attempt,
+            "message": "Spark re-attempted the barrier stage after a failure; hvd_magic refuses to "
+                       "start training over silently (pass --retries N to allow it)."})
+
+    host = socket.gethostname()
+    rendezvous = None
+    if coord.partition_id == 0:
+        from horovod.runner.http.http_server import RendezvousServer
+        rendezvous = RendezvousServer()
+        port = rendezvous.start()
+    else:
+        port = 0
+    try:
+        gathered = [json.loads(m) for m in coord.all_gather(json.dumps({"host": host, "port": port}))]
+        hosts = [g["host"] for g in gathered]
+        plan, slots = host_plan(hosts, settings.np)
+        if rendezvous is not None:
+            rendezvous.init(plan)
+        coord.barrier()
+        rendezvous_ip = _resolve(coord.task_address(0))
+        local_ip = _local_ip_towards(rendezvous_ip)
+        slot = slots[coord.partition_id]
+        env = dict(os.environ)
+        env.update(settings.horovod_env)
+        env.update(settings.extra_env)
+        env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, gathered[0]["port"],
+                                    _iface_of(local_ip)))
+        gpus = coord.gpus()
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return _run_rank(settings, slot, env, host, gpus)
+    finally:
+        if rendezvous is not None:
+            rendezvous.stop()
+
+
+def _write_job(workdir, settings):
+    """The job file for the rank: small values inline, large ones fetched from their broadcast."""
+    import pickle
+    job = pickle.loads(settings.job)
+    for name, ref in settings.broadcast_kwargs.items():
+        job["kwargs"][name] = ref.value if hasattr(ref, "value") else ref
+    with open(os.path.join(workdir, "job.pkl"), "wb") as f:
+        pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _run_rank(settings, slot, env, host, gpus):
+    rank = slot.rank
+    workdir = tempfile.mkdtemp(prefix=f"hvd_magic-{settings.run_id}-rank{rank}-")
+    proc = None
+    stopping = threading.Event()
+    client = None
+    try:
+        _write_job(workdir, settings)
+
+        def on_message(msg):
+            if msg.get("t") == "stop":
+                stopping.set()
+                if proc is not None:
+                    threading.Thread(target=_stop_group, args=(proc,), daemon=True).start()
+            elif msg.get("t") == "dump" and proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGUSR1)
+
+        client = EventClient(settings.events_address, settings.token, on_message=on_message)
+        forward = _Forwarder(client, rank)
+        events_r, events_w = os.pipe()
+        env["HVD_MAGIC_EVENT_FD"] = str(events_w)
+        env["HVD_MAGIC_PARENT_PID"] = str(os.getpid())
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONFAULTHANDLER"] = "1"
+        cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hvd_magic.rank", workdir],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(events_w,), env=env, cwd=cwd, start_new_session=True)
+        os.close(events_w)
+        if stopping.is_set():  # the stop came while the rank was being started
+            threading.Thread(target=_stop_group, args=(proc,), daemon=True).start()
+        forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
+                      "local_rank": slot.local_rank, "gpus": gpus})
+        with os.fdopen(events_r, "rb") as events_pipe:
+            pumps = [
+                threading.Thread(target=forward.pump_lines, args=(proc.stdout, "stdout"), daemon=True),
+                threading.Thread(target=forward.pump_lines, args=(proc.stderr, "stderr"), daemon=True),
+                threading.Thread(target=forward.pump_events, args=(events_pipe,), daemon=True),
+            ]
+            for p in pumps:
+                p.start()
+            code = proc.wait()
+            _kill_group(proc.pid)  # whatever the rank left running (its session) goes with it
+            for p in pumps:
+                p.join(timeout=10)
+        outcome = _outcome(workdir, code, rank, host, stopping.is_set())
+        forward.send({"t": "exit", "code": code, "status": outcome[1],
+                      "summary": outcome[2] if outcome[1] != "ok" else None})
+        return outcome
+    finally:
+        if proc is not None:
+            _stop_group(proc, grace=0.5)
+        if client is not None:
+            client.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _outcome(workdir, code, rank, host, stopped):
+    result_path = os.path.join(workdir, "result.pkl")
+    error_path = os.path.join(workdir, "error.json")
+    if code == 0 and os.path.exists(result_path):
+        with open(result_path, "rb") as f:
+            return (rank, "ok", f.read())
+    info = {"rank": rank, "host": host, "code": code}
+    if os.path.exists(error_path):
+        with open(error_path) as f:
+            info.update(json.load(f))
+        return (rank, "error", info)
+    if stopped:
+        return (rank, "stopped", info)
+    if code < 0:
+        info["signal"] = signal.Signals(-code).name
+    return (rank, "died", info)

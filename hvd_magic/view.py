@@ -1,0 +1,94 @@
+"""How a run is shown: a text view (terminals, scripts) and, in a kernel with widgets, a dashboard.
+
+Both are fed the same calls by the driver loop: `start(run)`, `event(run, rank, event)` for each
+event, `tick(run)` a few times a second, `finish(run)`. Views read the `Run` and its `RankState`s;
+they never talk to Spark or to the tasks.
+"""
+
+import os
+import sys
+import time
+
+
+def visible_text(line):
+    """What a terminal shows of a line with carriage returns: the text after the last one."""
+    return line.rsplit("\r", 1)[-1]
+
+
+class TextView:
+    """``[rank k] line`` as lines arrive, then one summary line per rank."""
+
+    def __init__(self, quiet=False, stdout=None, stderr=None, summary=True):
+        self.quiet = quiet
+        self.summary = summary
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+
+    def start(self, run):
+        pass
+
+    def event(self, run, rank, event):
+        if self.quiet or event.get("t") != "lines":
+            return
+        out = self.stderr if event.get("stream") == "stderr" else self.stdout
+        text = "".join(f"[rank {rank}] {visible_text(line)}\n" for line in event.get("lines", ()))
+        out.write(text)
+        out.flush()
+
+    def tick(self, run):
+        pass
+
+    def finish(self, run):
+        if self.quiet or not self.summary:
+            return
+        self.stdout.write(summary_text(run))
+        self.stdout.flush()
+
+
+def summary_text(run):
+    lines = [f"hvd_magic run {run.id}: {run.state} in {run.elapsed:.1f} s on {run.where} "
+             f"(logs: {os.path.relpath(run.run_dir)})\n"]
+    for r in run.ranks:
+        host = f" on {r.host}" if r.host else ""
+        progress = f", step {r.step}/{r.total}" if r.step is not None else ""
+        lines.append(f"  rank {r.rank}{host}: {r.state}{progress}, {r.lines} lines\n")
+    return "".join(lines)
+
+
+def widgets_available():
+    """True inside a kernel whose front end can show ipywidgets (and not switched off)."""
+    if os.environ.get("HVD_MAGIC_NO_WIDGETS"):
+        return False
+    try:
+        from IPython import get_ipython
+        ip = get_ipython()
+        if ip is None or not hasattr(ip, "kernel"):
+            return False
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_view(quiet=False, widgets=None):
+    if widgets is None:
+        widgets = widgets_available()
+    if widgets:
+        from .dashboard import Dashboard
+        return Dashboard(quiet=quiet)
+    return TextView(quiet=quiet)
+
+
+class Clock:
+    """Calls `fn` at most `rate` times a second; the last call is never lost (see `flush`)."""
+
+    def __init__(self, rate):
+        self.interval = 1.0 / rate
+        self.last = 0.0
+
+    def due(self):
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False

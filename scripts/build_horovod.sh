@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 for the torch in the given virtual environment, cache the wheel, install it.
+#
+# The published 0.28.1 sdist compiles with -std=c++14 and so fails against torch >= 2.1.
+# We download the sdist from the package registry, apply our patches (patches/horovod-0.28.1-*.patch:
+# C++17, and no busy-spinning in the timeline writer and the torch wait loop), build a wheel with Gloo
+# and without MPI/TensorFlow/MXNet, and keep it in ~/.cache/hvd_magic/wheels/<key>/ where <key> names
+# the Python and torch versions and a hash of the patches: the second run installs in seconds.
+#
+# Usage: scripts/build_horovod.sh VENV [stock]
+#   stock: apply only the C++17 fix (for the benchmark that compares against unpatched Horovod).
+# Also used by binder/postBuild: one recipe, not two.
+set -euo pipefail
+
+venv=${1:?usage: build_horovod.sh VENV [stock]}
+flavour=${2:-patched}
+here=$(cd "$(dirname "$0")/.." && pwd)
+py="$venv/bin/python"
+version=0.28.1
+
+patches=("$here/patches/horovod-$version-cxx17.patch")
+if [[ $flavour != stock ]]; then
+    patches+=("$here/patches/horovod-$version-no-spin.patch")
+fi
+
+pyver=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+torchver=$("$py" -c 'import torch; print(torch.__version__)')
+patchhash=$(cat "${patches[@]}" | sha256sum | cut -c1-12)
+cache=${HVD_MAGIC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_magic}
+wheeldir="$cache/wheels/horovod-$version-$pyver-torch$torchver-$patchhash"
+
+verify() {
+    "$py" - <<'EOF'
+import horovod.torch as hvd
+assert hvd.gloo_built(), "Horovod was built without Gloo"
+import horovod; print(f"horovod {horovod.__version__}: horovod.torch imports, gloo_built=True")
+EOF
+}
+
+installed_key="$venv/.horovod-key"
+if [[ -f $installed_key && $(cat "$installed_key") == "$wheeldir" ]] && verify >/dev/null 2>&1; then
+    echo "horovod: already installed from $wheeldir"
+    exit 0
+fi
+
+if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
+    echo "horovod: building $version ($flavour) for $pyver torch $torchver (about 4-5 minutes on 2 cores)"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    "$py" -m pip download --quiet --no-deps --no-binary :all: "horovod==$version" -d "$work"
+    tar -xzf "$work/horovod-$version.tar.gz" -C "$work"
+    for p in "${patches[@]}"; do
+        patch --quiet -p1 -d "$work/horovod-$version" < "$p"
+    done
+    cmake_major=$(cmake --version 2>/dev/null | sed -n 's/cmake version \([0-9]*\).*/\1/p')
+    if [[ -z $cmake_major ]]; then
+        "$py" -m pip install --quiet "cmake>=3.13,<4"
+        export PATH="$venv/bin:$PATH"
+    elif (( cmake_major >= 4 )); then
+        export CMAKE_POLICY_VERSION_MINIMUM=3.5   # bundled Gloo asks for cmake 2.8.12
+    fi
+    mkdir -p "$work/dist"
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    MAKEFLAGS="-j$(nproc)" \
+        "$py" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/dist" "$work/horovod-$version"
+    mkdir -p "$wheeldir"
+    mv "$work"/dist/horovod-*.whl "$wheeldir/"
+fi
+
+"$py" -m pip install --quiet --force-reinstall --no-deps "$wheeldir"/horovod-*.whl
+# Horovod's own runtime requirements (we installed the wheel without dependencies).
+"$py" -m pip install --quiet cloudpickle psutil pyyaml packaging
+verify
+echo "$wheeldir" > "$installed_key"

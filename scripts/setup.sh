@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up everything hvd_magic needs, idempotently: Java 17+, .venv with the project and its
+# dependencies, and Horovod built from source (cached in ~/.cache/hvd_magic).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+venv="$here/.venv"
+torch_version=2.13.0
+
+# Java 17+ for pyspark 4.
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if ! command -v java >/dev/null || (( $(java_major) < 17 )); then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        echo "setup: installing Java 17 (openjdk-17-jre-headless)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    else
+        echo "setup: Spark needs Java 17 or newer. Run:  sudo apt-get install -y openjdk-17-jre-headless" >&2
+        exit 1
+    fi
+fi
+
+if [[ ! -x $venv/bin/python ]]; then
+    python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+stamp="$venv/.deps-key"
+key=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
+    echo "setup: installing Python packages into .venv"
+    "$py" -m pip install --quiet --upgrade pip
+    # torch first, pinned: the CPU build this machine has; Horovod is built against it.
+    "$py" -m pip install --quiet "torch==$torch_version"
+    "$py" -m pip install --quiet -e ".[test]"
+    echo "$key" > "$stamp"
+fi
+bash "$here/scripts/build_horovod.sh" "$venv"
