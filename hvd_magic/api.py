@@ -117,6 +117,7 @@ class RankState:
         self.host = None
         self.local_rank = None
         self.gpus = []
+        self.executor = None
         self.pid = None
         self.state = "pending"
         self.step = None
@@ -213,6 +214,8 @@ class Run:
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
             broadcast_kwargs={n: self.launcher.broadcast(d) for n, d in large.items()},
             extra_env=self.extra_env)
+        for rank in range(self.np):  # every rank has a log, even one that prints nothing
+            self._log(rank)
         self.started = time.time()
         self.state = "running"
         self._write_meta()
@@ -330,7 +333,7 @@ class Run:
                 r.last_line = lines[-1].rsplit("\r", 1)[-1]
         elif kind == "state":
             r.state = str(event.get("state", r.state))
-            for key in ("host", "local_rank", "pid", "gpus"):
+            for key in ("host", "local_rank", "pid", "gpus", "executor"):
                 if key in event:
                     setattr(r, key, event[key])
         elif kind == "progress":

@@ -154,9 +154,10 @@ class EventServer:
             self._closed = True
             peers = list(self._peers)
         try:
-            self._sock.close()
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         except OSError:
             pass
+        self._sock.close()
         for conn in peers:
             try:
                 conn.shutdown(socket.SHUT_RDWR)

@@ -1,7 +1,8 @@
 """What one task does: the same code runs inside a Spark barrier task and in a driver-only thread.
 
-1. Every task tells the others its host (`Coordinator.all_gather`).
-2. Task 0 starts Horovod's rendezvous server with the host plan; the others wait at a barrier.
+1. Hosts are the executors' addresses as the cluster knows them; task 0 starts Horovod's
+   rendezvous server and tells the others its port (`Coordinator.all_gather`).
+2. Task 0 gives the server the host plan; the others wait at a barrier meanwhile.
 3. Each task derives its Horovod slot (rank, local rank, cross rank...) from the plan.
 4. It spawns the rank as a subprocess (``python -m hvd_magic.rank``) in its own process group, with
    Horovod's Gloo environment set explicitly, and forwards the rank's stdout, stderr and structured
@@ -68,6 +69,9 @@ class Coordinator:
     def gpus(self) -> list:
         return []
 
+    def executor(self) -> str:
+        return "driver"
+
 
 class SparkCoordinator(Coordinator):
     def __init__(self):
@@ -84,6 +88,9 @@ class SparkCoordinator(Coordinator):
 
     def task_address(self, partition_id):
         return self.ctx.getTaskInfos()[partition_id].address.rsplit(":", 1)[0]
+
+    def executor(self):
+        return self.ctx.getTaskInfos()[self.partition_id].address
 
     def gpus(self):
         resource = self.ctx.resources().get("gpu")
@@ -253,7 +260,8 @@ def run_task(settings: TaskSettings, coord: Coordinator):
             "message": "Spark re-attempted the barrier stage after a failure; hvd_magic refuses to "
                        "start training over silently (pass --retries N to allow it)."})
 
-    host = socket.gethostname()
+    # Hosts as the cluster knows the executors: tasks of one executor host share local ranks.
+    hosts = [coord.task_address(i) for i in range(settings.np)]
     rendezvous = None
     if coord.partition_id == 0:
         from horovod.runner.http.http_server import RendezvousServer
@@ -262,13 +270,13 @@ def run_task(settings: TaskSettings, coord: Coordinator):
     else:
         port = 0
     try:
-        gathered = [json.loads(m) for m in coord.all_gather(json.dumps({"host": host, "port": port}))]
-        hosts = [g["host"] for g in gathered]
+        gathered = [json.loads(m) for m in coord.all_gather(
+            json.dumps({"port": port, "hostname": socket.gethostname()}))]
         plan, slots = host_plan(hosts, settings.np)
         if rendezvous is not None:
             rendezvous.init(plan)
         coord.barrier()
-        rendezvous_ip = _resolve(coord.task_address(0))
+        rendezvous_ip = _resolve(hosts[0])
         local_ip = _local_ip_towards(rendezvous_ip)
         slot = slots[coord.partition_id]
         env = dict(os.environ)
@@ -279,7 +287,8 @@ def run_task(settings: TaskSettings, coord: Coordinator):
         gpus = coord.gpus()
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        return _run_rank(settings, slot, env, host, gpus)
+        return _run_rank(settings, slot, env, gathered[coord.partition_id]["hostname"], gpus,
+                         executor=coord.executor())
     finally:
         if rendezvous is not None:
             rendezvous.stop()
@@ -295,7 +304,7 @@ def _write_job(workdir, settings):
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _run_rank(settings, slot, env, host, gpus):
+def _run_rank(settings, slot, env, host, gpus, executor=None):
     rank = slot.rank
     workdir = tempfile.mkdtemp(prefix=f"hvd_magic-{settings.run_id}-rank{rank}-")
     proc = None
@@ -328,7 +337,7 @@ def _run_rank(settings, slot, env, host, gpus):
         if stopping.is_set():  # the stop came while the rank was being started
             threading.Thread(target=_stop_group, args=(proc,), daemon=True).start()
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
-                      "local_rank": slot.local_rank, "gpus": gpus})
+                      "local_rank": slot.local_rank, "gpus": gpus, "executor": executor})
         with os.fdopen(events_r, "rb") as events_pipe:
             pumps = [
                 threading.Thread(target=forward.pump_lines, args=(proc.stdout, "stdout"), daemon=True),

@@ -1,0 +1,163 @@
+"""Shared fixtures: a real IPython shell with the extension, real Spark (embedded and standalone)."""
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ALLREDUCE_CELL = """\
+import torch, horovod.torch as hvd
+hvd.init()
+total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum)
+print(f"rank {hvd.rank()} of {hvd.size()}: {total.item()}")
+total.item()
+"""
+
+
+@pytest.fixture(autouse=True)
+def _run_in_tmp(tmp_path, monkeypatch):
+    """Each test's run folders land in its own temporary directory."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def ip():
+    from IPython.testing.globalipapp import start_ipython
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "hvd_magic")
+    os.environ["HVD_MAGIC_NO_WIDGETS"] = "1"
+    yield shell
+
+
+@pytest.fixture
+def fresh_ns(ip):
+    """The shell's namespace, with what a test added removed afterwards."""
+    before = set(ip.user_ns)
+    yield ip.user_ns
+    for name in set(ip.user_ns) - before:
+        del ip.user_ns[name]
+
+
+def _stop_spark():
+    from pyspark import SparkContext
+    sc = SparkContext._active_spark_context
+    if sc is not None:
+        sc.stop()
+        from pyspark.sql import SparkSession
+        SparkSession._instantiatedSession = None
+        SparkSession._activeSession = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_spark_at_exit():
+    yield
+    _stop_spark()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_workers(ui_port, n, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
+                state = json.load(r)
+            alive = [w for w in state.get("workers", []) if w.get("state") == "ALIVE"]
+            if len(alive) >= n:
+                return state
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the standalone cluster did not get {n} workers in {timeout} s")
+
+
+class StandaloneCluster:
+    """A Spark standalone master and workers from pyspark's own jars, on loopback addresses."""
+
+    def __init__(self, tmp, worker_hosts=("127.0.0.1", "127.0.0.2"), cores=2, worker_env=None,
+                 worker_opts=""):
+        import pyspark
+        self.spark_home = os.path.dirname(pyspark.__file__)
+        self.tmp = tmp
+        self.port = free_port()
+        self.ui_port = free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.procs = []
+        self.worker_hosts = worker_hosts
+        self.cores = cores
+        self.worker_env = worker_env or {}
+        self.worker_opts = worker_opts
+
+    def _spawn(self, name, args, env=None):
+        log = open(os.path.join(self.tmp, f"{name}.log"), "w")
+        full_env = dict(os.environ, SPARK_HOME=self.spark_home, SPARK_NO_DAEMONIZE="1",
+                        PYSPARK_PYTHON=sys.executable, **(env or {}))
+        proc = subprocess.Popen([os.path.join(self.spark_home, "bin", "spark-class")] + args,
+                                stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def start(self):
+        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(self.port), "--webui-port", str(self.ui_port)])
+        self.workers = []
+        for i, host in enumerate(self.worker_hosts):
+            env = dict(self.worker_env, SPARK_LOCAL_IP=host)  # its executors bind there too
+            if self.worker_opts:
+                env["SPARK_WORKER_OPTS"] = self.worker_opts
+            self.workers.append(self._spawn(
+                f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.url,
+                               "--host", host, "--cores", str(self.cores), "--memory", "2g",
+                               "--webui-port", str(free_port()),
+                               "--work-dir", os.path.join(self.tmp, f"work{i}")], env=env))
+        _wait_for_workers(self.ui_port, len(self.worker_hosts))
+        return self
+
+    def session(self, **conf):
+        _stop_spark()
+        from pyspark.sql import SparkSession
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        builder = (SparkSession.builder.master(self.url).appName("hvd_magic-tests")
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
+                   .config("spark.executor.cores", str(self.cores))
+                   .config("spark.executor.memory", "1g"))
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        return session
+
+    def stop(self):
+        _stop_spark()
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 15)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    cluster = StandaloneCluster(str(tmp_path_factory.mktemp("spark-standalone"))).start()
+    yield cluster
+    cluster.stop()

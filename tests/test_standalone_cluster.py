@@ -1,0 +1,33 @@
+"""The same cell on a real Spark standalone cluster: one master, two workers, four ranks."""
+
+import hvd_magic
+from conftest import ALLREDUCE_CELL
+
+
+def test_allreduce_on_two_workers(ip, standalone):
+    session = standalone.session()
+    try:
+        cell = ALLREDUCE_CELL.replace(
+            "total.item()\n",
+            "import os\n(total.item(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),"
+            " os.environ['HOROVOD_HOSTNAME'])\n")
+        value = ip.run_cell_magic("horovod", "--np 4", cell)
+        run = hvd_magic.last_run()
+        assert run.where == standalone.url
+        assert value[0] == 10.0
+        assert [r[0] for r in run.results] == [10.0] * 4
+        # ranks spread over both executors (workers on 127.0.0.1 and 127.0.0.2)
+        executors = {r.executor for r in run.ranks}
+        assert len(executors) == 2, executors
+        # local ranks are numbered per host, as Horovod sees the hosts
+        by_host = {}
+        for total, local_rank, local_size, cross_rank, host in run.results:
+            by_host.setdefault(host, []).append((local_rank, local_size))
+        # (both workers are on this machine, and the driver sees both executors at 127.0.0.1:
+        # one host to Horovod, local ranks 0..3 across the two executors)
+        assert set(by_host) == {e.rsplit(":", 1)[0] for e in executors}
+        for host, slots in by_host.items():
+            assert sorted(s[0] for s in slots) == list(range(len(slots)))
+            assert all(s[1] == len(slots) for s in slots)
+    finally:
+        session.stop()
