@@ -27,6 +27,7 @@ from .events import EventServer
 from .task import STOP_GRACE_SECONDS, TaskSettings
 
 DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
+FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
 DEFAULT_HOROVOD_ENV = {
     # horovodrun exports '(None,)' for these (a 0 ms cycle that spins); we set them ourselves.
     "HOROVOD_CYCLE_TIME": "1",
@@ -137,7 +138,7 @@ class Run:
 
     def __init__(self, np, run_dir=None, launcher=None, view=None, timeout=None, cell=None,
                  horovod_env=None, extra_env=None, broadcast_bytes=DEFAULT_BROADCAST_BYTES,
-                 allow_retry=False, name=None):
+                 allow_retry=False, name=None, timeline=False):
         self.id = new_run_id()
         self.np = np
         self.name = name
@@ -159,6 +160,9 @@ class Run:
         self.started = None
         self.ended = None
         self.rejected_frames = 0
+        self.files = {}              # kind -> path of a file received from the ranks
+        self.timeline = timeline
+        self.timeline_path = None    # run_dir/timeline.json once rank 0's timeline came back
         self._failures = []          # exit events of failed ranks, in arrival order
         self._stop_reason = None
         self._stop_sent = None
@@ -213,7 +217,7 @@ class Run:
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
             broadcast_kwargs={n: self.launcher.broadcast(d) for n, d in large.items()},
-            extra_env=self.extra_env)
+            extra_env=self.extra_env, timeline=self.timeline)
         for rank in range(self.np):  # every rank has a log, even one that prints nothing
             self._log(rank)
         self.started = time.time()
@@ -340,6 +344,8 @@ class Run:
             r.step, r.total = event.get("step"), event.get("total")
             if isinstance(event.get("metrics"), dict):
                 r.metrics.update(event["metrics"])
+        elif kind == "file" and event.get("kind") in FILE_KINDS:
+            self._receive_file(event)
         elif kind == "exit":
             r.exit = {k: event.get(k) for k in ("code", "status", "summary")}
             status = event.get("status")
@@ -349,12 +355,26 @@ class Run:
         if self.view is not None:
             self.view.event(self, rank, event)
 
+    def _receive_file(self, event):
+        """Append a chunk of a file a task sent (rank 0's timeline) to the run folder."""
+        name = FILE_KINDS[event["kind"]]
+        partial = os.path.join(self.run_dir, name + ".part")
+        if event.get("seq") == 0 and os.path.exists(partial):
+            os.remove(partial)
+        with open(partial, "a", encoding="utf-8") as f:
+            f.write(str(event.get("data", "")))
+        if event.get("last"):
+            self.files[event["kind"]] = partial
+
     # -- the end ------------------------------------------------------------------------------
     def _finish(self):
         import cloudpickle  # noqa: F401  (values may need it to unpickle)
 
         for f in self._logs.values():
             f.close()
+        if "timeline" in self.files or os.path.exists(os.path.join(self.run_dir, "timeline.json.part")):
+            from .timeline import finalize
+            self.timeline_path = finalize(self.run_dir)
         outcomes = self.launcher.outcomes or []
         results = [None] * self.np
         infos = {}
@@ -466,7 +486,7 @@ def check_np(np):
 
 def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=None,
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
-        broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None):
+        broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
@@ -494,14 +514,15 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     return launch(job, kwargs_pickled, np, spark=spark, master=master, spark_conf=spark_conf,
                   timeout=timeout, run_dir=run_dir, view=view, background=background,
                   horovod_env=horovod_env, env=env, broadcast_bytes=broadcast_bytes,
-                  retries=retries, name=name)
+                  retries=retries, name=name, timeline=timeline)
 
 
 def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None, timeout=None,
            run_dir=None, view=None, background=False, horovod_env=None, env=None,
-           broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None):
+           broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
+           timeline=False):
     launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf)
     run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
                horovod_env=horovod_env, extra_env=env, broadcast_bytes=broadcast_bytes,
-               allow_retry=retries > 0, name=name)
+               allow_retry=retries > 0, name=name, timeline=timeline)
     return run_.launch(job, kwargs_pickled, background=background)

@@ -53,6 +53,9 @@ class HorovodMagics(Magics):
     @argument("--retries", type=int, default=0,
               help="Allow Spark to re-attempt the barrier stage this many times (default 0: a "
                    "retried stage is reported, never silently restarted).")
+    @argument("--timeline", action="store_true",
+              help="Record a Horovod timeline on rank 0; it is brought back to the run folder "
+                   "as timeline.json (see %%horovod_timeline).")
     @argument("--name", type=str, default=None, help="A label for the run.")
     @cell_magic
     def horovod(self, line, cell):
@@ -105,7 +108,7 @@ class HorovodMagics(Magics):
             timeout=timeout, run_dir=None, view=view, background=args.background,
             horovod_env=dict(self.horovod_env), env=env,
             broadcast_bytes=int(self.broadcast_mb * 1024 * 1024), retries=args.retries,
-            name=args.name, cell=cell_fn)
+            name=args.name, cell=cell_fn, timeline=args.timeline)
         if args.background:
             return run
         if run.exports:

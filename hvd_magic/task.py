@@ -48,6 +48,7 @@ class TaskSettings:
     cwd: str = ""
     allow_retry: bool = False
     extra_env: dict = dataclasses.field(default_factory=dict)
+    timeline: bool = False          # record a Horovod timeline on rank 0 for the whole run
 
 
 class Coordinator:
@@ -328,6 +329,11 @@ def _run_rank(settings, slot, env, host, gpus, executor=None):
         env["HVD_MAGIC_PARENT_PID"] = str(os.getpid())
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONFAULTHANDLER"] = "1"
+        timeline_path = os.path.join(workdir, "timeline.json")
+        env["HVD_MAGIC_TIMELINE_PATH"] = timeline_path
+        # A full timeline when asked for; otherwise DYNAMIC, so `hvd_magic.timeline()` can record
+        # a window (cheap with our patched writer thread, which sleeps when idle).
+        env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
         cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
         proc = subprocess.Popen(
             [sys.executable, "-m", "hvd_magic.rank", workdir],
@@ -350,6 +356,8 @@ def _run_rank(settings, slot, env, host, gpus, executor=None):
             _kill_group(proc.pid)  # whatever the rank left running (its session) goes with it
             for p in pumps:
                 p.join(timeout=10)
+        if os.path.exists(timeline_path):  # rank 0 wrote one: it comes back, whatever happened
+            _send_file(forward, timeline_path, "timeline")
         outcome = _outcome(workdir, code, rank, host, stopping.is_set())
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})
@@ -360,6 +368,18 @@ def _run_rank(settings, slot, env, host, gpus, executor=None):
         if client is not None:
             client.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _send_file(forward, path, kind, chunk_chars=1 << 20):
+    """Send a text file to the driver as ordered `file` events (each under the frame cap)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        seq = 0
+        while True:
+            chunk = f.read(chunk_chars)
+            forward.send({"t": "file", "kind": kind, "seq": seq, "data": chunk, "last": not chunk})
+            if not chunk:
+                return
+            seq += 1
 
 
 def _outcome(workdir, code, rank, host, stopped):
