@@ -160,6 +160,7 @@ class Run:
         self.started = None
         self.ended = None
         self.rejected_frames = 0
+        self.broadcast_names = []    # values that travelled by broadcast
         self.files = {}              # kind -> path of a file received from the ranks
         self.timeline = timeline
         self.timeline_path = None    # run_dir/timeline.json once rank 0's timeline came back
@@ -207,21 +208,26 @@ class Run:
         os.makedirs(self.run_dir, exist_ok=True)
         self.launcher.prepare(self.np)
         self.where = self.launcher.where
-        small, large = {}, {}
-        for name, data in kwargs_pickled.items():
-            (large if len(data) > self.broadcast_bytes else small)[name] = data
+        small = {n: d for n, d in kwargs_pickled.items() if len(d) <= self.broadcast_bytes}
+        # Large values travel once per executor (a Spark broadcast), not inside every task; the
+        # pickled bytes are dropped here as soon as they are broadcast, to spare driver memory.
+        broadcasts = {}
+        for name in [n for n in kwargs_pickled if n not in small]:
+            broadcasts[name] = self.launcher.broadcast(kwargs_pickled.pop(name))
+        self.broadcast_names = sorted(broadcasts)
         job = dict(job, kwargs=small)
         self._server = EventServer(host=_bind_host(self.launcher.driver_host))
         settings = TaskSettings(
             run_id=self.id, np=self.np, events_address=f"{self.launcher.driver_host}:{self._server.port}",
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
-            broadcast_kwargs={n: self.launcher.broadcast(d) for n, d in large.items()},
+            broadcast_kwargs=broadcasts,
             extra_env=self.extra_env, timeline=self.timeline)
         for rank in range(self.np):  # every rank has a log, even one that prints nothing
             self._log(rank)
         self.started = time.time()
         self.state = "running"
+        self.background = background  # a view shows a background run at once (its cell ends now)
         self._write_meta()
         _history.add(self)
         if self.view is not None:

@@ -65,7 +65,8 @@ def _is_get_ipython_call(node, method):
 def _check_statements(tree, lines):
     """Refuse what cannot be a function body, naming the line."""
     def line_of(node):
-        return f"line {node.lineno}: `{lines[node.lineno - 1].strip()}`"
+        text = lines[node.lineno - 1].strip() if node.lineno <= len(lines) else ""
+        return f"line {node.lineno}: `{text}`"
 
     class Checker(ast.NodeVisitor):
         depth = 0
@@ -302,8 +303,7 @@ def capture_cell(cell, namespace, *, cell_id="0", export=(), hidden=()):
     source = _ipython_transform(cell)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     tree = ast.parse(source, filename)  # a SyntaxError here names the cell's own line
-    lines = source.splitlines()
-    _check_statements(tree, lines)
+    _check_statements(tree, cell.splitlines())  # IPython's transforms keep line numbers
     shell_calls = _ShellCalls()
     tree = shell_calls.visit(tree)
 

@@ -22,6 +22,7 @@ from . import reporting
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
 EXIT_RESULT_ERROR = 3
+MODULES_BEFORE_CALL = frozenset()
 
 
 def _die_with_parent():
@@ -91,6 +92,8 @@ def main(workdir):
         fn = pickle.loads(job["fn"])
         args = [pickle.loads(b) for b in job["args"]]
         kwargs = {name: pickle.loads(b) for name, b in job["kwargs"].items()}
+        global MODULES_BEFORE_CALL  # what was loaded before the cell's own imports ran (tests)
+        MODULES_BEFORE_CALL = frozenset(sys.modules)
         value = fn(*args, **kwargs)
         if job.get("cell"):
             value, scope = value
