@@ -1,0 +1,120 @@
+"""What Horovod's timeline costs: steps/s of a small MLP trained with hvd.DistributedOptimizer.
+
+Two driver-only ranks (``np=-2``: rank processes on this machine, no Spark, so Spark's start-up
+and scheduling noise stay out of the numbers) run three settings, interleaved (off, dynamic,
+full, off, dynamic, full, ...) so that drift in the machine's load hits all of them alike:
+
+- ``off``:     HOROVOD_TIMELINE unset: plain Horovod, no timeline writer thread at all;
+- ``dynamic``: HOROVOD_TIMELINE=DYNAMIC, never started: every hvd_magic run without --timeline
+               (it lets ``with hvd_magic.timeline():`` record a window);
+- ``full``:    ``--timeline``: rank 0 writes every event.
+
+Each rank times `--steps` steps after `--warmup` steps (inside the rank: start-up not counted);
+the figure is rank 0's steps/s, and the CPU rank 0's process used per second of that loop (a
+spinning writer thread shows there). Medians over `--reps` runs, and their ratio to ``off``.
+
+The interpreter decides which Horovod is measured (the ranks are started with it too):
+
+    .venv/bin/python bench/bench_timeline.py                 # patched (patches/*no-spin*)
+    /tmp/stock-venv/bin/python bench/bench_timeline.py       # stock: scripts/build_horovod.sh VENV stock
+
+Not a test: timings belong here, not in tests/.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+import hvd_magic
+
+SETTINGS = ("off", "dynamic", "full")
+
+
+def train(setting, steps, warmup):
+    """One rank: the training loop, timed. Runs on the ranks (pickled by value from __main__)."""
+    import os
+    import resource
+    import time
+
+    if setting == "off":
+        os.environ.pop("HOROVOD_TIMELINE", None)  # read by hvd.init(), so still in time here
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    torch.manual_seed(hvd.rank())
+    torch.set_num_threads(1)  # two ranks on two cores: no intra-op threads fighting them
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    hvd.allreduce(torch.zeros(1), name="start")  # every rank starts the clock together
+    cpu0, wall0 = _cpu(resource), time.perf_counter()
+    for _ in range(steps):
+        step()
+    wall = time.perf_counter() - wall0
+    cpu = _cpu(resource) - cpu0
+    return {"steps_per_s": steps / wall, "cpu_per_s": cpu / wall}
+
+
+def _cpu(resource):
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def horovod_build():
+    """Which Horovod this interpreter has: scripts/build_horovod.sh leaves the wheel's key."""
+    try:
+        with open(os.path.join(sys.prefix, ".horovod-key")) as f:
+            return os.path.basename(f.read().strip())
+    except OSError:
+        return "unknown build"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5, help="runs per setting")
+    parser.add_argument("--steps", type=int, default=500, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=50)
+    args = parser.parse_args()
+
+    print(f"python {sys.executable}\nhorovod {horovod_build()}")
+    print(f"2 driver-only ranks (np=-2), {args.steps} steps after {args.warmup}, "
+          f"{args.reps} runs per setting, interleaved")
+    results = {s: [] for s in SETTINGS}
+    with tempfile.TemporaryDirectory(prefix="bench-timeline-") as tmp:
+        for rep in range(args.reps):
+            for setting in SETTINGS:
+                run = hvd_magic.run(train, np=-2, args=(setting, args.steps, args.warmup),
+                                    timeline=setting == "full",
+                                    run_dir=os.path.join(tmp, f"{setting}-{rep}"))
+                rank0 = run.results[0]
+                results[setting].append(rank0)
+                print(f"  rep {rep} {setting:8s} {rank0['steps_per_s']:8.1f} steps/s  "
+                      f"rank 0 CPU {rank0['cpu_per_s']:.2f} s/s", flush=True)
+
+    base = statistics.median(r["steps_per_s"] for r in results["off"])
+    print(f"\n{'setting':8s} {'median steps/s':>15s} {'min':>8s} {'max':>8s} "
+          f"{'vs off':>7s} {'rank 0 CPU s/s':>15s}")
+    for setting in SETTINGS:
+        rates = [r["steps_per_s"] for r in results[setting]]
+        cpu = statistics.median(r["cpu_per_s"] for r in results[setting])
+        median = statistics.median(rates)
+        print(f"{setting:8s} {median:15.1f} {min(rates):8.1f} {max(rates):8.1f} "
+              f"{median / base:7.2f} {cpu:15.2f}")
+
+
+if __name__ == "__main__":
+    main()
