@@ -17,42 +17,78 @@ import time
 
 MIN_INTERVAL = 0.1
 
-_lock = threading.Lock()
-_fd = None
-_last_sent = 0.0
-_pending = None
+
+class _Channel:
+    """This rank's side of the event pipe, with the progress throttle (one per process)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.fd = None
+        self.last_sent = 0.0
+        self.last_event = None
+        self.pending = None     # the latest throttled progress event, not sent yet
+        self.timer = None       # sends `pending` when its interval is over
+
+    def event_fd(self):
+        if self.fd is None:
+            value = os.environ.get("HVD_MAGIC_EVENT_FD")
+            self.fd = int(value) if value else -1
+        return self.fd
+
+    def write(self, event):
+        if self.event_fd() < 0:
+            return
+        data = (json.dumps(event, default=str, separators=(",", ":")) + "\n").encode()
+        with self.lock:  # one event per write, whole: a big one is not atomic on a pipe
+            try:
+                os.write(self.fd, data)
+            except OSError:
+                pass
+
+    def progress(self, event):
+        now = time.monotonic()
+        with self.lock:
+            if self.pending is None and event == self.last_event:
+                return  # nothing new (tqdm's close repeats its last update)
+            final = event["step"] is not None and event["total"] is not None \
+                and event["step"] >= event["total"]
+            if not final and now - self.last_sent < MIN_INTERVAL:
+                # Keep the latest; the timer sends it when the interval is over, so a rank that
+                # then computes for minutes without reporting still shows where it is.
+                self.pending = event
+                if self.timer is None:
+                    self.timer = threading.Timer(MIN_INTERVAL - (now - self.last_sent), self.flush)
+                    self.timer.daemon = True
+                    self.timer.start()
+                return
+            self.pending = None
+            self.last_sent, self.last_event = now, event
+        self.write(event)
+
+    def flush(self):
+        with self.lock:
+            event, self.pending = self.pending, None
+            self.timer = None
+            if event is not None:
+                self.last_sent, self.last_event = time.monotonic(), event
+        if event is not None:
+            self.write(event)
 
 
-def _event_fd():
-    global _fd
-    if _fd is None:
-        value = os.environ.get("HVD_MAGIC_EVENT_FD")
-        _fd = int(value) if value else -1
-    return _fd
-
-
-def _write(event):
-    fd = _event_fd()
-    if fd < 0:
-        return
-    data = (json.dumps(event, default=str, separators=(",", ":")) + "\n").encode()
-    try:
-        os.write(fd, data)
-    except OSError:
-        pass
+_channel = _Channel()
 
 
 def state(name, **info):
     """Tell the driver this rank entered a new state (running, done...)."""
     flush()
-    _write({"t": "state", "state": name, **info})
+    _channel.write({"t": "state", "state": name, **info})
 
 
 def report(step=None, total=None, **metrics):
     """Report progress and metrics of this rank; shown live in the notebook's dashboard.
 
     Cheap enough to call on every step: events are sent at most ten times a second, and the
-    latest one is never lost (it is sent when the rank ends or reports a final step).
+    latest one is never lost (it follows within a tenth of a second).
 
     Examples
     --------
@@ -60,8 +96,7 @@ def report(step=None, total=None, **metrics):
     ...     loss = train_step()
     ...     hvd_magic.report(step=step + 1, total=100, loss=loss)
     """
-    global _last_sent, _pending
-    if _event_fd() < 0:
+    if _channel.event_fd() < 0:
         return
     clean = {}
     for key, value in metrics.items():
@@ -71,26 +106,12 @@ def report(step=None, total=None, **metrics):
             except (ValueError, RuntimeError):
                 value = str(value)
         clean[key] = value
-    event = {"t": "progress", "step": step, "total": total, "metrics": clean}
-    now = time.monotonic()
-    with _lock:
-        final = step is not None and total is not None and step >= total
-        if final or now - _last_sent >= MIN_INTERVAL:
-            _pending = None
-            _last_sent = now
-        else:
-            _pending = event
-            return
-    _write(event)
+    _channel.progress({"t": "progress", "step": step, "total": total, "metrics": clean})
 
 
 def flush():
     """Send the latest throttled progress event, if one is waiting."""
-    global _pending
-    with _lock:
-        event, _pending = _pending, None
-    if event is not None:
-        _write(event)
+    _channel.flush()
 
 
 # --- tqdm -------------------------------------------------------------------------------------

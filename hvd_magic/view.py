@@ -7,12 +7,15 @@ they never talk to Spark or to the tasks.
 
 import os
 import sys
-import time
 
 
 def visible_text(line):
-    """What a terminal shows of a line with carriage returns: the text after the last one."""
-    return line.rsplit("\r", 1)[-1]
+    r"""What a terminal shows of a line with carriage returns: the text after the last one.
+
+    A progress bar redrawn with ``\r`` shows as its last state; a trailing ``\r`` (a ``\r\n``
+    line end) is not a redraw.
+    """
+    return line.rstrip("\r").rsplit("\r", 1)[-1]
 
 
 class TextView:
@@ -71,24 +74,12 @@ def widgets_available():
 
 
 def make_view(quiet=False, widgets=None):
+    """The view for a run: the dashboard where widgets work, else text; `quiet` shows nothing."""
+    if quiet:
+        return TextView(quiet=True)
     if widgets is None:
         widgets = widgets_available()
     if widgets:
-        from .dashboard import Dashboard
-        return Dashboard(quiet=quiet)
-    return TextView(quiet=quiet)
-
-
-class Clock:
-    """Calls `fn` at most `rate` times a second; the last call is never lost (see `flush`)."""
-
-    def __init__(self, rate):
-        self.interval = 1.0 / rate
-        self.last = 0.0
-
-    def due(self):
-        now = time.monotonic()
-        if now - self.last >= self.interval:
-            self.last = now
-            return True
-        return False
+        from .dashboard import Dashboard  # imports ipywidgets, so only here
+        return Dashboard()
+    return TextView()

@@ -1,0 +1,323 @@
+"""The live per-rank dashboard of a run, drawn with ipywidgets in a Jupyter kernel.
+
+A view like `hvd_magic.view.TextView`, fed the same calls by the driver loop (`start`, `event`,
+`tick`, `finish`): a header (run id, ranks, where, state, elapsed time, a Cancel button), one table
+row per rank (host, local rank, device, state, progress bar, metrics, last line), each rank's log
+tail in an accordion, and at the end links to the full logs and the timeline, if one was recorded.
+
+How it stays cheap for the notebook:
+- `event` only updates plain Python state (a bounded tail per rank, dirty flags);
+- widgets are written in `tick`/`finish`, one widget message per 0.1 s for the whole dashboard,
+  and only for values that changed; the tail of a log is sent only while its panel is open;
+- nothing is shown for the first `SHOW_AFTER` seconds: a run that ends sooner prints its lines as
+  plain text, as `TextView` does, so fast cells do not flash a dashboard.
+
+While a cell runs, the kernel's main thread is busy in the driver loop, so it cannot handle a
+click. With ipykernel 7's subshells (JEP 91) the Cancel button's and the accordion's messages are
+routed to a subshell of our own, whose thread handles them at once (see `_route_to_subshell`).
+
+Not for: the logs on disk (the driver writes every line to ``run_dir``), or talking to Spark or the
+tasks; a click only calls `run.cancel()`.
+"""
+
+import collections
+import html
+import os
+import threading
+import time
+
+from .view import TextView, visible_text
+
+SHOW_AFTER = 1.5           # seconds before the dashboard appears (ipyparallel's --progress-after)
+UPDATES_PER_SECOND = 10    # widget messages per second, for the whole dashboard
+TAIL_LINES = 200           # lines of each rank's log kept for its panel
+TAIL_LINE_CHARS = 2000     # a longer line is cut in the panel (never in the log on disk)
+TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dashboard at once
+LAST_LINE_CHARS = 120
+
+_STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
+                 "cancelled": "#757575", "running": "#1565c0", "starting": "#6a1b9a"}
+
+
+class Dashboard:
+    """ipywidgets view of a run; `Dashboard(quiet=True)` shows nothing at all."""
+
+    def __init__(self, quiet=False):
+        self.quiet = quiet
+        self.box = None              # the displayed VBox, once shown
+        self.header = self.table = self.logs = self.footer = self.cancel_button = None
+        self.panels = []
+        self.subshell_id = None      # the subshell that receives the clicks, when there is one
+        self._tails = []
+        self._log_dirty = set()
+        self._early = []             # (rank, event) of lines while nothing is shown yet
+        self._early_lines = 0
+        self._started = None
+        self._last_push = 0.0
+        self._pushed_at = {}
+        self._cancel_clicked = False
+
+    # -- the view protocol -------------------------------------------------------------------
+    def start(self, run):
+        if self.quiet:
+            return
+        self._started = time.monotonic()
+        self._tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(run.np)]
+        if getattr(run, "background", False):
+            # The launching cell ends at once, and output sent after a cell ended is lost in
+            # JupyterLab, so a background run is shown now (widget updates reach it later).
+            self._show(run)
+
+    def event(self, run, rank, event):
+        if self.quiet:
+            return
+        if event.get("t") == "lines":
+            lines = event.get("lines") or ()
+            stream = event.get("stream", "stdout")
+            self._tails[rank].extend((stream, visible_text(line)[:TAIL_LINE_CHARS])
+                                     for line in lines[-TAIL_LINES:])
+            self._log_dirty.add(rank)
+            if self.box is None:
+                self._early.append((rank, event))
+                self._early_lines += len(lines)
+
+    def tick(self, run):
+        if self.quiet:
+            return
+        if self.box is None:
+            if (time.monotonic() - self._started < SHOW_AFTER
+                    and self._early_lines <= TEXT_LINES_MAX):
+                return
+            self._show(run)
+        now = time.monotonic()
+        if now - self._last_push < 1.0 / UPDATES_PER_SECOND:
+            return
+        for widget, render in self._candidates(run):
+            value = render()
+            if widget.value != value:
+                widget.value = value  # one comm message
+                self._pushed_at[widget] = self._last_push = now
+                return
+
+    def finish(self, run):
+        if self.quiet:
+            return
+        if self.box is None:  # a fast run: its lines as plain text, and nothing else
+            text = TextView(summary=False)
+            for rank, event in self._early:
+                text.event(run, rank, event)
+            self._early = []
+            return
+        self.header.value = self._header_html(run)
+        self.table.value = self._table_html(run)
+        for rank in sorted(self._log_dirty):
+            self.panels[rank].value = self._log_html(run, rank)
+        self._log_dirty.clear()
+        self.cancel_button.disabled = True
+        self.footer.value = self._footer_html(run) + self._timeline_html(run)
+
+    # -- showing -----------------------------------------------------------------------------
+    def _show(self, run):
+        import ipywidgets as w
+        from IPython.display import display
+
+        self.header = w.HTML(self._header_html(run))
+        self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="warning",
+                                      tooltip="Stop every rank of this run",
+                                      layout=w.Layout(width="auto"))
+        self.cancel_button.on_click(lambda _button: self._on_cancel(run))
+        self.table = w.HTML(self._table_html(run))
+        self.panels = [w.HTML(self._log_html(run, rank)) for rank in range(run.np)]
+        self._log_dirty.clear()
+        self.logs = w.Accordion(children=self.panels,
+                                titles=tuple(f"rank {rank} log" for rank in range(run.np)))
+        self.footer = w.HTML("")
+        self.box = w.VBox([w.HBox([self.header, self.cancel_button],
+                                  layout=w.Layout(align_items="center", gap="1em")),
+                           self.table, self.logs, self.footer])
+        self._early = []
+        display(self.box)
+        self.subshell_id = _route_to_subshell([self.cancel_button, self.logs])
+
+    def _on_cancel(self, run):
+        # Runs in the subshell's thread while the cell runs (the main thread is in the driver loop).
+        self._cancel_clicked = True
+        run.cancel()
+
+    def _candidates(self, run):
+        """(widget, render) pairs that may need a message, least recently sent first."""
+        items = [(self.header, lambda: self._header_html(run)),
+                 (self.table, lambda: self._table_html(run))]
+        # Panels of closed accordion sections are brought up to date when opened, or at the end.
+        # Without a subshell the front end's choice of panel only arrives after the cell, so all
+        # panels are kept fresh then.
+        opened = self.logs.selected_index
+        for rank in sorted(self._log_dirty):
+            if self.subshell_id is None or rank == opened:
+                items.append((self.panels[rank], lambda rank=rank: self._take_log(run, rank)))
+        items.sort(key=lambda item: self._pushed_at.get(item[0], 0.0))
+        return items
+
+    def _take_log(self, run, rank):
+        self._log_dirty.discard(rank)
+        return self._log_html(run, rank)
+
+    # -- rendering (plain functions of the run's state) --------------------------------------
+    def _header_html(self, run):
+        state = run.state
+        if self._cancel_clicked and state == "running":
+            state = "cancelling"
+        elapsed = f"{run.elapsed:.1f} s" if run.ended else f"{run.elapsed:.0f} s"
+        where = run.where or "?"
+        return (f"<b>hvd_magic</b> run <code>{_e(run.id)}</code> · {run.np} ranks on "
+                f"<code>{_e(where)}</code> · {_state_html(state)} · {elapsed}")
+
+    def _table_html(self, run):
+        head = "".join(f"<th style='text-align:left;padding:0 .6em'>{h}</th>" for h in (
+            "rank", "host", "local rank", "device", "state", "progress", "metrics", "last line"))
+        rows = [f"<tr>{head}</tr>"]
+        for r in run.ranks:
+            step = "" if r.step is None else r.step
+            total = "" if r.total is None else r.total
+            cells = [str(r.rank), _e(r.host or ""), "" if r.local_rank is None else str(r.local_rank),
+                     _e(_device(r.gpus)), _state_html(r.state), _progress_html(r.step, r.total),
+                     _e(_metrics_text(r.metrics)), self._last_line_html(r.rank)]
+            rows.append(f"<tr data-rank='{r.rank}' data-state='{_e(r.state)}' data-step='{step}' "
+                        f"data-total='{total}'>"
+                        + "".join(f"<td style='padding:0 .6em'>{c}</td>" for c in cells) + "</tr>")
+        return "<table style='border-collapse:collapse'>" + "".join(rows) + "</table>"
+
+    def _last_line_html(self, rank):
+        tail = self._tails[rank]
+        text = tail[-1][1] if tail else ""
+        if len(text) > LAST_LINE_CHARS:
+            text = text[:LAST_LINE_CHARS] + "…"
+        return f"<code>{_e(text)}</code>"
+
+    def _log_html(self, run, rank):
+        tail = self._tails[rank]
+        total = run.ranks[rank].lines
+        shown = (f"last {len(tail)} of {total} lines" if total > len(tail) else f"{total} lines")
+        body = "\n".join(f"<span style='color:#c62828'>{_e(text)}</span>" if stream == "stderr"
+                         else _e(text) for stream, text in tail)
+        # column-reverse keeps the panel scrolled to its newest line.
+        return (f"<div style='font-size:90%;color:#757575'>{shown}; full log: "
+                f"{_link(run.log_path(rank))}</div>"
+                "<div style='max-height:22em;overflow-y:auto;display:flex;"
+                "flex-direction:column-reverse'>"
+                f"<pre style='margin:0;white-space:pre-wrap'>{body}</pre></div>")
+
+    def _footer_html(self, run):
+        links = " · ".join(f"rank {rank}: {_link(run.log_path(rank))}" for rank in range(run.np))
+        return f"<div>Logs in {_link(run.run_dir, os.path.relpath(run.run_dir))}: {links}</div>"
+
+    def _timeline_html(self, run):
+        if not getattr(run, "timeline_path", None):
+            return ""
+        try:
+            from . import timeline
+            render = getattr(timeline, "timeline_html", None)
+            if render is None:
+                return f"<div>Timeline: {_link(run.timeline_path)}</div>"
+            return render(run)
+        except Exception as exc:  # a broken timeline must not hide the run's result
+            return f"<div>Timeline: {_link(run.timeline_path)} (not drawn: {_e(str(exc))})</div>"
+
+
+# --- small renderers ---------------------------------------------------------------------------
+
+def _e(text):
+    return html.escape(str(text), quote=True)
+
+
+def _device(gpus):
+    return "GPU " + ",".join(str(g) for g in gpus) if gpus else "cpu"
+
+
+def _state_html(state):
+    color = _STATE_COLORS.get(state, "#424242")
+    return f"<span style='color:{color};font-weight:bold'>{_e(state)}</span>"
+
+
+def _progress_html(step, total):
+    if step is None:
+        return ""
+    if isinstance(total, (int, float)) and total > 0:
+        return (f"<progress value='{min(step, total)}' max='{total}' style='width:8em'></progress> "
+                f"{step}/{total}")
+    return f"step {_e(step)}"
+
+
+def _metrics_text(metrics):
+    parts = []
+    for key, value in metrics.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        parts.append(f"{key}={value}")
+    return "  ".join(parts)
+
+
+def _link(path, text=None):
+    """A link relative to the kernel's folder, which JupyterLab resolves against the notebook's."""
+    rel = os.path.relpath(path)
+    return f"<a href='{_e(rel)}' target='_blank'>{_e(text or os.path.basename(path))}</a>"
+
+
+# --- clicks while the cell runs -----------------------------------------------------------------
+
+_subshells = {}                  # kernel -> subshell id: one subshell per kernel process, reused
+_subshells_lock = threading.Lock()
+
+
+def _route_to_subshell(widgets):
+    """Have the kernel deliver these widgets' front-end messages to a subshell; return its id.
+
+    ipykernel 7 reads every shell message in its shell-channel thread and hands it to the main
+    shell or to a subshell thread. For ``comm_msg`` it asks the comm where to go
+    (``BaseComm._reply_subshell_for``), which answers ``_reply_subshell_id``. Setting that to a
+    subshell of ours makes a click run `Button.click` in that subshell's thread while the main
+    thread is still inside the cell. The attribute is reset whenever the main thread publishes on
+    that comm, so only widgets we leave alone while the run lasts are routed. Returns None (clicks
+    then wait for the cell to end, which is fine for --background runs) on other kernels.
+    """
+    subshell_id = _subshell()
+    if subshell_id is None:
+        return None
+    for widget in widgets:
+        comm = getattr(widget, "comm", None)
+        if comm is None or not hasattr(comm, "_reply_subshell_for"):
+            return None
+        comm._reply_subshell_id = subshell_id
+    return subshell_id
+
+
+def _subshell():
+    """A subshell of this kernel for widget messages (created once, as create_subshell_request does)."""
+    try:
+        from IPython import get_ipython
+        kernel = getattr(get_ipython(), "kernel", None)
+    except ImportError:
+        return None
+    thread = getattr(kernel, "shell_channel_thread", None)
+    manager = getattr(thread, "manager", None)
+    if manager is None or not hasattr(manager, "_create_subshell"):
+        return None
+    if threading.current_thread() is thread:
+        return None  # we would wait on ourselves
+    with _subshells_lock:
+        if kernel in _subshells:
+            return _subshells[kernel]
+        created = {}
+        done = threading.Event()
+
+        def create():  # must run in the shell-channel thread, which owns the subshell table
+            try:
+                created["id"] = manager._create_subshell()
+            finally:
+                done.set()
+
+        thread.io_loop.add_callback(create)
+        if not done.wait(10) or "id" not in created:
+            return None
+        _subshells[kernel] = created["id"]
+        return created["id"]

@@ -1,0 +1,132 @@
+"""The event channel refuses what does not belong to the run, and the run goes on regardless.
+
+Connections are made to the live `EventServer` of a real run while its ranks wait: a wrong token,
+an oversized frame, frames that are not JSON objects, and (hypothesis) arbitrary bytes. Each one
+is refused, closed and counted in `EventServer.rejected`; the run then completes with the right
+values and complete logs.
+"""
+
+import os
+import socket
+import struct
+import threading
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import hvd_magic
+from hvd_magic.events import MAX_FRAME, EventClient, EventServer, encode_frame
+
+
+def send_and_wait_closed(address, data):
+    """Send raw bytes to the server, then wait until it has closed the connection."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        try:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(65536):
+                pass  # b"" once the server closed its side: the refusal is counted by then
+        except OSError:
+            pass  # a reset (it closed with our bytes unread) or already shut: closed all the same
+
+
+def frame(data):
+    return struct.pack("!I", len(data)) + data
+
+
+def hello(token):
+    return encode_frame({"token": token})
+
+
+def refusals(server):
+    """Everything the server must refuse, each as the bytes of one connection."""
+    return {
+        "wrong token": hello("0" * 32),
+        "token of the wrong type": frame(b'{"token": 12345}'),
+        "no hello at all": b"",
+        "hello over its 1 KiB cap": struct.pack("!I", 1025) + b"{" * 1025,
+        "frame over the cap": hello(server.token) + struct.pack("!I", MAX_FRAME + 1),
+        "frame that is not JSON": hello(server.token) + frame(b"\x80\x81 not json"),
+        "frame that is not an object": hello(server.token) + frame(b"[1, 2, 3]"),
+        "cut-off frame": hello(server.token) + struct.pack("!I", 100) + b"{}",
+    }
+
+
+def test_server_alone_refuses_bad_peers_and_keeps_serving_good_ones():
+    server = EventServer()
+    try:
+        client = EventClient(server.address, server.token)
+        client.send({"t": "lines", "rank": 0, "lines": ["before"]})
+        cases = refusals(server)
+        for data in cases.values():
+            send_and_wait_closed(server.address, data)
+        client.send({"t": "lines", "rank": 0, "lines": ["after"]})
+        client.close()
+        got = [server.events.get(timeout=30)["lines"] for _ in range(2)]
+        assert got == [["before"], ["after"]]
+        # "cut-off frame" ends in EOF after a good hello: a closed connection, not a refusal.
+        assert server.rejected == len(cases) - 1
+    finally:
+        server.close()
+
+
+def release(path, timeout=120):
+    """Open a FIFO for writing (returns once its rank has opened it for reading), then close."""
+    done = threading.Event()
+
+    def open_and_close():
+        with open(path, "w") as f:
+            f.write("go")
+        done.set()
+
+    threading.Thread(target=open_and_close, daemon=True).start()
+    assert done.wait(timeout), f"the rank never opened {path}"
+
+
+def test_live_run_refuses_bad_tokens_big_frames_and_random_bytes(tmp_path):
+    def waits_on_fifo(fifo_dir):
+        """Each rank blocks on its FIFO until the test is done attacking, then runs an allreduce."""
+        import os
+        import torch
+        import horovod.torch as hvd
+        rank = int(os.environ["HOROVOD_RANK"])
+        with open(os.path.join(fifo_dir, f"go-{rank}")) as fifo:
+            fifo.read()
+        hvd.init()
+        print(f"rank {rank} past the attack")
+        return hvd.allreduce(torch.tensor([rank + 1.0]), op=hvd.Sum).item()
+
+    for rank in range(2):
+        os.mkfifo(tmp_path / f"go-{rank}")
+    run = hvd_magic.run(waits_on_fifo, np=-2, args=(str(tmp_path),), background=True,
+                        run_dir=str(tmp_path / "run"))
+    server = run._server
+    attacks = 0
+    try:
+        for data in refusals(server).values():
+            send_and_wait_closed(server.address, data)
+        attacks = server.rejected
+        assert attacks == len(refusals(server)) - 1   # the cut-off frame is a plain EOF
+
+        @settings(max_examples=150, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow])
+        @given(st.binary(max_size=2048))
+        def random_bytes_are_refused(data):
+            nonlocal attacks
+            send_and_wait_closed(server.address, data)
+            attacks += 1
+            assert server.rejected == attacks
+
+        random_bytes_are_refused()
+        assert attacks > 100  # hypothesis did send many connections' worth of bytes
+        assert run.state == "running"
+    finally:
+        if run.state == "running":  # (a rank that failed early never opens its FIFO)
+            for rank in range(2):
+                release(tmp_path / f"go-{rank}")
+    assert run.wait(timeout=300) == [3.0, 3.0]
+    assert run.rejected_frames == attacks
+    for rank in range(2):
+        with open(run.log_path(rank)) as f:
+            assert f.read().splitlines() == [f"rank {rank} past the attack"]
+

@@ -1,0 +1,339 @@
+"""The live per-rank dashboard, in a real kernel: cells run through jupyter_client as a notebook
+front end would send them, and the widgets are read back from the kernel's own comm messages (what
+a front end would draw) and from the widget objects in the kernel."""
+
+import ast
+import datetime
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+ROW = re.compile(r"<tr data-rank='(\d+)' data-state='([^']*)' data-step='([^']*)' "
+                 r"data-total='([^']*)'>")
+
+
+class Kernel:
+    """A real IPython kernel (the venv's python3 kernelspec) with hvd_magic loaded."""
+
+    def __init__(self, cwd):
+        from jupyter_client.manager import start_new_kernel
+        env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
+        self.cwd = cwd
+        self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(cwd), env=env)
+        reply, _ = self.execute("%load_ext hvd_magic\nimport hvd_magic")
+        assert reply["content"]["status"] == "ok"
+
+    def execute(self, code, on_message=None, timeout=300):
+        """Run a cell; return its execute_reply and every IOPub message seen until it went idle.
+
+        `on_message(msg)` sees each IOPub message as it arrives (to click a button mid-cell).
+        """
+        msg_id = self.kc.execute(code)
+        messages = []
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=timeout)
+            messages.append(msg)
+            if on_message is not None:
+                on_message(msg)
+            if (msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+                    and msg["parent_header"].get("msg_id") == msg_id):
+                break
+        while True:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply, messages
+
+    def value(self, expression):
+        """The repr of an expression evaluated in the kernel, parsed back into Python."""
+        reply, messages = self.execute(expression)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        results = [m for m in messages if m["msg_type"] == "execute_result"]
+        return ast.literal_eval(results[-1]["content"]["data"]["text/plain"])
+
+    def click(self, comm_id):
+        """What a front end sends when a Button is clicked."""
+        msg = self.kc.session.msg("comm_msg", {
+            "comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}})
+        self.kc.shell_channel.send(msg)
+
+    def close(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+class Widgets:
+    """The widget models as a front end sees them, rebuilt from the kernel's comm messages."""
+
+    def __init__(self, messages=()):
+        self.models = {}
+        self.updates = []  # (time sent, comm id, state) of every 'update' from the kernel
+        for msg in messages:
+            self.feed(msg)
+
+    def feed(self, msg):
+        content = msg["content"]
+        if msg["msg_type"] == "comm_open" and content.get("target_name") == "jupyter.widget":
+            self.models[content["comm_id"]] = dict(content["data"]["state"])
+        elif msg["msg_type"] == "comm_msg" and content["data"].get("method") == "update":
+            self.models.setdefault(content["comm_id"], {}).update(content["data"]["state"])
+            self.updates.append((_sent(msg), content["comm_id"], content["data"]["state"]))
+
+    def of(self, model_name):
+        return {cid: s for cid, s in self.models.items() if s.get("_model_name") == model_name}
+
+    def table_rows(self):
+        tables = [s["value"] for s in self.of("HTMLModel").values() if "data-rank=" in s["value"]]
+        assert len(tables) == 1
+        return rows(tables[0])
+
+    def html_containing(self, text):
+        return [s["value"] for s in self.of("HTMLModel").values() if text in s["value"]]
+
+
+def rows(table_html):
+    """{rank: (state, step, total)} from the dashboard's rank table."""
+    return {int(r): (state, step, total) for r, state, step, total in ROW.findall(table_html)}
+
+
+def _sent(msg):
+    date = msg["header"]["date"]
+    return date if isinstance(date, datetime.datetime) else datetime.datetime.fromisoformat(date)
+
+
+def shown_widgets(messages):
+    return [m for m in messages if m["msg_type"] == "display_data"
+            and WIDGET_VIEW in m["content"]["data"]]
+
+
+def text_output(messages):
+    return "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+
+
+def max_per_second(times):
+    """The most messages sent within any one second."""
+    times = sorted(times)
+    best, start = 0, 0
+    for end, t in enumerate(times):
+        while (t - times[start]).total_seconds() >= 1.0:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    k = Kernel(tmp_path_factory.mktemp("kernel"))
+    yield k
+    k.close()
+
+
+TQDM_CELL = """\
+%%horovod --np -4
+import time
+from tqdm import tqdm
+for step in tqdm(range(50), desc="train"):
+    time.sleep(0.04)
+print("finished")
+"""
+
+
+def test_tqdm_cell_ends_with_every_rank_done_at_50_of_50(kernel):
+    reply, messages = kernel.execute(TQDM_CELL)
+    assert reply["content"]["status"] == "ok"
+    assert len(shown_widgets(messages)) == 1
+    widgets = Widgets(messages)
+    # What a front end shows, from the kernel's comm messages...
+    assert widgets.table_rows() == {k: ("done", "50", "50") for k in range(4)}
+    # ...while the run went on, some rows showed progress between the start and the end.
+    seen = [rows(state["value"]) for _, _, state in widgets.updates if "data-rank=" in state.get("value", "")]
+    partial = {step for table in seen for (_, step, total) in table.values()
+               if step and total and 0 < int(step) < int(total)}
+    assert partial, "no intermediate progress reached the dashboard"
+    # ...and the widget objects in the kernel agree.
+    assert kernel.value("type(hvd_magic.last_run().view).__name__") == "Dashboard"
+    table = kernel.value("hvd_magic.last_run().view.table.value")
+    assert rows(table) == {k: ("done", "50", "50") for k in range(4)}
+    assert "desc=train" in table
+    header = kernel.value("hvd_magic.last_run().view.header.value")
+    assert "done" in header and "4 ranks" in header and "driver only" in header
+    footer = kernel.value("hvd_magic.last_run().view.footer.value")
+    run_id = kernel.value("hvd_magic.last_run().id")
+    for rank in range(4):
+        assert f"href='hvd_runs/{run_id}/rank-{rank}.log'" in footer
+    assert kernel.value("hvd_magic.last_run().view.cancel_button.disabled") is True
+
+
+def test_fast_cell_shows_its_lines_as_text_and_no_widget(kernel):
+    cell = "%%horovod --np -2\nimport os\nprint('hello from', os.environ['HOROVOD_RANK'])\n6 * 7"
+    reply, messages = kernel.execute(cell)
+    assert reply["content"]["status"] == "ok"
+    assert not shown_widgets(messages)
+    assert not [m for m in messages if m["msg_type"] == "comm_open"]
+    out = text_output(messages)
+    assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
+    results = [m for m in messages if m["msg_type"] == "execute_result"]
+    assert results[-1]["content"]["data"]["text/plain"] == "42"
+
+
+def test_quiet_shows_only_the_result(kernel):
+    cell = "%%horovod --np -2 --quiet\nimport time\nprint('noise')\ntime.sleep(2)\n'value'"
+    reply, messages = kernel.execute(cell)
+    assert reply["content"]["status"] == "ok"
+    assert not shown_widgets(messages)
+    assert "noise" not in text_output(messages)
+    results = [m for m in messages if m["msg_type"] == "execute_result"]
+    assert results[-1]["content"]["data"]["text/plain"] == "'value'"
+
+
+def test_text_option_forces_text_in_a_kernel(kernel):
+    cell = "%%horovod --np -2 --text\nimport time\ntime.sleep(2)\nprint('plain')"
+    reply, messages = kernel.execute(cell)
+    assert reply["content"]["status"] == "ok"
+    assert not shown_widgets(messages)
+    assert "[rank 1] plain" in text_output(messages)
+    assert "rank 1" in text_output(messages) and "done" in text_output(messages)
+
+
+CANCEL_CELL = """\
+%%horovod --np -2 --timeout 120
+import time, hvd_magic
+step = 0
+while True:
+    step += 1
+    hvd_magic.report(step=step)
+    time.sleep(0.05)
+"""
+
+
+def test_cancel_button_stops_a_cell_that_is_running(kernel):
+    """The click arrives while the kernel's main thread is inside the cell (it never ends alone)."""
+    widgets = Widgets()
+    clicked = []
+
+    def on_message(msg):
+        widgets.feed(msg)
+        if clicked or msg["msg_type"] != "display_data" or WIDGET_VIEW not in msg["content"]["data"]:
+            return
+        buttons = [cid for cid, s in widgets.of("ButtonModel").items() if s["description"] == "Cancel"]
+        assert len(buttons) == 1
+        kernel.click(buttons[0])
+        clicked.append(buttons[0])
+
+    reply, messages = kernel.execute(CANCEL_CELL, on_message=on_message)
+    assert clicked
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "RunCancelled"
+    assert {state for state, _, _ in widgets.table_rows().values()} == {"cancelled"}
+    assert any("cancelled" in h for h in widgets.html_containing("hvd_magic</b> run"))
+    assert kernel.value("hvd_magic.last_run().state") == "cancelled"
+
+
+def test_cancel_button_of_a_background_run(kernel):
+    cell = CANCEL_CELL.replace("--timeout 120", "--timeout 120 --background")
+    reply, messages = kernel.execute(cell)
+    assert reply["content"]["status"] == "ok"
+    assert len(shown_widgets(messages)) == 1  # shown while its cell still ran
+    widgets = Widgets(messages)
+    [button] = [cid for cid, s in widgets.of("ButtonModel").items() if s["description"] == "Cancel"]
+    kernel.click(button)
+    reply, _ = kernel.execute("try:\n    hvd_magic.last_run().wait(60)\nexcept hvd_magic.RunCancelled:\n"
+                              "    print('cancelled')")
+    assert reply["content"]["status"] == "ok"
+    assert kernel.value("hvd_magic.last_run().state") == "cancelled"
+    table = kernel.value("hvd_magic.last_run().view.table.value")
+    assert {state for state, _, _ in rows(table).values()} == {"cancelled"}
+
+
+LINES = 100_000
+FLOOD_CELL = f"""\
+%%horovod --np -4
+import os
+rank = os.environ["HOROVOD_RANK"]
+for i in range({LINES}):
+    print(f"rank {{rank}} line {{i}}")
+"""
+
+
+def test_100k_lines_per_rank_all_logged_with_few_widget_updates(kernel):
+    reply, messages = kernel.execute(FLOOD_CELL)
+    assert reply["content"]["status"] == "ok"
+    run_dir = kernel.value("hvd_magic.last_run().run_dir")
+    for rank in range(4):
+        with open(os.path.join(run_dir, f"rank-{rank}.log")) as f:
+            assert f.read().splitlines() == [f"rank {rank} line {i}" for i in range(LINES)]
+
+    widgets = Widgets(messages)
+    assert shown_widgets(messages), "a run this long shows its dashboard"
+    assert widgets.table_rows() == {k: ("done", "", "") for k in range(4)}
+    # The end sends the final value of every changed widget at once (header, table, footer,
+    # button, one panel per rank); until then, at most ten messages in any second.
+    final = 4 + 4
+    live = [t for t, _, _ in widgets.updates[:-final]]
+    assert max_per_second(live) <= 10
+    duration = (widgets.updates[-1][0] - widgets.updates[0][0]).total_seconds()
+    assert len(widgets.updates) <= 10 * (duration + 1) + final
+    # Each rank's panel ends with the tail of its log.
+    for rank in range(4):
+        [panel] = [v for v in widgets.html_containing(f"rank-{rank}.log") if "<pre" in v]
+        assert f"rank {rank} line {LINES - 1}</pre>" in panel
+        assert f"last 200 of {LINES} lines" in panel
+
+
+BOTH_VIEWS_CELL = """\
+import io
+import hvd_magic
+from hvd_magic.view import TextView
+from hvd_magic.dashboard import Dashboard
+
+class Both:
+    '''Hands every call of the driver loop to two views.'''
+    def __init__(self, *views):
+        self.views = views
+    def __getattr__(self, name):
+        return lambda *args: [getattr(v, name)(*args) for v in self.views]
+
+def work():
+    import os, time
+    for i in range(30):
+        print("line", i, "of", os.environ["HOROVOD_RANK"])
+        hvd_magic.report(step=i + 1, total=30)
+        time.sleep(0.07)
+
+text = TextView(stdout=io.StringIO(), stderr=io.StringIO())
+dash = Dashboard()
+hvd_magic.run(work, np=-2, view=Both(text, dash))
+"""
+
+
+def test_text_and_widget_views_are_fed_the_same_events(kernel):
+    reply, messages = kernel.execute(BOTH_VIEWS_CELL)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    text = kernel.value("text.stdout.getvalue()")
+    table = kernel.value("dash.table.value")
+    for rank in range(2):
+        assert f"[rank {rank}] line 29 of {rank}" in text
+        assert re.search(rf"rank {rank}( on \S+)?: done, step 30/30, 30 lines", text)
+        assert rows(table)[rank] == ("done", "30", "30")
+        assert f"line 29 of {rank}" in table
+
+
+def test_the_launcher_does_not_import_ipywidgets(tmp_path):
+    code = textwrap.dedent("""\
+        import sys
+        import hvd_magic.api, hvd_magic.spark, hvd_magic.task, hvd_magic.local, hvd_magic.events
+        from hvd_magic.view import TextView
+        def f():
+            return 1
+        run = hvd_magic.api.run(f, np=-1, view=TextView(quiet=True))
+        assert run.results == [1]
+        print(sorted(m for m in sys.modules if m.split('.')[0] == 'ipywidgets'))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
