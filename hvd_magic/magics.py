@@ -11,7 +11,8 @@ from traitlets import Dict, Float, Int, Unicode
 
 from . import api
 from .capture import capture_cell
-from .view import make_view
+from .timeline import TimelineNote
+from .view import TextView, make_view
 
 
 def _names(text):
@@ -103,6 +104,8 @@ class HorovodMagics(Magics):
         job = {"fn": cloudpickle.dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
                "cell": True, "export": list(export)}
         view = make_view(quiet=args.quiet, widgets=False if args.text else None)
+        if isinstance(view, TextView):  # the dashboard shows the timeline itself
+            view = TimelineNote(view)
         run = api.launch(
             job, pickled, np, master=args.master, spark_conf=dict(self.spark_conf),
             timeout=timeout, run_dir=None, view=view, background=args.background,
@@ -115,8 +118,41 @@ class HorovodMagics(Magics):
             shell.user_ns.update(run.exports)
         return None if cell_fn.quiet else run.value
 
+    @magic_arguments()
+    @argument("run", nargs="?", default=None,
+              help="The run: its id, or the end of it (default: the latest run with a timeline, "
+                   "of this kernel or in hvd_runs/).")
+    @argument("--list", action="store_true",
+              help="List the runs that have a timeline: id, start time, np, state, file size.")
+    @argument("--path", action="store_true",
+              help="Return the path of the run's timeline.json (to open or copy it).")
+    @argument("--summary", action="store_true",
+              help="Tables of the top tensors and operations: count, total and mean time, "
+                   "bytes, share of wall time.")
+    @argument("--top", type=int, default=None,
+              help="Rows per --summary table (default 10); lanes of the picture (default 16).")
     @line_magic
     def horovod_timeline(self, line):
-        """Bring back and show the Horovod timeline of a run (see `hvd_magic.timeline`)."""
+        """Show the Horovod timeline of a run: a link to the file, how to open it, a picture.
+
+        Rank 0's timeline comes back to the run folder as hvd_runs/<run id>/timeline.json when
+        the run ends (also when it failed or was cancelled), if the run recorded one: with
+        ``%%horovod --timeline`` (the whole run), or ``with hvd_magic.timeline():`` around a few
+        steps inside the cell. The picture has a lane per tensor and Horovod's phases
+        (NEGOTIATE_ALLREDUCE, QUEUE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE...) as coloured spans;
+        Perfetto (ui.perfetto.dev) or chrome://tracing open the file itself.
+
+        Examples
+        --------
+        ::
+
+            %%horovod --np 2 --timeline
+            train(steps=20)
+
+            %horovod_timeline                    # the latest run's timeline, drawn
+            %horovod_timeline --summary          # where the time went, per tensor and operation
+            %horovod_timeline --list             # runs that have a timeline
+            path = %horovod_timeline 3f2a --path # the file of the run whose id ends in 3f2a
+        """
         from .timeline import timeline_magic
         return timeline_magic(self, line)

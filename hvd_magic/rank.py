@@ -130,8 +130,26 @@ def main(workdir):
     return 0
 
 
+def _stop_timeline():
+    """Write out the rest of rank 0's Horovod timeline, however the cell ended.
+
+    Horovod's shutdown (and the process's exit) drops the events still queued for its timeline
+    writer thread, i.e. the last operations; stopping the timeline waits until they are written
+    and closes the file. A local call, not a collective, so it is safe after a failure too; where
+    no timeline is being written it returns at once.
+    """
+    for name in ("horovod.torch", "horovod.tensorflow", "horovod.keras"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "stop_timeline"):
+            try:
+                module.stop_timeline()
+            except Exception:  # Horovod not initialized, or shut down by the cell itself
+                pass
+            return
+
+
 def _shutdown_horovod():
-    """Shut Horovod down in step with the other ranks (flushes the timeline too)."""
+    """Shut Horovod down in step with the other ranks."""
     for name in ("horovod.torch", "horovod.tensorflow", "horovod.keras"):
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "shutdown"):
@@ -143,6 +161,7 @@ def _shutdown_horovod():
 
 if __name__ == "__main__":
     code = main(sys.argv[1])
+    _stop_timeline()
     if code == 0:
         _shutdown_horovod()
     sys.stdout.flush()
