@@ -56,6 +56,7 @@ class Dashboard:
         self._last_push = 0.0
         self._pushed_at = {}
         self._cancel_clicked = False
+        self._notices = []           # messages about the whole run
 
     # -- the view protocol -------------------------------------------------------------------
     def start(self, run):
@@ -70,6 +71,12 @@ class Dashboard:
 
     def event(self, run, rank, event):
         if self.quiet:
+            return
+        if rank is None:  # about the whole run (the stall watchdog): shown under the header
+            if event.get("message"):
+                self._notices.append(str(event["message"]))
+                if self.box is None:
+                    self._early.append((rank, event))
             return
         if event.get("t") == "lines":
             lines = event.get("lines") or ()
@@ -136,8 +143,9 @@ class Dashboard:
                                   layout=w.Layout(align_items="center", gap="1em")),
                            self.table, self.logs, self.footer])
         self._early = []
-        display(self.box)
+        # Routed before it is shown, so that not even the first click can reach the busy main shell.
         self.subshell_id = _route_to_subshell([self.cancel_button, self.logs])
+        display(self.box)
 
     def _on_cancel(self, run):
         # Runs in the subshell's thread while the cell runs (the main thread is in the driver loop).
@@ -169,8 +177,9 @@ class Dashboard:
             state = "cancelling"
         elapsed = f"{run.elapsed:.1f} s" if run.ended else f"{run.elapsed:.0f} s"
         where = run.where or "?"
+        notices = "".join(f"<div style='color:#c62828'>{_e(n)}</div>" for n in self._notices)
         return (f"<b>hvd_magic</b> run <code>{_e(run.id)}</code> · {run.np} ranks on "
-                f"<code>{_e(where)}</code> · {_state_html(state)} · {elapsed}")
+                f"<code>{_e(where)}</code> · {_state_html(state)} · {elapsed}{notices}")
 
     def _table_html(self, run):
         head = "".join(f"<th style='text-align:left;padding:0 .6em'>{h}</th>" for h in (

@@ -52,7 +52,7 @@ class _Channel:
                 return  # nothing new (tqdm's close repeats its last update)
             final = event["step"] is not None and event["total"] is not None \
                 and event["step"] >= event["total"]
-            if not final and now - self.last_sent < MIN_INTERVAL:
+            if not final and (self.timer is not None or now - self.last_sent < MIN_INTERVAL):
                 # Keep the latest; the timer sends it when the interval is over, so a rank that
                 # then computes for minutes without reporting still shows where it is.
                 self.pending = event

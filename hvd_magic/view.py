@@ -31,7 +31,13 @@ class TextView:
         pass
 
     def event(self, run, rank, event):
-        if self.quiet or event.get("t") != "lines":
+        if self.quiet:
+            return
+        if rank is None and event.get("message"):  # about the whole run (the stall watchdog)
+            self.stderr.write(f"[hvd_magic] {event['message']}\n")
+            self.stderr.flush()
+            return
+        if event.get("t") != "lines":
             return
         out = self.stderr if event.get("stream") == "stderr" else self.stdout
         text = "".join(f"[rank {rank}] {visible_text(line)}\n" for line in event.get("lines", ()))

@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+import hvd_magic
+
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ROW = re.compile(r"<tr data-rank='(\d+)' data-state='([^']*)' data-step='([^']*)' "
                  r"data-total='([^']*)'>")
@@ -250,12 +252,15 @@ def test_cancel_button_of_a_background_run(kernel):
 
 
 LINES = 100_000
+# Pauses stretch the flood over a few seconds, so that the dashboard is live for a while.
 FLOOD_CELL = f"""\
 %%horovod --np -4
-import os
+import os, time
 rank = os.environ["HOROVOD_RANK"]
 for i in range({LINES}):
     print(f"rank {{rank}} line {{i}}")
+    if i % 2500 == 0:
+        time.sleep(0.05)
 """
 
 
@@ -274,6 +279,7 @@ def test_100k_lines_per_rank_all_logged_with_few_widget_updates(kernel):
     # button, one panel per rank); until then, at most ten messages in any second.
     final = 4 + 4
     live = [t for t, _, _ in widgets.updates[:-final]]
+    assert len(live) >= 5, "the dashboard was hardly live"
     assert max_per_second(live) <= 10
     duration = (widgets.updates[-1][0] - widgets.updates[0][0]).total_seconds()
     assert len(widgets.updates) <= 10 * (duration + 1) + final
@@ -337,3 +343,109 @@ def test_the_launcher_does_not_import_ipywidgets(tmp_path):
                          cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+OPEN_PANEL_CELL = """\
+%%horovod --np -2
+import time
+for i in range(40):
+    print("tick", i)
+    time.sleep(0.1)
+"""
+
+
+def test_an_opened_log_panel_is_kept_live(kernel):
+    """Opening rank 1's panel mid-run (an update from the front end, handled by the subshell
+    while the cell runs) makes the dashboard send that panel's tail before the run ends."""
+    widgets = Widgets()
+    opened = []
+
+    def on_message(msg):
+        widgets.feed(msg)
+        if opened or msg["msg_type"] != "display_data" or WIDGET_VIEW not in msg["content"]["data"]:
+            return
+        [accordion] = widgets.of("AccordionModel")
+        kernel.kc.shell_channel.send(kernel.kc.session.msg("comm_msg", {
+            "comm_id": accordion, "data": {"method": "update", "buffer_paths": [],
+                                           "state": {"selected_index": 1}}}))
+        opened.append(accordion)
+
+    reply, _ = kernel.execute(OPEN_PANEL_CELL, on_message=on_message)
+    assert reply["content"]["status"] == "ok" and opened
+    [panel_0], [panel_1] = ([cid for cid, s in widgets.of("HTMLModel").items()
+                             if f"rank-{rank}.log" in s["value"] and "<pre" in s["value"]]
+                            for rank in range(2))
+    first_done = next(i for i, (_, _, state) in enumerate(widgets.updates)
+                      if "done" in state.get("value", "") and "hvd_magic</b> run" in state["value"])
+    live = widgets.updates[:first_done]
+    assert [cid for _, cid, _ in live].count(panel_1) >= 2, "the open panel was not updated live"
+    assert panel_0 not in [cid for _, cid, _ in live]   # closed: only brought up to date at the end
+    assert "tick 39</pre>" in widgets.models[panel_0]["value"]
+
+
+class Recorder:
+    """A view that keeps every event, in the order the driver loop handed them over."""
+
+    def __init__(self):
+        self.events = []
+
+    def start(self, run):
+        pass
+
+    def event(self, run, rank, event):
+        self.events.append((rank, event))
+
+    def tick(self, run):
+        pass
+
+    def finish(self, run):
+        pass
+
+    def progress(self, rank):
+        return [(e["step"], e["total"], e["metrics"]) for r, e in self.events
+                if r == rank and e["t"] == "progress"]
+
+
+def test_tqdm_in_a_rank_drives_progress_live():
+    def train():
+        import time
+        from tqdm import tqdm
+        for _ in tqdm(range(50), desc="epoch 1"):
+            time.sleep(0.03)
+
+    recorder = Recorder()
+    run = hvd_magic.run(train, np=-2, view=recorder)
+    for rank in range(2):
+        progress = recorder.progress(rank)
+        steps = [step for step, _, _ in progress]
+        assert steps == sorted(steps) and len(set(steps)) == len(steps)  # no repeats
+        assert progress[-1] == (50, 50, {"desc": "epoch 1"})
+        assert any(0 < step < 50 for step in steps), "only the end was reported"
+        assert (run.ranks[rank].step, run.ranks[rank].total) == (50, 50)
+
+
+def test_report_is_throttled_and_its_latest_value_follows_soon():
+    def work():
+        import time
+        import hvd_magic
+        start = time.monotonic()
+        for i in range(200_000):
+            hvd_magic.report(step=i + 1, total=200_000, loss=1.0 / (i + 1))
+        busy = time.monotonic() - start
+        hvd_magic.report(step=1, total=10)
+        hvd_magic.report(step=2, total=10, note="latest")   # throttled: within 0.1 s of step 1
+        time.sleep(1.0)                                      # a long step, reporting nothing
+        print("after the long step")
+        return busy
+
+    recorder = Recorder()
+    run = hvd_magic.run(work, np=-1, view=recorder)
+    progress = recorder.progress(0)
+    burst = [p for p in progress if p[1] == 200_000]
+    assert burst[-1] == (200_000, 200_000, {"loss": 1.0 / 200_000})
+    assert len(burst) <= 10 * run.results[0] + 2
+    # The throttled step 2 was sent by the timer during the long step, not at the rank's end.
+    order = [(e["t"], e.get("step"), tuple(e.get("lines", ()))) for _, e in recorder.events]
+    step_2 = order.index(("progress", 2, ()))
+    after = next(i for i, (t, _, lines) in enumerate(order) if "after the long step" in lines)
+    assert step_2 < after

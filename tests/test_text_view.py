@@ -1,0 +1,96 @@
+"""The text view, in a real IPython InteractiveShell: ``[rank k]`` lines as they arrive (stdout and
+stderr kept apart), then one summary line per rank."""
+
+import re
+
+import pytest
+
+import hvd_magic
+from hvd_magic.view import TextView, make_view, visible_text, widgets_available
+
+PRINTING_CELL = r"""
+import os, sys
+rank = os.environ["HOROVOD_RANK"]
+print(f"out {rank}")
+print(f"err {rank}", file=sys.stderr)
+sys.stdout.write(f"50%\r100% of {rank}\n")
+sys.stdout.write(f"windows line {rank}\r\n")
+sys.stdout.flush()
+os.write(1, b"bad \xff\xfe bytes\n")
+int(rank) * 10
+"""
+
+
+def summary_line(out, rank):
+    match = re.search(rf"^  rank {rank}( on \S+)?: (.*)$", out, re.M)
+    assert match, out
+    return match.group(2)
+
+
+def test_lines_are_labelled_by_rank_and_summarised(ip, capsys):
+    value = ip.run_cell_magic("horovod", "--np -2", PRINTING_CELL)
+    assert value == 0
+    captured = capsys.readouterr()
+    for rank in range(2):
+        assert f"[rank {rank}] out {rank}\n" in captured.out
+        assert f"[rank {rank}] err {rank}\n" in captured.err
+        assert f"err {rank}" not in captured.out
+        assert f"[rank {rank}] 100% of {rank}\n" in captured.out   # the redraw, not the 50%
+        assert f"[rank {rank}] windows line {rank}\n" in captured.out
+        assert f"[rank {rank}] bad \ufffd\ufffd bytes\n" in captured.out
+        assert summary_line(captured.out, rank) == "done, 5 lines"
+    assert "50%" not in captured.out
+    run = hvd_magic.last_run()
+    assert f"hvd_magic run {run.id}: done in" in captured.out
+    assert "on driver only" in captured.out
+
+
+def test_summary_shows_progress_from_tqdm(ip, capsys):
+    cell = "from tqdm import tqdm\nimport time\nfor _ in tqdm(range(50)):\n    time.sleep(0.01)\n"
+    ip.run_cell_magic("horovod", "--np -2", cell)
+    out = capsys.readouterr().out
+    for rank in range(2):
+        assert summary_line(out, rank).startswith("done, step 50/50")
+
+
+def test_failed_rank_is_summarised_as_failed(ip, capsys):
+    cell = "import os\nif os.environ['HOROVOD_RANK'] == '1':\n    raise ValueError('no')\n"
+    with pytest.raises(hvd_magic.RankError):
+        ip.run_cell_magic("horovod", "--np -2", cell)
+    out = capsys.readouterr().out
+    assert summary_line(out, 1).startswith("failed")
+    assert hvd_magic.last_run().state == "failed"
+
+
+def test_quiet_prints_nothing_but_returns_the_value(ip, capsys):
+    value = ip.run_cell_magic("horovod", "--np -2 --quiet", "print('noise')\n'value'")
+    assert value == "value"
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_a_shell_without_a_kernel_gets_the_text_view(ip, monkeypatch):
+    monkeypatch.delenv("HVD_MAGIC_NO_WIDGETS", raising=False)
+    assert not widgets_available()          # InteractiveShell: no kernel, so no front end
+    assert type(make_view()) is TextView
+    assert make_view(quiet=True).quiet
+    assert type(make_view(widgets=False)) is TextView
+
+
+def test_run_notices_go_to_stderr(ip, capsys):
+    """A message about the whole run (rank None, e.g. the stall watchdog) is not a rank's line."""
+    view = TextView()
+    view.event(None, None, {"t": "stall", "message": "stall: rank 1 waits"})
+    captured = capsys.readouterr()
+    assert captured.err == "[hvd_magic] stall: rank 1 waits\n" and captured.out == ""
+
+
+@pytest.mark.parametrize("line, shown", [
+    ("plain", "plain"),
+    ("10%\r50%\r100%", "100%"),
+    ("windows\r", "windows"),
+    ("", ""),
+    ("\r", ""),
+])
+def test_visible_text_is_what_a_terminal_shows(line, shown):
+    assert visible_text(line) == shown
