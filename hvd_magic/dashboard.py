@@ -109,11 +109,13 @@ class Dashboard:
     def finish(self, run):
         if self.quiet:
             return
-        if self.box is None:  # a fast run: its lines as plain text, and nothing else
+        if self.box is None:  # a fast run: its lines as plain text, as the text view prints them
             text = TextView(summary=False)
             for rank, event in self._early:
                 text.event(run, rank, event)
             self._early = []
+            if getattr(run, "timeline_path", None):
+                text.stdout.write(self._timeline_note(run))
             return
         self.header.value = self._header_html(run)
         self.table.value = self._table_html(run)
@@ -219,6 +221,13 @@ class Dashboard:
     def _footer_html(self, run):
         links = " · ".join(f"rank {rank}: {_link(run.log_path(rank))}" for rank in range(run.np))
         return f"<div>Logs in {_link(run.run_dir, os.path.relpath(run.run_dir))}: {links}</div>"
+
+    def _timeline_note(self, run):
+        try:
+            from .timeline import timeline_note
+            return timeline_note(run)
+        except Exception:  # (not there yet, or the file went away) the path is enough
+            return f"timeline: {os.path.relpath(run.timeline_path)}\n"
 
     def _timeline_html(self, run):
         if not getattr(run, "timeline_path", None):

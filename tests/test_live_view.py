@@ -449,3 +449,23 @@ def test_report_is_throttled_and_its_latest_value_follows_soon():
     step_2 = order.index(("progress", 2, ()))
     after = next(i for i, (t, _, lines) in enumerate(order) if "after the long step" in lines)
     assert step_2 < after
+
+
+TIMELINE_CELL = """\
+%%horovod --np -2 --timeline
+import time, torch, horovod.torch as hvd
+hvd.init()
+for i in range(20):
+    hvd.allreduce(torch.ones(10), name="grad")
+    time.sleep(0.1)
+"""
+
+
+def test_timeline_is_drawn_when_the_run_ends(kernel):
+    reply, messages = kernel.execute(TIMELINE_CELL)
+    assert reply["content"]["status"] == "ok"
+    footer = kernel.value("hvd_magic.last_run().view.footer.value")
+    run_id = kernel.value("hvd_magic.last_run().id")
+    assert "Horovod timeline" in footer and "<svg" in footer
+    assert f"hvd_runs/{run_id}/timeline.json" in footer
+    assert Widgets(messages).html_containing("Horovod timeline")  # and the front end got it
