@@ -15,6 +15,7 @@ import json
 import os
 import pickle
 import queue
+import re
 import secrets
 import sys
 import threading
@@ -27,6 +28,7 @@ from .events import EventServer
 from .task import STOP_GRACE_SECONDS, TaskSettings
 
 DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
+DEFAULT_STALL_TIMEOUT = 60.0
 FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
 DEFAULT_HOROVOD_ENV = {
     # horovodrun exports '(None,)' for these (a 0 ms cycle that spins); we set them ourselves.
@@ -119,6 +121,7 @@ class RankState:
         self.local_rank = None
         self.gpus = []
         self.executor = None
+        self.partition = None
         self.pid = None
         self.state = "pending"
         self.step = None
@@ -127,10 +130,13 @@ class RankState:
         self.last_line = ""
         self.lines = 0
         self.exit = None     # {"code", "status", "summary"} once the rank ended
+        self.ended_at = None
+        self.blocked_since = None   # monotonic time it began waiting in a collective, if it does
         self.last_event = time.monotonic()
 
     def as_dict(self):
-        return {k: v for k, v in vars(self).items() if k != "last_event"}
+        return {k: v for k, v in vars(self).items()
+                if k not in ("last_event", "ended_at", "blocked_since")}
 
 
 class Run:
@@ -138,7 +144,8 @@ class Run:
 
     def __init__(self, np, run_dir=None, launcher=None, view=None, timeout=None, cell=None,
                  horovod_env=None, extra_env=None, broadcast_bytes=DEFAULT_BROADCAST_BYTES,
-                 allow_retry=False, name=None, timeline=False):
+                 allow_retry=False, name=None, timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT,
+                 on_stall="warn"):
         self.id = new_run_id()
         self.np = np
         self.name = name
@@ -165,6 +172,10 @@ class Run:
         self.timeline = timeline
         self.timeline_path = None    # run_dir/timeline.json once rank 0's timeline came back
         self._failures = []          # exit events of failed ranks, in arrival order
+        self._retry = None           # set when Spark re-attempted the stage (and we refused)
+        self.stall = None            # the watchdog's message, once it fired
+        self.stall_timeout = stall_timeout
+        self.on_stall = on_stall
         self._stop_reason = None
         self._stop_sent = None
         self._done = threading.Event()
@@ -257,6 +268,7 @@ class Run:
                     self._request_stop("failed")
                 if deadline is not None and time.time() > deadline and self._stop_reason is None:
                     self._request_stop("timeout")
+                self._watch_for_stall()
                 self._escalate()
                 if self.view is not None:
                     self.view.tick(self)
@@ -271,6 +283,41 @@ class Run:
                 self._done.set()
         if self.error is not None:
             raise self.error
+
+    def _watch_for_stall(self):
+        """Horovod never notices a rank that stopped calling collectives (its stall inspector does
+        not run with Gloo): some ranks finished while the others wait forever. Say so, with a
+        stack dump of every waiting rank, and stop the run when asked to (--on-stall fail)."""
+        if self.stall_timeout is None or self._stop_reason is not None or self.stall is not None:
+            return
+        now = time.monotonic()
+        waiting = [r for r in self.ranks if r.exit is None and r.blocked_since is not None
+                   and now - r.blocked_since >= self.stall_timeout]
+        elsewhere = [r for r in self.ranks if r.exit is not None or r.blocked_since is None]
+        if not waiting or not elsewhere:
+            return  # nobody waits that long, or everybody waits (a slow collective, not a stall)
+        ended = [r for r in elsewhere if r.exit is not None]
+        busy = [r for r in elsewhere if r.exit is None]
+
+        def ranks(rs):
+            return f"rank{'s' if len(rs) > 1 else ''} {', '.join(str(r.rank) for r in rs)}"
+
+        why = []
+        if ended:
+            why.append(f"{ranks(ended)} ended")
+        if busy:
+            why.append(f"{ranks(busy)} {'are' if len(busy) > 1 else 'is'} running elsewhere")
+        self.stall = (
+            f"stall: {ranks(waiting)} {'have' if len(waiting) > 1 else 'has'} been waiting in a "
+            f"collective for {now - min(r.blocked_since for r in waiting):.0f} s, while "
+            f"{' and '.join(why)}: the waiting ranks are blocked on a collective (allreduce, "
+            f"broadcast...) that the others never called, e.g. a loop that ran fewer steps on "
+            f"some ranks. The Python stack of every rank is in its log.")
+        self._server.broadcast({"t": "dump"})  # each stuck rank prints its stack (faulthandler)
+        if self.view is not None:
+            self.view.event(self, None, {"t": "stall", "message": self.stall})
+        if self.on_stall == "fail":
+            self._request_stop("stalled")
 
     def _request_stop(self, reason):
         if self._stop_reason is not None:
@@ -312,6 +359,7 @@ class Run:
         if self._server is None:
             return
         self.launcher.join(timeout=5)
+        self._stop_orphans()
         time.sleep(0)  # let connection threads queue what they read
         self._server.close()
         while True:
@@ -320,6 +368,21 @@ class Run:
             except queue.Empty:
                 break
         self.rejected_frames = self._server.rejected
+
+    def _stop_orphans(self):
+        """The launcher is done but some ranks never said they ended: Spark gave up on their
+        tasks without killing the Python workers. Tell those tasks to stop their ranks, and wait
+        for them to say so."""
+        if not self._unended():
+            return
+        self._server.stop_all(self._stop_reason or "failed")
+        deadline = time.monotonic() + STOP_GRACE_SECONDS + 2
+        while self._unended() and time.monotonic() < deadline:
+            self._pump(0.1)
+
+    def _unended(self):
+        """Ranks that started and did not report their end."""
+        return [r for r in self.ranks if r.pid is not None and r.exit is None]
 
     def _log(self, rank):
         f = self._logs.get(rank)
@@ -342,8 +405,10 @@ class Run:
             if lines:
                 r.last_line = lines[-1].rsplit("\r", 1)[-1]
         elif kind == "state":
+            if event.get("state") == "starting" and r.pid is not None and event.get("pid") != r.pid:
+                self._retried(rank)
             r.state = str(event.get("state", r.state))
-            for key in ("host", "local_rank", "pid", "gpus", "executor"):
+            for key in ("host", "local_rank", "pid", "gpus", "executor", "partition"):
                 if key in event:
                     setattr(r, key, event[key])
         elif kind == "progress":
@@ -352,14 +417,29 @@ class Run:
                 r.metrics.update(event["metrics"])
         elif kind == "file" and event.get("kind") in FILE_KINDS:
             self._receive_file(event)
+        elif kind == "blocked":
+            seconds = event.get("seconds")
+            r.blocked_since = time.monotonic() - (seconds if isinstance(seconds, (int, float)) else 0)
+        elif kind == "unblocked":
+            r.blocked_since = None
         elif kind == "exit":
+            r.blocked_since = None
             r.exit = {k: event.get(k) for k in ("code", "status", "summary")}
+            r.ended_at = time.monotonic()
             status = event.get("status")
             r.state = {"ok": "done", "stopped": "cancelled"}.get(status, "failed")
             if status not in ("ok", "stopped"):
                 self._failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
         if self.view is not None:
             self.view.event(self, rank, event)
+
+    def _retried(self, rank):
+        """A second start of a rank: Spark re-attempted the barrier stage after a failure."""
+        if self.allow_retry:
+            return
+        if self._retry is None:
+            self._retry = {"rank": rank, "earlier": [dict(f) for f in self._failures]}
+        self._request_stop("retried")
 
     def _receive_file(self, event):
         """Append a chunk of a file a task sent (rank 0's timeline) to the run folder."""
@@ -424,14 +504,29 @@ class Run:
                     for f in self._failures]
         failures += [dict(i, rank=r) for r, i in sorted(infos.items())
                      if i["status"] not in ("stopped",) and r not in {f["rank"] for f in failures}]
+        if self._retry is not None:
+            return self._retry_error(infos)
+        if self._stop_reason == "stalled":
+            return RankError({"rank": None, "type": "Stall", "message": self.stall},
+                             {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state
+                              for r in self.ranks}, run_id=self.id,
+                             note="Stack dumps of the waiting ranks are in their logs: "
+                                  + ", ".join(self.log_path(r.rank) for r in self.ranks))
         if failures:
             first = next((f for f in failures if not is_follow_on(f)), failures[0])
             first = dict(infos.get(first["rank"], {}), **first)
-            if first.get("signal") == "SIGABRT" and self.ranks[first["rank"]].state != "running":
+            if not first.get("traceback"):
+                # died without a Python traceback (a signal, os._exit): its last words instead
+                tail = self._log_tail(first["rank"])
+                if tail:
+                    first["traceback"] = f"last lines of rank {first['rank']}'s log:\n{tail}"
+            if first.get("signal") == "SIGABRT" and _looks_like_rendezvous(first.get("traceback", "")):
                 first["hint"] = (
-                    "Horovod aborted during hvd.init(): the rendezvous between ranks failed. Check "
-                    "that the executors can reach each other (HOROVOD_GLOO_IFACE) and the "
-                    "rendezvous port on rank 0's host.")
+                    f"Horovod aborted inside hvd.init(): the Gloo rendezvous failed (rendezvous "
+                    f"server {first.get('rendezvous', '?')}, on rank 0's host). Check that every rank "
+                    f"calls hvd.init(), that the executors can reach that address and each other "
+                    f"on interface {first.get('iface', '?')} (HOROVOD_GLOO_IFACE), and that "
+                    f"HOROVOD_GLOO_TIMEOUT_SECONDS covers the ranks' start-up.")
             others = {}
             for rank in range(self.np):
                 if rank == first["rank"]:
@@ -448,10 +543,50 @@ class Run:
         if self._stop_reason == "cancelled":
             return RunCancelled(f"run {self.id} was cancelled; every rank was stopped.")
         if self.launcher.error is not None:
+            lost = self._unended()
+            failed = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", str(self.launcher.error))
+            # the task Spark names as the failed one, else the first without an ending
+            lost.sort(key=lambda r: r.partition != (int(failed.group(1)) if failed else None))
+            if lost and isinstance(self.launcher.error, LaunchError):
+                r = lost[0]
+                return LaunchError(
+                    f"the Spark task of rank {r.rank} on {r.host} (executor {r.executor}) died "
+                    f"before its rank ended (its Python worker or executor was killed); every "
+                    f"other rank was stopped. Spark aborts a barrier stage whose task fails and "
+                    f"hvd_magic does not re-attempt it, so training was not started over. "
+                    f"[{self.launcher.error}]")
             return self.launcher.error
         if not self.launcher.outcomes or len(self.launcher.outcomes) != self.np:
             return LaunchError(f"run {self.id} ended without results from every rank.")
         return None
+
+    def _retry_error(self, infos):
+        earlier = self._retry["earlier"]
+        if earlier:
+            first = next((f for f in earlier if not is_follow_on(f)), earlier[0])
+            cause = f"rank {first['rank']} {describe_end(first)}"
+        else:
+            lost = [r.rank for r in self.ranks if r.exit is None]
+            cause = (f"the task of rank {lost[0] if lost else self._retry['rank']} died (its Python "
+                     "worker or executor exited)")
+        return LaunchError(
+            f"Spark re-attempted the barrier stage after a failure ({cause}); hvd_magic stopped "
+            "the new attempt rather than start training over silently. Fix the failure, or pass "
+            "--retries N to allow re-attempts.")
+
+    def _log_tail(self, rank, lines=40):
+        """The last words of a rank that died: from the crash report on, if there is one."""
+        try:
+            with open(self.log_path(rank), encoding="utf-8", errors="replace") as f:
+                tail = f.read().splitlines()[-lines:]
+        except OSError:
+            return ""
+        starts = [i for i, line in enumerate(tail)
+                  if line.startswith(("Fatal Python error", "terminate called"))]
+        if starts:
+            tail = tail[starts[0]:]
+        return "\n".join(line for line in tail
+                         if not line.startswith("Extension modules:")).rstrip()
 
     def _timeout_message(self):
         lines = [f"run {self.id} reached its --timeout of {self.timeout:g} s; every rank was stopped."]
@@ -468,6 +603,10 @@ class Run:
         with open(tmp, "w") as f:
             json.dump(meta, f, indent=1, default=str)
         os.replace(tmp, os.path.join(self.run_dir, "run.json"))
+
+
+def _looks_like_rendezvous(text):
+    return any(word in text for word in ("gloo", "Gloo", "rendezvous", "HTTPStore", "Timed out"))
 
 
 def _bind_host(driver_host):
@@ -492,7 +631,8 @@ def check_np(np):
 
 def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=None,
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
-        broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False):
+        broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
+        stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn"):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
@@ -520,15 +660,17 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     return launch(job, kwargs_pickled, np, spark=spark, master=master, spark_conf=spark_conf,
                   timeout=timeout, run_dir=run_dir, view=view, background=background,
                   horovod_env=horovod_env, env=env, broadcast_bytes=broadcast_bytes,
-                  retries=retries, name=name, timeline=timeline)
+                  retries=retries, name=name, timeline=timeline, stall_timeout=stall_timeout,
+                  on_stall=on_stall)
 
 
 def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None, timeout=None,
            run_dir=None, view=None, background=False, horovod_env=None, env=None,
            broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
-           timeline=False):
+           timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn"):
     launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf)
     run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
                horovod_env=horovod_env, extra_env=env, broadcast_bytes=broadcast_bytes,
-               allow_retry=retries > 0, name=name, timeline=timeline)
+               allow_retry=retries > 0, name=name, timeline=timeline,
+               stall_timeout=stall_timeout, on_stall=on_stall)
     return run_.launch(job, kwargs_pickled, background=background)

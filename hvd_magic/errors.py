@@ -20,6 +20,8 @@ def is_follow_on(info):
 
 def describe_end(info):
     """One line: how a rank that did not succeed ended."""
+    if info.get("type") == "Stall":
+        return info.get("message", "stalled")
     if info.get("type"):
         message = info.get("message", "").strip().splitlines()
         return f"{info['type']}: {message[0] if message else ''}".rstrip(": ")
@@ -52,6 +54,8 @@ class RankError(HorovodMagicError):
         super().__init__(self.headline())
 
     def headline(self):
+        if self.rank is None:  # the run as a whole (a stall), not one rank
+            return describe_end(self.info)
         where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
         return f"{where} failed: {describe_end(self.info)}"
 

@@ -30,6 +30,7 @@ class HorovodMagics(Magics):
     spark_conf = Dict(help="Spark settings for a session hvd_magic starts itself.").tag(config=True)
     run_root = Unicode("hvd_runs", help="Folder for run folders (logs, timeline).").tag(config=True)
     broadcast_mb = Float(4.0, help="Values larger than this travel by Spark broadcast.").tag(config=True)
+    stall_timeout = Float(60.0, help="Default of --stall-timeout, in seconds.").tag(config=True)
     horovod_env = Dict(help="Extra HOROVOD_* settings for every rank.").tag(config=True)
 
     @magic_arguments()
@@ -54,6 +55,12 @@ class HorovodMagics(Magics):
     @argument("--retries", type=int, default=0,
               help="Allow Spark to re-attempt the barrier stage this many times (default 0: a "
                    "retried stage is reported, never silently restarted).")
+    @argument("--stall-timeout", type=float, default=None,
+              help="Seconds after some ranks ended while the others still wait before the "
+                   "hang watchdog reports a stall, with each waiting rank's stack "
+                   "(default: HorovodMagics.stall_timeout, 60).")
+    @argument("--on-stall", choices=("warn", "fail"), default="warn",
+              help="What a stall does: warn (report and keep waiting) or fail (stop the run).")
     @argument("--timeline", action="store_true",
               help="Record a Horovod timeline on rank 0; it is brought back to the run folder "
                    "as timeline.json (see %%horovod_timeline).")
@@ -111,7 +118,8 @@ class HorovodMagics(Magics):
             timeout=timeout, run_dir=None, view=view, background=args.background,
             horovod_env=dict(self.horovod_env), env=env,
             broadcast_bytes=int(self.broadcast_mb * 1024 * 1024), retries=args.retries,
-            name=args.name, cell=cell_fn, timeline=args.timeline)
+            name=args.name, cell=cell_fn, timeline=args.timeline,
+            stall_timeout=args.stall_timeout or self.stall_timeout, on_stall=args.on_stall)
         if args.background:
             return run
         if run.exports:

@@ -17,7 +17,7 @@ import signal
 import sys
 import traceback
 
-from . import reporting
+from . import reporting, stall
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -80,6 +80,7 @@ def main(workdir):
     _die_with_parent()
     _install_stack_dump()
     reporting.install_tqdm_hook()
+    stall.install()
     import cloudpickle  # noqa: F401  (needed to unpickle the job)
     import pickle
 

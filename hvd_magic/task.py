@@ -289,7 +289,7 @@ def run_task(settings: TaskSettings, coord: Coordinator):
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return _run_rank(settings, slot, env, gathered[coord.partition_id]["hostname"], gpus,
-                         executor=coord.executor())
+                         executor=coord.executor(), partition=coord.partition_id)
     finally:
         if rendezvous is not None:
             rendezvous.stop()
@@ -305,7 +305,7 @@ def _write_job(workdir, settings):
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _run_rank(settings, slot, env, host, gpus, executor=None):
+def _run_rank(settings, slot, env, host, gpus, executor=None, partition=None):
     rank = slot.rank
     workdir = tempfile.mkdtemp(prefix=f"hvd_magic-{settings.run_id}-rank{rank}-")
     proc = None
@@ -335,6 +335,9 @@ def _run_rank(settings, slot, env, host, gpus, executor=None):
         # a window (cheap with our patched writer thread, which sleeps when idle).
         env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
         cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
+        if stopping.is_set():  # the run was stopped before this task got here (a re-attempt)
+            forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
+            return (rank, "stopped", {"rank": rank, "host": host, "code": None})
         proc = subprocess.Popen(
             [sys.executable, "-m", "hvd_magic.rank", workdir],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -343,7 +346,8 @@ def _run_rank(settings, slot, env, host, gpus, executor=None):
         if stopping.is_set():  # the stop came while the rank was being started
             threading.Thread(target=_stop_group, args=(proc,), daemon=True).start()
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
-                      "local_rank": slot.local_rank, "gpus": gpus, "executor": executor})
+                      "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
+                      "partition": partition})
         with os.fdopen(events_r, "rb") as events_pipe:
             pumps = [
                 threading.Thread(target=forward.pump_lines, args=(proc.stdout, "stdout"), daemon=True),
@@ -358,7 +362,7 @@ def _run_rank(settings, slot, env, host, gpus, executor=None):
                 p.join(timeout=10)
         if os.path.exists(timeline_path):  # rank 0 wrote one: it comes back, whatever happened
             _send_file(forward, timeline_path, "timeline")
-        outcome = _outcome(workdir, code, rank, host, stopping.is_set())
+        outcome = _outcome(workdir, code, rank, host, stopping.is_set(), env)
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})
         return outcome
@@ -382,13 +386,15 @@ def _send_file(forward, path, kind, chunk_chars=1 << 20):
             seq += 1
 
 
-def _outcome(workdir, code, rank, host, stopped):
+def _outcome(workdir, code, rank, host, stopped, env):
     result_path = os.path.join(workdir, "result.pkl")
     error_path = os.path.join(workdir, "error.json")
     if code == 0 and os.path.exists(result_path):
         with open(result_path, "rb") as f:
             return (rank, "ok", f.read())
-    info = {"rank": rank, "host": host, "code": code}
+    info = {"rank": rank, "host": host, "code": code,
+            "rendezvous": "{HOROVOD_GLOO_RENDEZVOUS_ADDR}:{HOROVOD_GLOO_RENDEZVOUS_PORT}".format(**env),
+            "iface": env["HOROVOD_GLOO_IFACE"]}
     if os.path.exists(error_path):
         with open(error_path) as f:
             info.update(json.load(f))

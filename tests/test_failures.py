@@ -1,0 +1,248 @@
+"""Failures, interrupts and timeouts: never hang, never leave a process behind, show the first
+real error. Real ranks, real Horovod, real signals."""
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+import hvd_magic
+from hvd_magic.view import TextView
+
+SLEEPERS = """\
+import os, time
+import horovod.torch as hvd
+hvd.init()
+for step in range(600):
+    if hvd.rank() == {bad} and step == 3:
+        {action}
+    time.sleep({pause})
+"""
+
+
+def rank_processes_left(run):
+    """Recorded rank PIDs that still exist (zombies excluded)."""
+    alive = []
+    for r in run.ranks:
+        if r.pid is None:
+            continue
+        try:
+            if psutil.Process(r.pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(r.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def our_children():
+    """Rank processes still running anywhere below this process (Spark's workers included)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "hvd_magic.rank" in " ".join(p.cmdline()):
+                found.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def run_cell(ip, options, cell):
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", f"--quiet {options}", cell)
+    return info.value, "\n".join(info.value._render_traceback_())
+
+
+@pytest.mark.parametrize("np", [2, -3])
+def test_first_real_error_stops_the_others_fast(ip, np):
+    cell = SLEEPERS.format(bad=1, action="raise ValueError('bad batch at step 3')", pause=0.2)
+    if np > 0:
+        ip.run_cell_magic("horovod", f"--np {np} --quiet", "1")  # a warm session, as users have
+    started = time.monotonic()
+    err, text = run_cell(ip, f"--np {np}", cell)
+    elapsed = time.monotonic() - started
+    assert elapsed < 10  # the others sleep for minutes: they were stopped
+    assert err.rank == 1
+    assert "ValueError: bad batch at step 3" in text
+    assert "raise ValueError('bad batch at step 3')" in text  # the user's line
+    assert "rank 0: stopped" in text
+    run = hvd_magic.last_run()
+    assert run.state == "failed"
+    assert [r.state for r in run.ranks][0] == "cancelled"
+    assert rank_processes_left(run) == []
+
+
+@pytest.mark.parametrize("action, words", [
+    ("os.kill(os.getpid(), 9)", ["rank 1", "SIGKILL"]),
+    ("os._exit(3)", ["rank 1", "exited with code 3"]),
+    ("import ctypes; ctypes.string_at(0)", ["rank 1", "SIGSEGV", "Segmentation fault"]),
+])
+def test_a_rank_that_dies_is_named_with_its_cause(ip, action, words):
+    cell = SLEEPERS.format(bad=1, action=action, pause=0.1)
+    err, text = run_cell(ip, "--np -2", cell)
+    assert err.rank == 1
+    for word in words:
+        assert word in text, text
+    # the survivor's follow-on error is not shown as the cause
+    assert "HorovodInternalError" not in text.split("--- the other ranks ---")[0]
+    assert rank_processes_left(hvd_magic.last_run()) == []
+
+
+def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):
+    cell = ("import time, hvd_magic\nfor step in range(1000):\n"
+            "    print(f'working on step {step}')\n"
+            "    hvd_magic.report(step=step, total=1000)\n    time.sleep(0.2)\n")
+    started = time.monotonic()
+    with pytest.raises(hvd_magic.RunTimeout) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 4", cell)
+    assert time.monotonic() - started < 15
+    text = str(info.value)
+    assert "--timeout of 4 s" in text
+    assert "working on step" in text and "step " in text
+    run = hvd_magic.last_run()
+    assert run.state == "timeout"
+    assert rank_processes_left(run) == []
+
+
+def test_interrupt_cancels_spark_job_and_the_next_cell_works(ip):
+    """SIGINT reaches the driver as Jupyter delivers an interrupt (a KeyboardInterrupt in the
+    main thread), during a Spark run."""
+    cell = "import time\nfor _ in range(600):\n    time.sleep(0.1)\n"
+    ip.run_cell_magic("horovod", "--np 2 --quiet", "1")  # warm session
+    timer = threading.Timer(4.0, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(hvd_magic.RunCancelled):
+            ip.run_cell_magic("horovod", "--np 2 --quiet", cell)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 20
+    run = hvd_magic.last_run()
+    assert run.state == "cancelled"
+    assert rank_processes_left(run) == []
+    assert ip.run_cell_magic("horovod", "--np 2 --quiet", "6 * 7") == 42
+
+
+def test_repeated_cancels_leave_nothing_behind():
+    """20 runs cancelled mid-way (driver-only and Spark): a census of the processes and threads
+    of ours before and after."""
+    threads_before = {t.name for t in threading.enumerate()}
+
+    def slow():
+        import time
+        import horovod.torch as hvd
+        hvd.init()
+        import hvd_magic
+        hvd_magic.report(step=0, total=1)
+        time.sleep(600)
+
+    for i in range(20):
+        np = -2 if i % 2 else 2
+        run = hvd_magic.run(slow, np=np, background=True, view=TextView(quiet=True))
+        deadline = time.monotonic() + 60
+        while not all(r.pid and r.state == "running" for r in run.ranks):
+            assert time.monotonic() < deadline, [r.state for r in run.ranks]
+            time.sleep(0.05)
+        pids = [r.pid for r in run.ranks]
+        run.cancel()
+        with pytest.raises(hvd_magic.RunCancelled):
+            run.wait(timeout=30)
+        assert run.state == "cancelled"
+        assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+                   for p in pids)
+    assert our_children() == []
+    left = {t.name for t in threading.enumerate()} - threads_before
+    assert not [n for n in left if n.startswith("hvd-magic")], left
+
+
+def test_watchdog_names_the_waiting_and_the_ended_ranks(ip):
+    # rank 0 leaves the loop early and goes on with other work (it stays alive): the others
+    # wait for it in an allreduce forever
+    cell = ("import time, torch, horovod.torch as hvd\nhvd.init()\n"
+            "steps = 2 if hvd.rank() == 0 else 5\n"
+            "for step in range(steps):\n"
+            "    hvd.allreduce(torch.ones(3), name=f'g{step}')\n"
+            "if hvd.rank() == 0:\n"
+            "    time.sleep(120)\n"
+            "hvd.rank()\n")
+    started = time.monotonic()
+    err, text = run_cell(ip, "--np -3 --stall-timeout 3 --on-stall fail", cell)
+    assert time.monotonic() - started < 30
+    assert "ranks 1, 2 have been waiting" in text
+    assert "rank 0 is running elsewhere" in text
+    run = hvd_magic.last_run()
+    assert run.stall is not None
+    # faulthandler's dump of a waiting rank: its stack points into the cell
+    with open(run.log_path(1)) as f:
+        log = f.read()
+    assert "most recent call first" in log and "hvd_magic cell" in log
+    assert rank_processes_left(run) == []
+
+
+def test_rendezvous_failure_is_explained(ip):
+    """Rank 1 never calls hvd.init(): rank 0's Gloo rendezvous times out and Horovod aborts."""
+    cell = ("import time, horovod.torch as hvd\n"
+            "import os\n"
+            "if os.environ['HOROVOD_RANK'] == '0':\n"
+            "    hvd.init()\n"
+            "else:\n"
+            "    time.sleep(60)\n")
+    err, text = run_cell(ip, "--np -2 --env HOROVOD_GLOO_TIMEOUT_SECONDS=3", cell)
+    assert err.rank == 0
+    assert "SIGABRT" in text
+    assert "rendezvous" in text and "hvd.init()" in text and "127.0.0.1:" in text
+
+
+def test_np_above_the_slots_of_a_cluster_is_refused_at_once(ip, standalone):
+    from IPython.core.error import UsageError
+    session = standalone.session()
+    try:
+        started = time.monotonic()
+        with pytest.raises(UsageError) as info:
+            ip.run_cell_magic("horovod", "--np 6", "1")
+        assert time.monotonic() - started < 45
+        text = str(info.value)
+        assert "np=6" in text and "4 task slots" in text and "2 executors" in text
+        assert "--np 4" in text
+    finally:
+        session.stop()
+
+
+def test_a_dead_spark_task_fails_the_run_once_without_retraining(ip, standalone):
+    """Rank 1 kills its own Spark task while spark.task.maxFailures=4. Spark never re-attempts
+    a failed barrier *result* stage (ours is one), so the run must fail once, clearly, with no
+    second start of any rank; the driver also refuses a second start of a rank (a re-attempt)
+    unless --retries is given."""
+    session = standalone.session(**{"spark.task.maxFailures": "4"})
+    try:
+        cell = ("import os, signal, time\nimport horovod.torch as hvd\nhvd.init()\n"
+                "if hvd.rank() == 1:\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+                "time.sleep(60)\n")
+        started = time.monotonic()
+        with pytest.raises(hvd_magic.LaunchError) as info:
+            ip.run_cell_magic("horovod", "--np 2 --quiet", cell)
+        assert time.monotonic() - started < 60
+        text = str(info.value)
+        assert "rank 1" in text and "died" in text and "not started over" in text
+        assert "Traceback" not in text and "at org.apache" not in text
+        run = hvd_magic.last_run()
+        assert run._retry is None  # no rank was started a second time
+        assert rank_processes_left(run) == []
+    finally:
+        session.stop()
+
+
+def test_dynamic_allocation_is_refused_with_advice(ip, standalone):
+    from IPython.core.error import UsageError
+    session = standalone.session(**{"spark.dynamicAllocation.enabled": "true",
+                                    "spark.dynamicAllocation.shuffleTracking.enabled": "true"})
+    try:
+        with pytest.raises(UsageError) as info:
+            ip.run_cell_magic("horovod", "--np 2", "1")
+        assert "dynamic allocation" in str(info.value)
+        assert "spark.dynamicAllocation.enabled=false" in str(info.value)
+    finally:
+        session.stop()
