@@ -150,6 +150,23 @@ def _iface_of(ip):
     return "lo"
 
 
+def visible_devices(assigned, visible=None):
+    """CUDA_VISIBLE_DEVICES for a rank given the GPU addresses Spark assigned its task.
+
+    When the executor itself sees only some GPUs (its own CUDA_VISIBLE_DEVICES) and Spark's
+    addresses are indices into that list, they are mapped through it; otherwise they are used as
+    they are (discovery scripts usually report the ids CUDA itself uses).
+    """
+    assigned = [str(a).strip() for a in assigned]
+    if not visible or not assigned:
+        return assigned
+    seen = [v.strip() for v in visible.split(",") if v.strip()]
+    if all(a.isdigit() and int(a) < len(seen) for a in assigned) and \
+            not all(a in seen for a in assigned):
+        return [seen[int(a)] for a in assigned]
+    return assigned
+
+
 def horovod_rank_env(slot, np, rendezvous_ip, rendezvous_port, iface):
     return {
         "HOROVOD_RANK": str(slot.rank),
@@ -285,7 +302,7 @@ def run_task(settings: TaskSettings, coord: Coordinator):
         env.update(settings.extra_env)
         env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, gathered[0]["port"],
                                     _iface_of(local_ip)))
-        gpus = coord.gpus()
+        gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return _run_rank(settings, slot, env, gathered[coord.partition_id]["hostname"], gpus,
