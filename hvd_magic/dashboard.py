@@ -133,7 +133,7 @@ class Dashboard:
         self.header = w.HTML(self._header_html(run))
         self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="warning",
                                       tooltip="Stop every rank of this run",
-                                      layout=w.Layout(width="auto"))
+                                      layout=w.Layout(width="auto", margin="0 0 0 1em"))
         self.cancel_button.on_click(lambda _button: self._on_cancel(run))
         self.table = w.HTML(self._table_html(run))
         self.panels = [w.HTML(self._log_html(run, rank)) for rank in range(run.np)]
@@ -142,7 +142,7 @@ class Dashboard:
                                 titles=tuple(f"rank {rank} log" for rank in range(run.np)))
         self.footer = w.HTML("")
         self.box = w.VBox([w.HBox([self.header, self.cancel_button],
-                                  layout=w.Layout(align_items="center", gap="1em")),
+                                  layout=w.Layout(align_items="center")),
                            self.table, self.logs, self.footer])
         self._early = []
         # Routed before it is shown, so that not even the first click can reach the busy main shell.

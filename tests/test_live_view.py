@@ -65,7 +65,7 @@ class Kernel:
 
     def close(self):
         self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        self.km.shutdown_kernel()  # graceful: the kernel stops its Spark session too
 
 
 class Widgets:
@@ -469,3 +469,18 @@ def test_timeline_is_drawn_when_the_run_ends(kernel):
     assert "Horovod timeline" in footer and "<svg" in footer
     assert f"hvd_runs/{run_id}/timeline.json" in footer
     assert Widgets(messages).html_containing("Horovod timeline")  # and the front end got it
+
+
+def test_dashboard_of_a_spark_run_says_where_it_runs(kernel):
+    cell = ("%%horovod --np 2\nimport time, socket\nfor i in range(20):\n"
+            "    print('step', i)\n    time.sleep(0.1)\nsocket.gethostname()")
+    reply, messages = kernel.execute(cell)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert shown_widgets(messages)
+    header = kernel.value("hvd_magic.last_run().view.header.value")
+    assert "<code>local[" in header and "done" in header
+    table = kernel.value("hvd_magic.last_run().view.table.value")
+    host = kernel.value("hvd_magic.last_run().value")
+    assert rows(table) == {0: ("done", "", ""), 1: ("done", "", "")}
+    assert table.count(f"<td style='padding:0 .6em'>{host}</td>") == 2
+    assert "<td style='padding:0 .6em'>cpu</td>" in table
