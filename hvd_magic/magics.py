@@ -31,7 +31,7 @@ class HorovodMagics(Magics):
     run_root = Unicode("hvd_runs", help="Folder for run folders (logs, timeline).").tag(config=True)
     broadcast_mb = Float(4.0, help="Values larger than this travel by Spark broadcast.").tag(config=True)
     stall_timeout = Float(60.0, help="Default of --stall-timeout, in seconds.").tag(config=True)
-    horovod_env = Dict(help="Extra HOROVOD_* settings for every rank.").tag(config=True)
+    horovod_settings = Dict(help="Extra HOROVOD_* settings for every rank.").tag(config=True)
 
     @magic_arguments()
     @argument("--np", "-n", type=int, default=None,
@@ -116,7 +116,7 @@ class HorovodMagics(Magics):
         run = api.launch(
             job, pickled, np, master=args.master, spark_conf=dict(self.spark_conf),
             timeout=timeout, run_dir=None, view=view, background=args.background,
-            horovod_env=dict(self.horovod_env), env=env,
+            horovod_env=dict(self.horovod_settings), env=env,
             broadcast_bytes=int(self.broadcast_mb * 1024 * 1024), retries=args.retries,
             name=args.name, cell=cell_fn, timeline=args.timeline,
             stall_timeout=args.stall_timeout or self.stall_timeout, on_stall=args.on_stall)
