@@ -140,12 +140,6 @@ class HorovodMagics(Magics):
     @argument("--top", type=int, default=None,
               help="Rows per --summary table (default 10); lanes of the picture (default 16).")
     @line_magic
-    def horovod_env(self, line):
-        """Compare the executors' Python packages and GPUs with the driver's (see hvd_magic.envcheck)."""
-        from .envcheck import env_magic
-        return env_magic(self, line)
-
-    @line_magic
     def horovod_timeline(self, line):
         """Show the Horovod timeline of a run: a link to the file, how to open it, a picture.
 
@@ -170,3 +164,9 @@ class HorovodMagics(Magics):
         """
         from .timeline import timeline_magic
         return timeline_magic(self, line)
+
+    @line_magic
+    def horovod_env(self, line):
+        """Compare the executors' Python packages and GPUs with the driver's (see hvd_magic.envcheck)."""
+        from .envcheck import env_magic
+        return env_magic(self, line)
