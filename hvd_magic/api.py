@@ -167,6 +167,7 @@ class Run:
         self.started = None
         self.ended = None
         self.rejected_frames = 0
+        self.rejected_events = 0     # authenticated events that made no sense
         self.broadcast_names = []    # values that travelled by broadcast
         self.files = {}              # kind -> path of a file received from the ranks
         self.timeline = timeline
@@ -391,6 +392,14 @@ class Run:
         return f
 
     def _handle(self, event):
+        try:
+            self._apply(event)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            # a well-formed frame with nonsense in it (only a holder of the run's token can send
+            # one): dropped and counted like a malformed frame, never fatal to the run
+            self.rejected_events += 1
+
+    def _apply(self, event):
         rank = event.get("rank")
         if not isinstance(rank, int) or not 0 <= rank < self.np:
             return

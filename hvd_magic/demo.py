@@ -4,6 +4,7 @@ What `make demo` runs on notebooks/quickstart.ipynb: every cell is executed by n
 IPython kernel, and what each cell printed and returned is printed here, cell by cell.
 """
 
+import os
 import sys
 
 
@@ -33,6 +34,8 @@ def main(path):
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    # Nobody looks at widgets here: the kernel uses the text view, whose lines are printed below.
+    os.environ["HVD_MAGIC_NO_WIDGETS"] = "1"
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": "."}}).execute()
     sys.stdout.write(outputs_text(nb))

@@ -104,7 +104,7 @@ class EventServer:
                 if not isinstance(token, str) or not hmac.compare_digest(
                         token.encode(), self.token.encode()):
                     raise ValueError("bad token")
-            except (ValueError, EOFError, OSError, UnicodeDecodeError, struct.error):
+            except (ValueError, EOFError, OSError, UnicodeDecodeError, RecursionError, struct.error):
                 self._reject()
                 return
             conn.settimeout(None)
@@ -120,7 +120,7 @@ class EventServer:
                     event = read_frame(conn, self.max_frame)
                 except EOFError:
                     return
-                except (ValueError, UnicodeDecodeError):
+                except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or absurdly deep
                     self._reject()
                     return
                 except OSError:

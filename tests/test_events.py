@@ -49,6 +49,7 @@ def refusals(server):
         "frame that is not JSON": hello(server.token) + frame(b"\x80\x81 not json"),
         "frame that is not an object": hello(server.token) + frame(b"[1, 2, 3]"),
         "cut-off frame": hello(server.token) + struct.pack("!I", 100) + b"{}",
+        "frame nested too deep to parse": hello(server.token) + frame(b"[" * 100000 + b"]" * 100000),
     }
 
 
@@ -124,7 +125,14 @@ def test_live_run_refuses_bad_tokens_big_frames_and_random_bytes(tmp_path):
         if run.state == "running":  # (a rank that failed early never opens its FIFO)
             for rank in range(2):
                 release(tmp_path / f"go-{rank}")
+    # A peer with the token (so, a task of this run) sending nonsense of the right shape: the
+    # event is dropped and counted, the run goes on.
+    client = EventClient(server.address, server.token)
+    client.send({"t": "lines", "rank": 0, "lines": 5})
+    client.send({"t": "progress", "rank": 1, "metrics": [1, 2]})
+    client.close()
     assert run.wait(timeout=300) == [3.0, 3.0]
+    assert run.rejected_events == 1   # (metrics that are not a dict are simply ignored)
     assert run.rejected_frames == attacks
     for rank in range(2):
         with open(run.log_path(rank)) as f:
