@@ -11,9 +11,10 @@ last one) so that calling `report` on every training step costs a time check, no
 
 import json
 import os
-import sys
 import threading
 import time
+
+from . import hooks
 
 MIN_INTERVAL = 0.1
 
@@ -76,6 +77,11 @@ class _Channel:
 
 
 _channel = _Channel()
+
+
+def send(event):
+    """Send one event to the driver as it is (no throttle); nothing outside a rank."""
+    _channel.write(event)
 
 
 def state(name, **info):
@@ -149,33 +155,6 @@ def _report_bar(bar):
     report(step=bar.n, total=bar.total, **metrics)
 
 
-class _TqdmFinder:
-    """Patch tqdm right after the user's code imports it, so no tqdm is loaded before that."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "tqdm.std":
-            return None
-        sys.meta_path.remove(self)
-        try:
-            import importlib.util
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_and_patch(module):
-            exec_module(module)
-            _patch_tqdm(module)
-
-        loader.exec_module = exec_and_patch
-        return spec
-
-
 def install_tqdm_hook():
-    if "tqdm.std" in sys.modules:
-        _patch_tqdm(sys.modules["tqdm.std"])
-    else:
-        sys.meta_path.insert(0, _TqdmFinder())
+    """Any tqdm bar the cell makes drives this rank's progress (patched once tqdm is imported)."""
+    hooks.when_imported("tqdm.std", _patch_tqdm)

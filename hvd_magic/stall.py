@@ -16,15 +16,6 @@ from . import hooks, reporting
 REPORT_AFTER = 2.0
 
 _waiting = {"since": None, "op": None, "reported": False}
-
-
-def _send(event):
-    # TODO(after the live-view work lands): use a public reporting.send
-    send = getattr(reporting, "send", None)
-    if send is not None:
-        send(event)
-    else:
-        reporting._channel.write(event)
 _lock = threading.Lock()
 
 
@@ -40,7 +31,7 @@ def _blocking(fn, op):
                 reported = _waiting["reported"]
                 _waiting.update(since=None, op=None, reported=False)
             if reported:
-                _send({"t": "unblocked"})
+                reporting.send({"t": "unblocked"})
     return wrapper
 
 
@@ -54,7 +45,7 @@ def _monitor():
             if due:
                 _waiting["reported"] = True
         if due:
-            _send({"t": "blocked", "op": op, "seconds": time.monotonic() - since})
+            reporting.send({"t": "blocked", "op": op, "seconds": time.monotonic() - since})
 
 
 def _patch(mpi_ops):
