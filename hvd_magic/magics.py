@@ -165,8 +165,32 @@ class HorovodMagics(Magics):
         from .timeline import timeline_magic
         return timeline_magic(self, line)
 
+    @magic_arguments()
+    @argument("--timeout", type=float, default=120.0,
+              help="Seconds the probe job may wait for its task slots (default 120).")
+    @argument("--text", action="store_true",
+              help="Print a plain-text table (to paste into an issue) instead of returning "
+                   "the report.")
     @line_magic
     def horovod_env(self, line):
-        """Compare the executors' Python packages and GPUs with the driver's (see hvd_magic.envcheck)."""
+        """Compare every executor's Python packages and GPUs with the driver's.
+
+        A short Spark job with a task in every slot reports, per executor: the Python,
+        cloudpickle, torch, horovod (built with Gloo? NCCL?), hvd_magic and pyspark versions,
+        and the GPUs it sees (CUDA_VISIBLE_DEVICES, torch's device count, the GPUs Spark assigns
+        its tasks). Values that differ from the driver's are highlighted; a package that an
+        executor lacks is reported as missing. Different Python or cloudpickle versions are the
+        commonest cause of a cell that unpickles on the driver but not on the workers.
+        Returns the report (``hvd_magic.envcheck.EnvReport``; its ``mismatches`` list them).
+
+        Examples
+        --------
+        ::
+
+            %horovod_env                    # a table of the driver and every executor
+            report = %horovod_env
+            report.mismatches               # [Mismatch(where='10.0.0.7:41234', what='cloudpickle', ...)]
+            %horovod_env --text             # plain text, to paste into an issue
+        """
         from .envcheck import env_magic
         return env_magic(self, line)

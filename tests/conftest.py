@@ -68,11 +68,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _wait_for_workers(ui_port, n, timeout=90):
+def _wait_for_workers(ui_port, n, timeout=90, host="127.0.0.1"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{host}:{ui_port}/json/", timeout=2) as r:
                 state = json.load(r)
             alive = [w for w in state.get("workers", []) if w.get("state") == "ALIVE"]
             if len(alive) >= n:
@@ -84,55 +84,67 @@ def _wait_for_workers(ui_port, n, timeout=90):
 
 
 class StandaloneCluster:
-    """A Spark standalone master and workers from pyspark's own jars, on loopback addresses."""
+    """A Spark standalone master and workers from pyspark's own jars, on loopback addresses.
+
+    `worker_envs` and `worker_prefixes` (worker index -> extra environment / command prefix, e.g.
+    ``["ip", "netns", "exec", NS]``) set up single workers; `master_host` is where the master and
+    the driver listen.
+    """
 
     def __init__(self, tmp, worker_hosts=("127.0.0.1", "127.0.0.2"), cores=2, worker_env=None,
-                 worker_opts=""):
+                 worker_opts="", master_host="127.0.0.1", worker_envs=None, worker_prefixes=None):
         import pyspark
         self.spark_home = os.path.dirname(pyspark.__file__)
         self.tmp = tmp
         self.port = free_port()
         self.ui_port = free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
+        self.master_host = master_host
+        self.url = f"spark://{master_host}:{self.port}"
         self.procs = []
         self.worker_hosts = worker_hosts
         self.cores = cores
         self.worker_env = worker_env or {}
         self.worker_opts = worker_opts
+        self.worker_envs = worker_envs or {}
+        self.worker_prefixes = worker_prefixes or {}
 
-    def _spawn(self, name, args, env=None):
+    def _spawn(self, name, args, env=None, prefix=()):
         log = open(os.path.join(self.tmp, f"{name}.log"), "w")
         full_env = dict(os.environ, SPARK_HOME=self.spark_home, SPARK_NO_DAEMONIZE="1",
                         PYSPARK_PYTHON=sys.executable, **(env or {}))
-        proc = subprocess.Popen([os.path.join(self.spark_home, "bin", "spark-class")] + args,
-                                stdout=log, stderr=subprocess.STDOUT, env=full_env,
+        command = list(prefix) + [os.path.join(self.spark_home, "bin", "spark-class")] + args
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                 start_new_session=True)
         self.procs.append(proc)
         return proc
 
     def start(self):
-        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(self.port), "--webui-port", str(self.ui_port)])
+        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", self.master_host,
+                               "--port", str(self.port), "--webui-port", str(self.ui_port)],
+                    env={"SPARK_LOCAL_IP": self.master_host})  # its web UI listens there too
         self.workers = []
         for i, host in enumerate(self.worker_hosts):
-            env = dict(self.worker_env, SPARK_LOCAL_IP=host)  # its executors bind there too
+            env = dict(self.worker_env, **self.worker_envs.get(i, {}),
+                       SPARK_LOCAL_IP=host)  # its executors bind there too
             if self.worker_opts:
                 env["SPARK_WORKER_OPTS"] = self.worker_opts
             self.workers.append(self._spawn(
                 f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.url,
                                "--host", host, "--cores", str(self.cores), "--memory", "2g",
                                "--webui-port", str(free_port()),
-                               "--work-dir", os.path.join(self.tmp, f"work{i}")], env=env))
-        _wait_for_workers(self.ui_port, len(self.worker_hosts))
+                               "--work-dir", os.path.join(self.tmp, f"work{i}")], env=env,
+                prefix=self.worker_prefixes.get(i, ())))
+        _wait_for_workers(self.ui_port, len(self.worker_hosts), host=self.master_host)
         return self
 
-    def session(self, **conf):
+    def session(self, python=None, **conf):
+        """A session on this cluster; `python` is what executors run (PYSPARK_PYTHON)."""
         _stop_spark()
         from pyspark.sql import SparkSession
-        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_PYTHON"] = python or sys.executable
         builder = (SparkSession.builder.master(self.url).appName("hvd_magic-tests")
-                   .config("spark.driver.host", "127.0.0.1")
-                   .config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.host", self.master_host)
+                   .config("spark.driver.bindAddress", self.master_host)
                    .config("spark.ui.enabled", "false")
                    .config("spark.ui.showConsoleProgress", "false")
                    .config("spark.executor.cores", str(self.cores))
