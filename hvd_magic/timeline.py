@@ -164,7 +164,8 @@ def _append_window(path, window):
             continue
         if name not in pids:
             pids[name] = max(list(pids.values()) + [0]) + 1
-            events.append({"name": "process_name", "ph": "M", "pid": pids[name], "args": {"name": name}})
+            events.append({"name": "process_name", "ph": "M", "pid": pids[name],
+                           "args": {"name": name}})
             events.append({"name": "process_sort_index", "ph": "M", "pid": pids[name],
                            "args": {"sort_index": pids[name]}})
         remap[e["pid"]] = pids[name]
@@ -215,6 +216,7 @@ class Trace:
         names = {e["pid"]: _tensor_name(e) for e in events if _tensor_name(e) is not None}
         self.tensors = []          # in order of first appearance
         self.spans = []
+        seen = set()
         times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
         self.start = min(times) if times else 0
         self.end = max(times) if times else 0
@@ -224,7 +226,8 @@ class Trace:
             if phase not in ("B", "E") or pid not in names or not isinstance(ts, (int, float)):
                 continue  # metadata, cycle markers, ranks-ready ticks ("X")
             stack = open_spans.setdefault(pid, [])
-            if names[pid] not in self.tensors and phase == "B":
+            if phase == "B" and pid not in seen:
+                seen.add(pid)
                 self.tensors.append(names[pid])
             if phase == "B":
                 stack.append((str(e.get("name", "?")), ts))
@@ -301,15 +304,21 @@ class Table:
         self.note = note
 
     def __repr__(self):
-        widths = [max([len(c)] + [len(r[i]) for r in self.rows]) for i, c in enumerate(self.columns)]
-        line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                       for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        widths = [max([len(c)] + [len(r[i]) for r in self.rows])
+                  for i, c in enumerate(self.columns)]
+
+        def line(cells):  # names left, numbers right
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
         out = [self.title, line(self.columns)] + [line(r) for r in self.rows]
         return "\n".join(out + ([self.note] if self.note else []))
 
     def _repr_html_(self):
-        cell = lambda tag, i, c: (f'<{tag} style="text-align:{"left" if i == 0 else "right"}">'  # noqa: E731
-                                  f'{html.escape(c)}</{tag}>')
+        def cell(tag, i, text):
+            align = "left" if i == 0 else "right"
+            return f'<{tag} style="text-align:{align}">{html.escape(text)}</{tag}>'
+
         head = "".join(cell("th", i, c) for i, c in enumerate(self.columns))
         body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(r)) + "</tr>"
                        for r in self.rows)
@@ -336,6 +345,8 @@ class Summary:
         self.events = trace.events
         tensors, operations, intervals = {}, {}, {}
         for s in trace.spans:
+            if s.cut:
+                continue  # its end is not known: it would make up a duration
             t = tensors.setdefault(s.tensor, {"tensor": s.tensor, "count": 0, "total_us": 0,
                                               "bytes": None})
             o = operations.setdefault(s.name, {"operation": s.name, "count": 0, "total_us": 0,
@@ -446,8 +457,12 @@ def _coverage(spans, start, bin_us, nbins):
         if s.end > s.start:
             add(s.name, s.start, s.end, 1)
             if s.parent is not None:
-                add(s.parent, s.start, s.end, -1)  # that time is the nested phase's, not its parent's
+                add(s.parent, s.start, s.end, -1)  # that time is the nested phase's
     return cover
+
+
+# Layout of the picture, in pixels.
+_LABEL_W, _LANE_H, _GAP, _TOP, _BIN = 200, 14, 4, 22, 2
 
 
 def svg(trace, width=880, max_lanes=16):
@@ -458,88 +473,98 @@ def svg(trace, width=880, max_lanes=16):
     any number of events. The busiest `max_lanes` - 1 tensors get their own lane, in the order
     Horovod first saw them; the rest share a last lane.
     """
-    label_w, lane_h, gap, top = 200, 14, 4, 22
-    plot_w = width - label_w - 12
     if not trace.spans:
         return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="30">'
                 '<text x="4" y="20" font-family="sans-serif" font-size="12">No operation was '
                 'recorded in this timeline.</text></svg>')
-    busy = {}
-    for s in trace.spans:
-        if s.depth == 0:
-            busy[s.tensor] = busy.get(s.tensor, 0) + (s.end - s.start)
-    tensors = list(trace.tensors)
-    if len(tensors) > max_lanes:
-        keep = set(sorted(tensors, key=lambda t: -busy.get(t, 0))[:max_lanes - 1])
-        lanes = [(t, [t]) for t in tensors if t in keep]
-        rest = [t for t in tensors if t not in keep]
-        lanes.append((f"+ {len(rest)} other tensors", rest))
-    else:
-        lanes = [(t, [t]) for t in tensors]
-    by_tensor = {}
-    for s in trace.spans:
-        by_tensor.setdefault(s.tensor, []).append(s)
-
-    nbins = plot_w // 2
+    plot_w = width - _LABEL_W - 12
+    nbins = plot_w // _BIN
     wall = max(trace.wall, 1)
-    bin_us = wall / nbins
-    totals = {}
-    out = []
-    for index, (label, members) in enumerate(lanes):
-        y = top + index * (lane_h + gap)
-        spans = [s for t in members for s in by_tensor.get(t, [])]
-        ops = sum(1 for s in spans if _is_operation(s))
-        out.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{lane_h}" fill="#f4f4f4"/>')
-        short = label if len(label) <= 30 else label[:14] + "…" + label[-15:]
-        out.append(f'<text x="{label_w - 6}" y="{y + lane_h - 3}" text-anchor="end">'
-                   f'<title>{html.escape(label)}: {ops} operations, '
-                   f'{_ms(sum(busy.get(t, 0) for t in members))} ms</title>{html.escape(short)}</text>')
-        cover = _coverage(spans, trace.start, bin_us, nbins)
+    lanes = _lanes(trace, max_lanes)
+    body, totals = [], {}
+    for index, (label, spans) in enumerate(lanes):
+        y = _TOP + index * (_LANE_H + _GAP)
+        cover = _coverage(spans, trace.start, wall / nbins, nbins)
         for phase, bins in cover.items():
             totals[phase] = totals.get(phase, 0) + sum(b for b in bins if b > 0)
-        runs = []  # (first bin, last bin, phase, level): neighbours that look the same, merged
-        for b in range(nbins):
-            spent = {p: bins[b] for p, bins in cover.items() if bins[b] > 1e-9}
-            if not spent:
-                continue
-            phase = max(spent, key=spent.get)
-            # How busy the tensor was in this bin, as a bar height in quarters (at least one, so
-            # that a short operation in a long trace still shows).
-            level = max(1, min(4, math.ceil(4 * sum(spent.values()) / bin_us)))
-            if runs and runs[-1][1] == b - 1 and runs[-1][2:] == (phase, level):
-                runs[-1] = (runs[-1][0], b, phase, level)
-            else:
-                runs.append((b, b, phase, level))
-        for first, last, phase, level in runs:
-            h = lane_h * level / 4
-            out.append(f'<rect x="{label_w + 2 * first}" y="{y + lane_h - h:g}" '
-                       f'width="{2 * (last - first + 1)}" height="{h:g}" fill="{colour(phase)}"/>')
-
-    # The time axis, above the lanes.
-    lanes_h = len(lanes) * (lane_h + gap)
-    step = _tick_step(wall / 1000)  # in ms
-    unit, scale = ("s", 1000) if step >= 1000 else ("ms", 1)
-    axis = [f'<text x="{label_w - 12}" y="{top - 7}" text-anchor="end">time ({unit})</text>']
-    for i in range(int(wall / 1000 / step) + 1):
-        tick = i * step
-        x = label_w + plot_w * tick * 1000 / wall
-        axis.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + lanes_h - gap}" '
-                    'stroke="#ccc" stroke-width="0.5"/>')
-        axis.append(f'<text x="{x:.1f}" y="{top - 7}" text-anchor="middle">{tick / scale:g}</text>')
-
-    # The legend, below: phases present, the most time first, wrapped to the width.
-    legend, x, y = [], label_w, top + lanes_h + 8
-    for phase in sorted(totals, key=lambda p: -totals[p]):
-        item_w = 18 + 6.5 * len(phase) + 14
-        if x + item_w > width and x > label_w:
-            x, y = label_w, y + 16
-        legend.append(f'<rect x="{x:.0f}" y="{y}" width="12" height="10" fill="{colour(phase)}"/>'
-                      f'<text x="{x + 16:.0f}" y="{y + 9}">{html.escape(phase)}</text>')
-        x += item_w
-    height = y + 18
+        body += _lane(label, spans, cover, y, plot_w, wall / nbins)
+    lanes_h = len(lanes) * (_LANE_H + _GAP)
+    legend, height = _legend(totals, _TOP + lanes_h + 8, width)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
-            + "".join(axis + out + legend) + "</svg>")
+            + "".join(_axis(wall, plot_w, lanes_h) + body + legend) + "</svg>")
+
+
+def _lanes(trace, max_lanes):
+    """[(label, spans)]: a lane per tensor, or the busiest ones and a lane for the rest."""
+    by_tensor, busy = {}, {}
+    for s in trace.spans:
+        by_tensor.setdefault(s.tensor, []).append(s)
+        if s.depth == 0:
+            busy[s.tensor] = busy.get(s.tensor, 0) + (s.end - s.start)
+    tensors = [t for t in trace.tensors if t in by_tensor]
+    if len(tensors) <= max_lanes:
+        return [(t, by_tensor[t]) for t in tensors]
+    keep = set(sorted(tensors, key=lambda t: -busy.get(t, 0))[:max_lanes - 1])
+    rest = [t for t in tensors if t not in keep]
+    return ([(t, by_tensor[t]) for t in tensors if t in keep]
+            + [(f"+ {len(rest)} other tensors", [s for t in rest for s in by_tensor[t]])])
+
+
+def _lane(label, spans, cover, y, plot_w, bin_us):
+    """SVG elements of one lane: its label (with a tooltip) and its bars."""
+    ops = sum(1 for s in spans if _is_operation(s))
+    busy = _ms(sum(s.end - s.start for s in spans if s.depth == 0))
+    short = label if len(label) <= 30 else label[:14] + "…" + label[-15:]
+    out = [f'<rect x="{_LABEL_W}" y="{y}" width="{plot_w}" height="{_LANE_H}" fill="#f4f4f4"/>',
+           f'<text x="{_LABEL_W - 6}" y="{y + _LANE_H - 3}" text-anchor="end">'
+           f'<title>{html.escape(label)}: {ops} operations, {busy} ms</title>'
+           f'{html.escape(short)}</text>']
+    bars = []  # [first bin, last bin, phase, level]: neighbours that look the same, merged
+    for b in range(plot_w // _BIN):
+        spent = {phase: bins[b] for phase, bins in cover.items() if bins[b] > 1e-9}
+        if not spent:
+            continue
+        phase = max(spent, key=spent.get)
+        # How busy the tensor was in this bin, as a bar height in quarters (at least one, so
+        # that a short operation in a long trace still shows).
+        level = max(1, min(4, math.ceil(4 * sum(spent.values()) / bin_us)))
+        if bars and bars[-1][1] == b - 1 and bars[-1][2:] == [phase, level]:
+            bars[-1][1] = b
+        else:
+            bars.append([b, b, phase, level])
+    for first, last, phase, level in bars:
+        h = _LANE_H * level / 4
+        out.append(f'<rect x="{_LABEL_W + _BIN * first}" y="{y + _LANE_H - h:g}" '
+                   f'width="{_BIN * (last - first + 1)}" height="{h:g}" fill="{colour(phase)}"/>')
+    return out
+
+
+def _axis(wall, plot_w, lanes_h):
+    """The time axis above the lanes, with round ticks and grid lines."""
+    step = _tick_step(wall / 1000)  # in ms
+    unit, scale = ("s", 1000) if step >= 1000 else ("ms", 1)
+    out = [f'<text x="{_LABEL_W - 12}" y="{_TOP - 7}" text-anchor="end">time ({unit})</text>']
+    for i in range(int(wall / 1000 / step) + 1):
+        tick = i * step
+        x = _LABEL_W + plot_w * tick * 1000 / wall
+        out.append(f'<line x1="{x:.1f}" y1="{_TOP - 4}" x2="{x:.1f}" y2="{_TOP + lanes_h - _GAP}" '
+                   'stroke="#ccc" stroke-width="0.5"/>'
+                   f'<text x="{x:.1f}" y="{_TOP - 7}" text-anchor="middle">{tick / scale:g}</text>')
+    return out
+
+
+def _legend(totals, y, width):
+    """The phases present, the most time first, wrapped to the width; and the picture's height."""
+    out, x = [], _LABEL_W
+    for phase in sorted(totals, key=lambda p: -totals[p]):
+        item_w = 32 + 6.5 * len(phase)
+        if x + item_w > width and x > _LABEL_W:
+            x, y = _LABEL_W, y + 16
+        out.append(f'<rect x="{x:.0f}" y="{y}" width="12" height="10" fill="{colour(phase)}"/>'
+                   f'<text x="{x + 16:.0f}" y="{y + 9}">{html.escape(phase)}</text>')
+        x += item_w
+    return out, y + 18
 
 
 # --- the notebook side -----------------------------------------------------------------------
@@ -661,9 +686,11 @@ def _usage(message):
 
 
 def runs_table(runs):
-    rows = [[r.id, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else "",
-             r.np if r.np is not None else "", r.state, _size(os.path.getsize(r.timeline_path))]
-            for r in reversed(runs) if r.timeline_path]
+    def started(r):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else ""
+
+    rows = [[r.id, started(r), "" if r.np is None else r.np, r.state,
+             _size(os.path.getsize(r.timeline_path))] for r in reversed(runs) if r.timeline_path]
     return Table("Runs with a timeline (newest first)", ["run", "started", "np", "state", "size"],
                  rows, "" if rows else f"None yet. {HOW_TO_RECORD}")
 
