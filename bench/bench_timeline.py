@@ -10,13 +10,16 @@ full, off, dynamic, full, ...) so that drift in the machine's load hits all of t
 - ``full``:    ``--timeline``: rank 0 writes every event.
 
 Each rank times `--steps` steps after `--warmup` steps (inside the rank: start-up not counted);
-the figure is rank 0's steps/s, and the CPU rank 0's process used per second of that loop (a
-spinning writer thread shows there). Medians over `--reps` runs, and their ratio to ``off``.
+the figures are rank 0's steps/s, the CPU seconds rank 0's process used per second of that loop,
+and per second of `--idle` seconds of sleep afterwards (a spinning writer thread shows there,
+whatever else the machine is doing). Medians over `--reps` runs; steps/s also as a ratio to
+``off``.
 
 The interpreter decides which Horovod is measured (the ranks are started with it too):
 
     .venv/bin/python bench/bench_timeline.py                 # patched (patches/*no-spin*)
-    /tmp/stock-venv/bin/python bench/bench_timeline.py       # stock: scripts/build_horovod.sh VENV stock
+    /tmp/stock-venv/bin/python bench/bench_timeline.py       # stock Horovod, built by
+                                                             # scripts/build_horovod.sh VENV stock
 
 Not a test: timings belong here, not in tests/.
 """
@@ -32,7 +35,7 @@ import hvd_magic
 SETTINGS = ("off", "dynamic", "full")
 
 
-def train(setting, steps, warmup):
+def train(setting, steps, warmup, idle):
     """One rank: the training loop, timed. Runs on the ranks (pickled by value from __main__)."""
     import os
     import resource
@@ -46,8 +49,8 @@ def train(setting, steps, warmup):
     hvd.init()
     torch.manual_seed(hvd.rank())
     torch.set_num_threads(1)  # two ranks on two cores: no intra-op threads fighting them
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 10))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -66,7 +69,12 @@ def train(setting, steps, warmup):
         step()
     wall = time.perf_counter() - wall0
     cpu = _cpu(resource) - cpu0
-    return {"steps_per_s": steps / wall, "cpu_per_s": cpu / wall}
+    # Then idle, as a notebook's ranks are between collectives: what does the process burn?
+    idle0 = _cpu(resource)
+    time.sleep(idle)
+    idle_cpu = _cpu(resource) - idle0
+    hvd.allreduce(torch.zeros(1), name="end")  # nobody shuts down while another still measures
+    return {"steps_per_s": steps / wall, "cpu_per_s": cpu / wall, "idle_cpu_per_s": idle_cpu / idle}
 
 
 def _cpu(resource):
@@ -88,6 +96,8 @@ def main():
     parser.add_argument("--reps", type=int, default=5, help="runs per setting")
     parser.add_argument("--steps", type=int, default=500, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--idle", type=float, default=1.0,
+                        help="seconds each rank then sleeps, to measure what idling costs")
     args = parser.parse_args()
 
     print(f"python {sys.executable}\nhorovod {horovod_build()}")
@@ -97,23 +107,26 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench-timeline-") as tmp:
         for rep in range(args.reps):
             for setting in SETTINGS:
-                run = hvd_magic.run(train, np=-2, args=(setting, args.steps, args.warmup),
+                run = hvd_magic.run(train, np=-2,
+                                    args=(setting, args.steps, args.warmup, args.idle),
                                     timeline=setting == "full",
                                     run_dir=os.path.join(tmp, f"{setting}-{rep}"))
                 rank0 = run.results[0]
                 results[setting].append(rank0)
                 print(f"  rep {rep} {setting:8s} {rank0['steps_per_s']:8.1f} steps/s  "
-                      f"rank 0 CPU {rank0['cpu_per_s']:.2f} s/s", flush=True)
+                      f"rank 0 CPU {rank0['cpu_per_s']:.2f} s/s, idle "
+                      f"{rank0['idle_cpu_per_s']:.2f} s/s", flush=True)
 
     base = statistics.median(r["steps_per_s"] for r in results["off"])
-    print(f"\n{'setting':8s} {'median steps/s':>15s} {'min':>8s} {'max':>8s} "
-          f"{'vs off':>7s} {'rank 0 CPU s/s':>15s}")
+    print(f"\n{'setting':8s} {'median steps/s':>15s} {'min':>8s} {'max':>8s} {'vs off':>7s} "
+          f"{'rank 0 CPU s/s':>15s} {'idle CPU s/s':>13s}")
     for setting in SETTINGS:
         rates = [r["steps_per_s"] for r in results[setting]]
         cpu = statistics.median(r["cpu_per_s"] for r in results[setting])
+        idle = statistics.median(r["idle_cpu_per_s"] for r in results[setting])
         median = statistics.median(rates)
         print(f"{setting:8s} {median:15.1f} {min(rates):8.1f} {max(rates):8.1f} "
-              f"{median / base:7.2f} {cpu:15.2f}")
+              f"{median / base:7.2f} {cpu:15.2f} {idle:13.2f}")
 
 
 if __name__ == "__main__":

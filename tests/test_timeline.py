@@ -364,3 +364,10 @@ def test_picture_caps_lanes_for_many_tensors():
     assert picture.count("<title>") == 16  # one per lane label
     assert "t100" in picture and "QUEUE" in picture  # the busiest tensor has its own lane
     assert len(picture) < 200_000
+
+
+def test_magic_help_is_generated_with_examples():
+    from hvd_magic.magics import HorovodMagics
+    doc = HorovodMagics.horovod_timeline.__doc__
+    for text in ("Examples", "--summary", "--list", "--path", "hvd_magic.timeline()"):
+        assert text in doc
