@@ -145,11 +145,11 @@ class Run:
     def __init__(self, np, run_dir=None, launcher=None, view=None, timeout=None, cell=None,
                  horovod_env=None, extra_env=None, broadcast_bytes=DEFAULT_BROADCAST_BYTES,
                  allow_retry=False, name=None, timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                 on_stall="warn"):
+                 on_stall="warn", run_root="hvd_runs"):
         self.id = new_run_id()
         self.np = np
         self.name = name
-        self.run_dir = os.path.abspath(run_dir or os.path.join("hvd_runs", self.id))
+        self.run_dir = os.path.abspath(run_dir or os.path.join(run_root, self.id))
         self.launcher = launcher
         self.view = view
         self.timeout = timeout
@@ -521,6 +521,11 @@ class Run:
                               for r in self.ranks}, run_id=self.id,
                              note="Stack dumps of the waiting ranks are in their logs: "
                                   + ", ".join(self.log_path(r.rank) for r in self.ranks))
+        lost_task = self._lost_task_error()
+        if failures and lost_task is not None and all(is_follow_on(f) for f in failures):
+            # a task died with its executor, and the others only failed because its rank was
+            # gone: the dead task is the cause
+            return lost_task
         if failures:
             first = next((f for f in failures if not is_follow_on(f)), failures[0])
             first = dict(infos.get(first["rank"], {}), **first)
@@ -552,22 +557,28 @@ class Run:
         if self._stop_reason == "cancelled":
             return RunCancelled(f"run {self.id} was cancelled; every rank was stopped.")
         if self.launcher.error is not None:
-            lost = self._unended()
-            failed = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", str(self.launcher.error))
-            # the task Spark names as the failed one, else the first without an ending
-            lost.sort(key=lambda r: r.partition != (int(failed.group(1)) if failed else None))
-            if lost and isinstance(self.launcher.error, LaunchError):
-                r = lost[0]
-                return LaunchError(
-                    f"the Spark task of rank {r.rank} on {r.host} (executor {r.executor}) died "
-                    f"before its rank ended (its Python worker or executor was killed); every "
-                    f"other rank was stopped. Spark aborts a barrier stage whose task fails and "
-                    f"hvd_magic does not re-attempt it, so training was not started over. "
-                    f"[{self.launcher.error}]")
-            return self.launcher.error
+            return lost_task or self.launcher.error
         if not self.launcher.outcomes or len(self.launcher.outcomes) != self.np:
             return LaunchError(f"run {self.id} ended without results from every rank.")
         return None
+
+    def _lost_task_error(self):
+        """A LaunchError naming the rank whose Spark task died without a word, if one did."""
+        if not isinstance(self.launcher.error, LaunchError):
+            return None
+        lost = self._unended()
+        failed = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", str(self.launcher.error))
+        # the task Spark names as the failed one, else the first without an ending
+        lost.sort(key=lambda r: r.partition != (int(failed.group(1)) if failed else None))
+        if not lost:
+            return None
+        r = lost[0]
+        return LaunchError(
+            f"the Spark task of rank {r.rank} on {r.host} (executor {r.executor}) died "
+            f"before its rank ended (its Python worker or executor was killed); every "
+            f"other rank was stopped. Spark aborts a barrier stage whose task fails and "
+            f"hvd_magic does not re-attempt it, so training was not started over. "
+            f"[{self.launcher.error}]")
 
     def _retry_error(self, infos):
         earlier = self._retry["earlier"]
@@ -673,13 +684,24 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
                   on_stall=on_stall)
 
 
+def run_cell(cell_fn, np, **options):
+    """Run a captured cell (`hvd_magic.capture.CellFunction`) on `np` ranks; see `run`."""
+    import cloudpickle
+
+    pickled = pickle_values(dict(cell_fn.values))
+    job = {"fn": cloudpickle.dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
+           "cell": True, "export": list(cell_fn.export)}
+    return launch(job, pickled, np, cell=cell_fn, **options)
+
+
 def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None, timeout=None,
            run_dir=None, view=None, background=False, horovod_env=None, env=None,
            broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
-           timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn"):
+           timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn",
+           run_root="hvd_runs"):
     launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf)
     run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
                horovod_env=horovod_env, extra_env=env, broadcast_bytes=broadcast_bytes,
                allow_retry=retries > 0, name=name, timeline=timeline,
-               stall_timeout=stall_timeout, on_stall=on_stall)
+               stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root)
     return run_.launch(job, kwargs_pickled, background=background)

@@ -23,6 +23,25 @@ def _names(text):
     return names
 
 
+def _positive(flag, value):
+    """None for "no limit" (0 or unset); a positive number; else a UsageError."""
+    if not value:
+        return None
+    if value < 0:
+        raise UsageError(f"{flag} takes a positive number of seconds, not {value:g}.")
+    return value
+
+
+def _env_option(items):
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise UsageError(f"--env takes NAME=VALUE, not {item!r}.")
+        env[name] = value
+    return env
+
+
 @magics_class
 class HorovodMagics(Magics):
     np = Int(2, help="Ranks when --np is not given.").tag(config=True)
@@ -93,33 +112,21 @@ class HorovodMagics(Magics):
         args = parse_argstring(self.horovod, line)
         np = api.check_np(self.np if args.np is None else args.np)
         export = _names(args.export)
-        env = {}
-        for item in args.env:
-            if "=" not in item:
-                raise UsageError(f"--env takes NAME=VALUE, not {item!r}.")
-            key, value = item.split("=", 1)
-            env[key] = value
-        timeout = args.timeout if args.timeout is not None else (self.timeout or None)
-        if timeout is not None and timeout <= 0:
-            raise UsageError("--timeout takes a positive number of seconds.")
-
+        timeout = _positive("--timeout", args.timeout if args.timeout is not None else self.timeout)
+        stall_timeout = _positive("--stall-timeout", args.stall_timeout or self.stall_timeout)
         shell = self.shell
         cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                                hidden=set(shell.user_ns_hidden))
-        pickled = api.pickle_values(dict(cell_fn.values))
-        import cloudpickle
-        job = {"fn": cloudpickle.dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
-               "cell": True, "export": list(export)}
         view = make_view(quiet=args.quiet, widgets=False if args.text else None)
         if isinstance(view, TextView):  # the dashboard shows the timeline itself
             view = TimelineNote(view)
-        run = api.launch(
-            job, pickled, np, master=args.master, spark_conf=dict(self.spark_conf),
-            timeout=timeout, run_dir=None, view=view, background=args.background,
-            horovod_env=dict(self.horovod_settings), env=env,
+        run = api.run_cell(
+            cell_fn, np, master=args.master, spark_conf=dict(self.spark_conf),
+            timeout=timeout, run_root=self.run_root, view=view, background=args.background,
+            horovod_env=dict(self.horovod_settings), env=_env_option(args.env),
             broadcast_bytes=int(self.broadcast_mb * 1024 * 1024), retries=args.retries,
-            name=args.name, cell=cell_fn, timeline=args.timeline,
-            stall_timeout=args.stall_timeout or self.stall_timeout, on_stall=args.on_stall)
+            name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
+            on_stall=args.on_stall)
         if args.background:
             return run
         if run.exports:
