@@ -555,14 +555,21 @@ def _axis(wall, plot_w, lanes_h):
 
 
 def _legend(totals, y, width):
-    """The phases present, the most time first, wrapped to the width; and the picture's height."""
-    out, x = [], _LABEL_W
+    """The phases present, the most time first, wrapped to the width; and the picture's height.
+
+    Phases drawn in one colour (negotiations of different operations) share an entry.
+    """
+    names = {}
     for phase in sorted(totals, key=lambda p: -totals[p]):
-        item_w = 32 + 6.5 * len(phase)
+        names.setdefault(colour(phase), []).append(phase)
+    out, x = [], _LABEL_W
+    for fill, phases in names.items():
+        label = " / ".join(phases)
+        item_w = 30 + 7 * len(label)  # 11px capitals are about 7px wide
         if x + item_w > width and x > _LABEL_W:
             x, y = _LABEL_W, y + 16
-        out.append(f'<rect x="{x:.0f}" y="{y}" width="12" height="10" fill="{colour(phase)}"/>'
-                   f'<text x="{x + 16:.0f}" y="{y + 9}">{html.escape(phase)}</text>')
+        out.append(f'<rect x="{x:.0f}" y="{y}" width="12" height="10" fill="{fill}"/>'
+                   f'<text x="{x + 16:.0f}" y="{y + 9}">{html.escape(label)}</text>')
         x += item_w
     return out, y + 18
 
