@@ -45,6 +45,14 @@ def _install_stack_dump():
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
+def _on_stop(signum, frame):
+    """SIGTERM from the task (the run stops): write out the timeline's queued events, then go."""
+    _stop_timeline()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
 def _register_source(filename, source):
     # The cell's code was compiled on the driver; give tracebacks its text here too.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -79,6 +87,7 @@ def _write_json(path, obj):
 def main(workdir):
     _die_with_parent()
     _install_stack_dump()
+    signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
     import cloudpickle  # noqa: F401  (needed to unpickle the job)
