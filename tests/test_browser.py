@@ -1,0 +1,211 @@
+"""The quick start in a real browser: JupyterLab (headless, on 127.0.0.1, with a token) serving a
+copy of notebooks/quickstart.ipynb, opened in Debian's Chromium driven by Playwright; the cells
+are run from the Run menu, and the page itself must show the dashboard with one row per rank
+reaching "done", and the cell's result.
+
+The browser is the system's /usr/bin/chromium (installed with apt-get when missing and we are
+root; never a downloaded browser): Playwright only drives it. Everything started here is ended
+here, and the test checks that no process it started is left: JupyterLab and its kernel (with the
+kernel's Spark) are shut down through the server's API, Chromium by Playwright.
+
+Artifacts, in test-artifacts/ (git-ignored): browser-quickstart.png (the page) and
+dashboard.png (the cell's output; docs/dashboard.png for the README is a copy of it).
+"""
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import nbformat
+import psutil
+import pytest
+
+from conftest import ROOT, free_port
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--disable-quic"]
+ARTIFACTS = os.path.join(ROOT, "test-artifacts")
+# The page must get there within this; the first run also starts an embedded Spark.
+PAGE_TIMEOUT_MS = 150_000
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's Chromium; installed with apt-get when missing and we may (CI runs as root)."""
+    if not os.path.exists(CHROMIUM):
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            pytest.skip(f"no {CHROMIUM}; install it with: sudo apt-get install -y chromium")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                        "chromium", "fonts-liberation"], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+    return CHROMIUM
+
+
+def _request(url, method="GET", timeout=5):
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=timeout) as r:
+        return r.status, r.read()
+
+
+class JupyterLab:
+    """A JupyterLab server of its own: its own port, token, folders and settings."""
+
+    def __init__(self, root):
+        self.root = root
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        home = os.path.join(root, ".jupyter-home")
+        # No news or update checks (no network, no toast over the screenshot); the notebook's
+        # own kernel started without asking (else a "Select Kernel" dialog waits for a click).
+        self._settings(home, "apputils-extension/notification",
+                       {"fetchNews": "false", "checkForUpdates": False})
+        self._settings(home, "notebook-extension/tracker", {"autoStartDefaultKernel": True})
+        env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
+        env.update(JUPYTER_CONFIG_DIR=os.path.join(home, "config"),
+                   JUPYTER_DATA_DIR=os.path.join(home, "data"),  # no user-level kernelspecs
+                   JUPYTER_RUNTIME_DIR=os.path.join(home, "runtime"),
+                   JUPYTERLAB_SETTINGS_DIR=os.path.join(home, "settings"),
+                   JUPYTERLAB_WORKSPACES_DIR=os.path.join(home, "workspaces"))
+        self.log = open(os.path.join(home, "jupyterlab.log"), "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
+             "--allow-root", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @staticmethod
+    def _settings(home, plugin, values):
+        path = os.path.join(home, "settings", "@jupyterlab", plugin + ".jupyterlab-settings")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(values, f)
+
+    def api(self, path, method="GET"):
+        return _request(f"{self.url}/api/{path}?token={self.token}", method)
+
+    def wait_ready(self, timeout=120):
+        """Poll /api/status until the server answers."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                status, _ = self.api("status")
+                if status == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.2)  # (a poll interval, not a readiness signal)
+        raise RuntimeError(f"JupyterLab did not answer in {timeout} s; see {self.log.name}")
+
+    def processes(self):
+        """The server and everything it started that is still alive (kernels, their Spark)."""
+        try:
+            server = psutil.Process(self.proc.pid)
+            return [server] + server.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self):
+        """Shut down through the API (kernels first, gracefully: a kernel stops its Spark)."""
+        started = self.processes()
+        try:
+            self.api("shutdown", method="POST")
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 15)
+            self.proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(started, timeout=60)
+        for proc in alive:  # still fail the test, but leave nothing running
+            proc.kill()
+        self.log.close()
+        return alive
+
+
+def quickstart_copy(folder):
+    """notebooks/quickstart.ipynb, with the dashboard shown from the start of the run.
+
+    The dashboard waits `SHOW_AFTER` (1.5 s) so that fast cells do not flash one; set to 0
+    here, the test does not depend on how long the run takes.
+    """
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
+    load = next(i for i, c in enumerate(nb.cells) if "%load_ext hvd_magic" in c.source)
+    knob = nbformat.v4.new_code_cell("import hvd_magic.dashboard\n"
+                                     "hvd_magic.dashboard.SHOW_AFTER = 0")
+    knob.id = "browser-test-knob"
+    nb.cells.insert(load + 1, knob)
+    nbformat.write(nb, os.path.join(folder, "quickstart.ipynb"))
+
+
+def test_quickstart_in_chromium(tmp_path, chromium):
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=PAGE_TIMEOUT_MS)
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    quickstart_copy(tmp_path)
+    ours_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    lab = JupyterLab(str(tmp_path))
+    left_by_lab = []
+    try:
+        lab.wait_ready()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+                args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000})
+            page = browser.pages[0] if browser.pages else browser.new_page()
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+            try:
+                page.goto(f"{lab.url}/lab/tree/quickstart.ipynb?token={lab.token}")
+                # The notebook's kernel is connected when the status bar says so (the toolbar's
+                # indicator says idle before there is a kernel: cells run then are dropped).
+                expect(page.locator(".jp-StatusBar-Widget")).to_contain_text(
+                    re.compile(r"Python 3.* \| Idle"))
+                # Menu commands act on the focused notebook: focus it as a person would.
+                page.locator(".jp-Notebook .jp-Cell").first.click()
+                page.get_by_role("menuitem", name="Run", exact=True).click()
+                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+                # The dashboard: one table row per rank, each reaching "done".
+                rows = page.locator(".jp-OutputArea-output tr[data-rank]")
+                expect(rows).to_have_count(2)
+                expect(page.locator(".jp-OutputArea-output tr[data-rank][data-state='done']")
+                       ).to_have_count(2)
+                assert [rows.nth(i).get_attribute("data-rank") for i in range(2)] == ["0", "1"]
+                header = page.locator(".jp-OutputArea-output", has_text="hvd_magic run").first
+                expect(header).to_contain_text("2 ranks")
+                expect(header).to_contain_text("done")
+                # The cell's value (rank 0's allreduce) and every rank's, from the last cell.
+                expect(page.locator(".jp-OutputArea-executeResult", has_text="3.0")).to_have_count(1)
+                expect(page.get_by_text("results: [3.0, 3.0]")).to_be_visible()
+
+                dashboard = page.locator(".jp-Cell", has=page.locator("tr[data-rank]")).first
+                dashboard.scroll_into_view_if_needed()
+                dashboard.screenshot(path=os.path.join(ARTIFACTS, "dashboard.png"))
+                page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart.png"),
+                                full_page=True)
+            except Exception:
+                page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart-failed.png"))
+                raise
+            finally:
+                browser.close()
+    finally:
+        left_by_lab = lab.stop()
+    assert not left_by_lab, f"still running after JupyterLab's shutdown: {left_by_lab}"
+    left = [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in ours_before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left behind: {left}"

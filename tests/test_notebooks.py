@@ -1,0 +1,175 @@
+"""The notebooks in notebooks/, executed by nbclient in a real kernel (the venv's `python3`), with
+assertions on what a person would see under each cell; and a check that git holds them without
+outputs.
+
+A cell's "view" is everything shown under it: printed text, values, errors, and the text of the
+dashboard's widgets (the HTML widgets under the displayed box, as nbclient recorded their state
+from the kernel's comm messages). Whether a run lasted long enough to get a dashboard or printed
+plain text does not change what the assertions look for.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+ARTIFACTS = os.path.join(ROOT, "test-artifacts", "notebooks")
+DONE_ROW = re.compile(r"<tr data-rank='(\d+)' data-state='done'")
+
+
+def execute(name, cwd):
+    """Run notebooks/<name> in a fresh kernel whose folder is `cwd`; return the executed notebook."""
+    from nbclient import NotebookClient
+
+    path = os.path.join(cwd, name)
+    shutil.copy(os.path.join(NOTEBOOKS, name), path)
+    nb = nbformat.read(path, as_version=4)
+    # As a user's kernel: widgets on (another test in this session may have switched them off).
+    env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": str(cwd)}}).execute(env=env)
+    finally:  # the executed notebook, to look at when an assertion fails
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        nbformat.write(nb, os.path.join(ARTIFACTS, name))
+    return nb
+
+
+def widget_text(nb, model_id):
+    """The values of the HTML widgets under a displayed widget, depth first."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    model = state.get(model_id, {}).get("state", {})
+    parts = [model["value"]] if isinstance(model.get("value"), str) else []
+    for child in model.get("children", []):
+        parts.append(widget_text(nb, child.replace("IPY_MODEL_", "")))
+    return "\n".join(parts)
+
+
+def view(nb, cell):
+    """Everything shown under one code cell, as text."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}\n" + "\n".join(out.traceback))
+        else:
+            data = out.get("data", {})
+            if WIDGET_VIEW in data:
+                parts.append(widget_text(nb, data[WIDGET_VIEW]["model_id"]))
+            else:
+                parts.extend(data.get(kind, "") for kind in ("text/plain", "text/html"))
+    return "\n".join(parts)
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def results(cell):
+    return [o.data["text/plain"] for o in cell.outputs if o.output_type == "execute_result"]
+
+
+def errors(cell):
+    return [o for o in cell.outputs if o.output_type == "error"]
+
+
+def test_quickstart(tmp_path):
+    nb = execute("quickstart.ipynb", tmp_path)
+    _, horovod, after = code_cells(nb)
+    shown = view(nb, horovod)
+    for rank in range(2):
+        assert f"rank {rank} of 2" in shown
+        assert f"rank {rank}: allreduce sum = 3.0" in shown
+    assert results(horovod) == ["3.0"]
+    if any(WIDGET_VIEW in o.get("data", {}) for o in horovod.outputs):
+        assert sorted(DONE_ROW.findall(shown)) == ["0", "1"]  # a dashboard row per rank, done
+    assert "results: [3.0, 3.0]" in view(nb, after)
+    assert "state: done" in view(nb, after)
+    assert {"rank-0.log", "rank-1.log"} <= set(os.listdir(next((tmp_path / "hvd_runs").iterdir())))
+
+
+def test_pytorch_training(tmp_path):
+    nb = execute("pytorch_training.ipynb", tmp_path)
+    _, train, plot = code_cells(nb)
+    shown = view(nb, train)
+    assert results(train) == []  # the cell ends with `;`
+    assert "saved " in shown and (tmp_path / "digits.pt").exists()
+    # (a dashboard shows a line twice: in its table and in the rank's log)
+    accuracies = dict(re.findall(r"rank (\d): test accuracy (0\.\d+)", shown))
+    assert sorted(accuracies) == ["0", "1"]
+    assert accuracies["0"] == accuracies["1"]  # averaged over the ranks: the same
+
+    plotted = view(nb, plot)
+    accuracy = float(re.search(r"test accuracy: (0\.\d+)", plotted).group(1))
+    assert accuracy > 0.85  # a trained model, not chance (0.1)
+    assert f"{accuracy:.3f}" == accuracies["0"]  # --export brought rank 0's value back
+    assert "'0.weight'" in plotted  # the checkpoint holds the model's tensors
+    assert any("image/png" in o.get("data", {}) for o in plot.outputs)  # the loss curves
+
+
+def test_timeline(tmp_path):
+    nb = execute("timeline.ipynb", tmp_path)
+    _, run, picture, summary = code_cells(nb)
+    shown = view(nb, run)
+    assert "rank 0: 20 steps done" in shown and "rank 1: 20 steps done" in shown
+    assert not errors(picture) and not errors(summary)
+    drawn = view(nb, picture)
+    assert "Horovod timeline" in drawn and "<svg" in drawn and "timeline.json" in drawn
+    tables = view(nb, summary)
+    assert "Top tensors" in tables and "Top operations" in tables
+    assert "ALLREDUCE" in tables
+    assert "0.weight" in tables  # a gradient tensor named after the model's parameter
+
+
+def test_failures(tmp_path):
+    nb = execute("failures.ipynb", tmp_path)
+    _, rank_error, after_error, timeout, after_timeout, bad_option = code_cells(nb)
+
+    shown = view(nb, rank_error)
+    assert [e.ename for e in errors(rank_error)] == ["RankError"]
+    assert "rank 1" in shown and "ZeroDivisionError" in shown and "1 / 0" in shown
+    assert "py4j" not in shown.lower()
+    assert view(nb, after_error).startswith("failed")
+
+    assert [e.ename for e in errors(timeout)] == ["RunTimeout"]
+    assert "10" in view(nb, timeout)
+    assert view(nb, after_timeout).strip() == "timeout"
+
+    # IPython prints a UsageError (no traceback: the user's mistake, not a crash)
+    assert "UsageError: " in view(nb, bad_option) and "non-zero" in view(nb, bad_option)
+
+
+def test_every_notebook_is_tested():
+    names = sorted(n for n in os.listdir(NOTEBOOKS) if n.endswith(".ipynb"))
+    tested = sorted(name[len("test_"):] + ".ipynb" for name in globals()
+                    if name.startswith("test_") and name[len("test_"):] + ".ipynb" in names)
+    assert names == tested
+
+
+def test_notebooks_in_git_have_no_outputs():
+    """What git holds, committed and staged (not the working copy, which Jupyter may have saved)."""
+    listed = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert "notebooks/quickstart.ipynb" in listed
+    dirty = set()
+    for path in listed:
+        for version in (f"HEAD:{path}", f":{path}"):
+            blob = subprocess.run(["git", "show", version], cwd=ROOT, capture_output=True, text=True)
+            if blob.returncode:  # staged, not committed yet
+                continue
+            nb = json.loads(blob.stdout)
+            if "widgets" in nb.get("metadata", {}) or any(
+                    cell.get("outputs") or cell.get("execution_count")
+                    for cell in nb["cells"] if cell["cell_type"] == "code"):
+                dirty.add(path)
+    assert not dirty, f"strip the outputs of {sorted(dirty)} (Edit > Clear Outputs of All Cells)"
