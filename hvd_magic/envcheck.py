@@ -37,6 +37,7 @@ COLUMNS = [
     ("cuda_visible_devices", "CUDA_VISIBLE_DEVICES"),
     ("cuda_device_count", "torch GPUs"),
     ("spark_gpus", "Spark GPUs"),
+    ("hostname_address", "hostname resolves to"),
 ]
 # Fields an executor should share with the driver. GPUs are shown, not compared: the driver of a
 # GPU cluster usually has none.
@@ -90,6 +91,11 @@ def probe(_partition=()):
         values["cuda_device_count"] = str(torch.cuda.device_count()) if torch else ""
     except Exception as exc:
         values["cuda_device_count"] = f"error ({exc})"[:120]
+
+    try:  # what Gloo falls back to where HOROVOD_GLOO_IFACE is not used (see compare)
+        values["hostname_address"] = socket.gethostbyname(socket.gethostname())
+    except OSError as exc:
+        values["hostname_address"] = f"unresolved ({exc})"[:120]
 
     info = {"hostname": socket.gethostname(), "executable": sys.executable, "pid": os.getpid(),
             "executor": None, "spark_gpus": [], "values": values}
@@ -254,6 +260,16 @@ def compare(driver, executors):
         notes.append(f"%%horovod needs {name} on every executor; it is missing or broken on "
                      f"{', '.join(places)}.")
     for row in executors:
+        host = row.where.rsplit(":", 1)[0]
+        if row.values.get("hostname_address", "").startswith("127.") and \
+                not host.startswith("127.") and host != "localhost":
+            notes.append(
+                f"{row.where}: this executor's hostname resolves to "
+                f"{row.values['hostname_address']}. Stock Horovod 0.28.1 binds one of its Gloo "
+                f"contexts (the process set's) to that address whatever HOROVOD_GLOO_IFACE says, "
+                f"so ranks on other hosts cannot connect to it: hvd.init() aborts. Use a Horovod "
+                f"built by scripts/build_horovod.sh (it carries the fix) or make the hostname "
+                f"resolve to a routable address.")
         if row.values.get("spark_gpus") and row.values.get("cuda_device_count") == "0":
             notes.append(f"{row.where}: Spark assigns its tasks GPUs {row.values['spark_gpus']} "
                          f"but torch sees no GPU there (a CPU-only torch, or no driver).")

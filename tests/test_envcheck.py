@@ -47,7 +47,8 @@ def test_mismatches_and_what_they_mean():
         "python": "3.11.7", "cloudpickle": "3.1.2", "torch": "2.13.0", "horovod": "0.28.1",
         "horovod_gloo": "yes", "horovod_nccl": "no", "hvd_magic": "0.1.0", "pyspark": "4.3.0"})
     same = envcheck.EnvRow("10.0.0.1:1", "a", "/py", dict(driver.values, spark_gpus="0,1",
-                                                         cuda_device_count="0"))
+                                                         cuda_device_count="0",
+                                                         hostname_address="127.0.1.1"))
     other = envcheck.EnvRow("10.0.0.2:2", "b", "/py", dict(
         driver.values, cloudpickle="3.0.0", torch="missing", horovod="missing", horovod_gloo="",
         horovod_nccl="", hvd_magic="missing"))
@@ -61,11 +62,27 @@ def test_mismatches_and_what_they_mean():
     assert "commonest cause of a cell that unpickles on the driver but not on the workers" in text
     assert "needs torch on every executor" in text and "10.0.0.2:2" in text
     assert "GPUs 0,1 but torch sees no GPU" in text  # Spark gives GPUs that torch cannot use
+    # a hostname that resolves to loopback on a networked executor (Gloo's fallback address)
+    assert "10.0.0.1:1: this executor's hostname resolves to 127.0.1.1" in text
+    assert "10.0.0.2:2: this executor's hostname" not in text
 
     report = envcheck.EnvReport("spark://x", driver, [same, other], mismatches, notes)
     assert "3.0.0 !" in report.text() and "4 mismatches" in report.text()
     html = report._repr_html_()
     assert "title='driver: 3.1.2'>3.0.0</td>" in html and "background" in html
+
+
+def test_an_executor_python_error_is_told_in_one_line():
+    spark_text = (
+        "org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 "
+        "failed: org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "/x/pyspark.zip/pyspark/worker.py", line 1, in main\n'
+        "pyspark.errors.exceptions.base.PySparkRuntimeError: [PYTHON_VERSION_MISMATCH] Python in "
+        "worker has different version (3, 10) than that in driver 3.11.\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(x.scala:1)\n")
+    assert envcheck._spark_error(RuntimeError(spark_text)) == (
+        "pyspark.errors.exceptions.base.PySparkRuntimeError: [PYTHON_VERSION_MISMATCH] Python in "
+        "worker has different version (3, 10) than that in driver 3.11.")
 
 
 def test_bad_options_are_usage_errors(ip):
