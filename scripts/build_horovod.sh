@@ -3,7 +3,9 @@
 #
 # The published 0.28.1 sdist compiles with -std=c++14 and so fails against torch >= 2.1.
 # We download the sdist from the package registry, apply our patches (patches/horovod-0.28.1-*.patch:
-# C++17, and no busy-spinning in the timeline writer and the torch wait loop), build a wheel with Gloo
+# C++17; no busy-spinning in the timeline writer and the torch wait loop; HOROVOD_GLOO_IFACE also for
+# the process-set contexts, which otherwise bind to what the hostname resolves to and break ranks on
+# hosts whose name resolves to a loopback address), build a wheel with Gloo
 # and without MPI/TensorFlow/MXNet, and keep it in ~/.cache/hvd_magic/wheels/<key>/ where <key> names
 # the Python and torch versions and a hash of the patches: the second run installs in seconds.
 #
@@ -20,7 +22,8 @@ version=0.28.1
 
 patches=("$here/patches/horovod-$version-cxx17.patch")
 if [[ $flavour != stock ]]; then
-    patches+=("$here/patches/horovod-$version-no-spin.patch")
+    patches+=("$here/patches/horovod-$version-no-spin.patch"
+              "$here/patches/horovod-$version-process-set-iface.patch")
 fi
 
 pyver=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')

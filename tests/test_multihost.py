@@ -78,3 +78,111 @@ def test_a_worker_killed_mid_run_ends_the_run_clearly(ip, doomed_cluster):
     assert "at org.apache" not in text and "Py4J" not in text, text
     assert run.state == "failed"
     assert rank_processes_left(pids) == []
+
+
+# --- ranks on another host: a worker in a network namespace --------------------------------------
+
+SUBNET = "10.213.77"            # a private /24 for this test's own veth pair
+ROOT_IP, NS_IP = f"{SUBNET}.1", f"{SUBNET}.2"
+
+TWO_HOSTS_CELL = """\
+import os, torch, horovod.torch as hvd
+hvd.init()
+total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum)
+(total.item(), hvd.cross_size(), hvd.local_size(), os.environ["HOROVOD_HOSTNAME"],
+ os.environ["HOROVOD_GLOO_IFACE"], os.readlink("/proc/self/ns/net"))
+"""
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def _veth_bytes(name):
+    stats = f"/sys/class/net/{name}/statistics"
+    with open(f"{stats}/rx_bytes") as rx, open(f"{stats}/tx_bytes") as tx:
+        return int(rx.read()) + int(tx.read())
+
+
+@pytest.fixture
+def netns():
+    """A network namespace joined to this one by a veth pair: ROOT_IP here, NS_IP there."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (ip netns add)")
+    if shutil.which("ip") is None:
+        apt = subprocess.run(["apt-get", "install", "-y", "-q", "iproute2"], capture_output=True,
+                             text=True)
+        if apt.returncode != 0 or shutil.which("ip") is None:
+            pytest.skip(f"iproute2 is missing and could not be installed: {apt.stderr[-300:]}")
+    if _ip("-o", "addr", "show", "to", f"{SUBNET}.0/24").stdout.strip() or \
+            _ip("route", "show", f"{SUBNET}.0/24").stdout.strip():
+        pytest.skip(f"{SUBNET}.0/24 is already in use on this machine")
+    name, here, there = (f"hvd{kind}{os.getpid()}" for kind in ("ns", "r", "n"))
+    made = _ip("netns", "add", name, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"ip netns add does not work here: {made.stderr.strip()}")
+    try:
+        _ip("link", "add", here, "type", "veth", "peer", "name", there)
+        _ip("link", "set", there, "netns", name)
+        _ip("addr", "add", f"{ROOT_IP}/24", "dev", here)
+        _ip("link", "set", here, "up")
+        _ip("-n", name, "addr", "add", f"{NS_IP}/24", "dev", there)
+        _ip("-n", name, "link", "set", there, "up")
+        _ip("-n", name, "link", "set", "lo", "up")  # PySpark's workers talk to their daemon on it
+        yield name, here, there
+    finally:
+        # whatever still runs in the namespace was started by this test (the worker's executor
+        # and its Python workers): it goes before the namespace does
+        for pid in _ip("netns", "pids", name, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        left = [psutil.Process(int(p)) for p in _ip("netns", "pids", name, check=False).stdout.split()
+                if psutil.pid_exists(int(p))]
+        psutil.wait_procs(left, timeout=10)
+        _ip("link", "del", here, check=False)
+        _ip("netns", "del", name, check=False)
+
+
+@pytest.fixture
+def two_host_cluster(tmp_path, netns):
+    name, _, _ = netns
+    cluster = StandaloneCluster(str(tmp_path), worker_hosts=(ROOT_IP, NS_IP), master_host=ROOT_IP,
+                                worker_prefixes={1: ["ip", "netns", "exec", name]}).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_ranks_on_two_hosts_across_a_veth(ip, netns, two_host_cluster):
+    name, here, there = netns
+    session = two_host_cluster.session()
+    before = _veth_bytes(here)
+    try:
+        ip.run_cell_magic("horovod", "--np 4 --quiet", TWO_HOSTS_CELL)
+    except hvd_magic.RankError as exc:
+        if "connect [127." in str(exc):  # this machine's hostname resolves to 127.0.0.1
+            pytest.fail("Horovod's process-set Gloo context bound to the hostname's loopback "
+                        "address: this venv's Horovod lacks patches/horovod-0.28.1-process-set-"
+                        f"iface.patch (run `make setup`).\n{exc}")
+        raise
+    run = hvd_magic.last_run()
+    assert run.where == f"spark://{ROOT_IP}:{two_host_cluster.port}"
+    root_netns = os.readlink("/proc/self/ns/net")
+    test_netns = f"net:[{os.stat(f'/run/netns/{name}').st_ino}]"
+    by_host = {}
+    for total, cross_size, local_size, host, iface, net in run.results:
+        assert (total, cross_size, local_size) == (10.0, 2, 2)
+        by_host.setdefault(host, set()).add((iface, net))
+    # two ranks in each namespace, each using its own end of the veth for Gloo
+    assert by_host == {ROOT_IP: {(here, root_netns)}, NS_IP: {(there, test_netns)}}
+    assert sorted(r.executor.rsplit(":", 1)[0] for r in run.ranks) == [ROOT_IP] * 2 + [NS_IP] * 2
+    assert _veth_bytes(here) - before > 100_000  # the run's traffic went through the veth
+
+    # %horovod_env reaches the executor in the namespace too, and explains the hostname trap
+    report = ip.run_line_magic("horovod_env", "")
+    assert sorted(r.where.rsplit(":", 1)[0] for r in report.executors) == [ROOT_IP, NS_IP]
+    assert not report.mismatches, report.text()
+    if report.executors[0].values["hostname_address"].startswith("127."):
+        assert "hostname resolves to 127." in report.text()
+    session.stop()
