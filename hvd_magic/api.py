@@ -228,7 +228,7 @@ class Run:
             broadcasts[name] = self.launcher.broadcast(kwargs_pickled.pop(name))
         self.broadcast_names = sorted(broadcasts)
         job = dict(job, kwargs=small)
-        self._server = EventServer(host=_bind_host(self.launcher.driver_host))
+        self._server = EventServer(host=_bind_host(self.launcher))
         settings = TaskSettings(
             run_id=self.id, np=self.np, events_address=f"{self.launcher.driver_host}:{self._server.port}",
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
@@ -629,9 +629,14 @@ def _looks_like_rendezvous(text):
     return any(word in text for word in ("gloo", "Gloo", "rendezvous", "HTTPStore", "Timed out"))
 
 
-def _bind_host(driver_host):
-    """Listen where the executors reach the driver (all interfaces unless that is loopback)."""
-    return driver_host if driver_host.startswith("127.") or driver_host == "localhost" else "0.0.0.0"
+def _bind_host(launcher):
+    """Listen where the executors reach the driver: Spark's own bind address when it has one,
+    loopback for a local driver, else every interface."""
+    bind = getattr(launcher, "bind_address", None)
+    if bind:
+        return bind
+    host = launcher.driver_host
+    return host if host.startswith("127.") or host == "localhost" else "0.0.0.0"
 
 
 def make_launcher(np, spark=None, master=None, spark_conf=None):

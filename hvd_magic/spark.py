@@ -182,6 +182,10 @@ class SparkLauncher:
         return self.session.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
 
     @property
+    def bind_address(self):
+        return self.session.sparkContext.getConf().get("spark.driver.bindAddress")
+
+    @property
     def where(self):
         return self.session.sparkContext.master
 
