@@ -111,7 +111,7 @@ def test_pytorch_training(tmp_path):
 
     plotted = view(nb, plot)
     accuracy = float(re.search(r"test accuracy: (0\.\d+)", plotted).group(1))
-    assert accuracy > 0.85  # a trained model, not chance (0.1)
+    assert accuracy > 0.9  # a trained model, not chance (0.1)
     assert f"{accuracy:.3f}" == accuracies["0"]  # --export brought rank 0's value back
     assert "'0.weight'" in plotted  # the checkpoint holds the model's tensors
     assert any("image/png" in o.get("data", {}) for o in plot.outputs)  # the loss curves
