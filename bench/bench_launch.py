@@ -6,11 +6,16 @@ launcher runs once untimed); the figure is the wall time of the launching call, 
 it. Launchers, interleaved per repetition (their order rotates from one repetition to the next):
 
 - ``floor``: N bare ``python bench/bench_launch.py --child hvd`` processes with Horovod's env set
-  by hand against a `RendezvousServer` started here (DESIGN.md part 2): nothing but the work;
+  by hand against a `RendezvousServer` started here (DESIGN.md part 2): nothing but the work.
+  Each in a session of its own, as hvd_magic's and horovodrun's ranks are: with the kernel's
+  autogroup scheduling, N processes of one session share one CPU share against the other
+  sessions of a busy machine, N sessions get N shares (on a loaded machine that alone made the
+  floor 2-4x slower than the launchers). The server is stopped after the clock stops: Horovod's
+  `RendezvousServer.stop` waits up to 0.5 s for its HTTP loop;
 - ``floor-torch``: the same with ``torch.distributed`` (gloo, env:// init): TorchDistributor's floor;
 - ``hvd_magic-spark`` / ``hvd_magic-driver``: ``hvd_magic.run(cell, np=N)`` / ``np=-N``;
-- ``horovodrun`` (default knobs, hence its 0 ms cycle), ``horovodrun-c5`` (``--cycle-time-ms 5``),
-  ``horovodrun-H-c5`` (also ``-H localhost:N``): the same code as a script;
+- ``horovodrun`` (default knobs, hence its 0 ms cycle), ``horovodrun-H`` (``-H localhost:N``),
+  ``horovodrun-c5`` (``--cycle-time-ms 5``): the same code as a script;
 - ``horovod.run``: ``horovod.runner.run(cell, np=N, use_gloo=True)``;
 - ``TD-barrier`` / ``TD-local``: PySpark's ``TorchDistributor(num_processes=N, local_mode=...)``
   with the torch.distributed version of the cell (needs pyarrow: ``pip install -e '.[bench]'``).
@@ -122,6 +127,13 @@ def leftovers(before):
     return left
 
 
+def stop_spark():
+    """Stop the running SparkContext, if any (its Python workers go with it)."""
+    from pyspark import SparkContext
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+
+
 def run_cmd(cmd, env=None):
     """Run a launcher command; on timeout end it and everything it started (horovodrun's ranks
     run in sessions of their own, so a process-group kill would miss them)."""
@@ -192,7 +204,7 @@ def floor(np, marks=None):
                        HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
             procs.append(subprocess.Popen([sys.executable, HERE, "--child", "hvd"], env=env,
                                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                          text=True))
+                                          text=True, start_new_session=True))
         outs = _wait_all(procs)
         seconds = time.perf_counter() - start
     finally:
@@ -209,7 +221,8 @@ def floor_torch(np):
     procs = [subprocess.Popen([sys.executable, HERE, "--child", "torch"],
                               env=dict(base_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                                        RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(np)),
-                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                              start_new_session=True)
              for r in range(np)]
     _wait_all(procs)
     return time.perf_counter() - start
@@ -279,8 +292,8 @@ def launchers(run_root, max_np):
         "hvd_magic-spark": spark_then(lambda np: hvd_magic_run(np, run_root)[0]),
         "hvd_magic-driver": lambda np: hvd_magic_run(-np, run_root)[0],
         "horovodrun": lambda np: horovodrun(np),
+        "horovodrun-H": lambda np: horovodrun(np, "-H", f"localhost:{np}"),
         "horovodrun-c5": lambda np: horovodrun(np, "--cycle-time-ms", "5"),
-        "horovodrun-H-c5": lambda np: horovodrun(np, "-H", f"localhost:{np}", "--cycle-time-ms", "5"),
         "horovod.run": horovod_run_api,
         "TD-barrier": spark_then(lambda np: torch_distributor(np, local_mode=False)),
         "TD-local": spark_then(lambda np: torch_distributor(np, local_mode=True)),
@@ -356,14 +369,52 @@ def floor_profile(np):
     }
 
 
+def _probe_task(_):
+    """What a barrier task of hvd_magic does before it spawns its rank, with a mark per step."""
+    import time
+    marks = {"task function entered": time.time()}
+    from pyspark import BarrierTaskContext
+    import hvd_magic.task  # noqa: F401 (what unpickling hvd_magic's task function imports)
+    marks["hvd_magic.task imported"] = time.time()
+    ctx = BarrierTaskContext.get()
+    server = None
+    if ctx.partitionId() == 0:
+        from horovod.runner.http.http_server import RendezvousServer
+        server = RendezvousServer()
+        server.start()
+    marks["rendezvous server up (task 0)"] = time.time()
+    ctx.allGather("port")
+    marks["allGather done"] = time.time()
+    ctx.barrier()
+    marks["barrier done"] = time.time()
+    if server is not None:
+        server.stop()
+    marks["rendezvous server stopped"] = time.time()
+    yield marks
+
+
+def spark_probe(np):
+    """A bare barrier job of N tasks doing a task's steps (no rank): Spark's share of a launch."""
+    sc = _Spark.get(np).sparkContext
+    t0 = time.time()
+    marks = sc.parallelize(range(np), np).barrier().mapPartitions(_probe_task).collect()
+    returned = time.time()
+    steps = {step: statistics.median(m[step] for m in marks) - t0 for step in marks[0]}
+    steps["rendezvous server stopped"] = max(m["rendezvous server stopped"] for m in marks) - t0
+    steps["collect() returned"] = returned - t0
+    return steps
+
+
 def profile(np, reps, run_root):
-    """Median offsets of each step, for hvd_magic on Spark, driver-only, and the floor."""
-    rows = {"hvd_magic-spark": [], "hvd_magic-driver": [], "floor": []}
+    """Median offsets of each step, for hvd_magic on Spark, driver-only, the floor, and a bare
+    barrier job."""
+    rows = {"hvd_magic-spark": [], "hvd_magic-driver": [], "floor": [], "bare barrier job": []}
     for _ in range(reps):
         rows["floor"].append(floor_profile(np))
         rows["hvd_magic-driver"].append(profile_once(-np, run_root))
         _Spark.get(np)
         rows["hvd_magic-spark"].append(profile_once(np, run_root))
+        rows["bare barrier job"].append(spark_probe(np))
     return {name: {step: statistics.median(r[step] for r in runs) for step in runs[0]}
             for name, runs in rows.items()}
 
@@ -434,8 +485,7 @@ def main():
         prof = profile(2, args.profile, run_root) if args.profile else None
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
-        if _Spark.session is not None:
-            _Spark.session.stop()
+        stop_spark()
         left = leftovers(before)
         if left:
             print(f"ending {len(left)} leftover processes: "
