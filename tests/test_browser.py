@@ -160,7 +160,6 @@ def test_quickstart_in_chromium(tmp_path, chromium):
     quickstart_copy(tmp_path)
     ours_before = {p.pid for p in psutil.Process().children(recursive=True)}
     lab = JupyterLab(str(tmp_path))
-    left_by_lab = []
     try:
         lab.wait_ready()
         with sync_playwright() as pw:
@@ -207,5 +206,12 @@ def test_quickstart_in_chromium(tmp_path, chromium):
         left_by_lab = lab.stop()
     assert not left_by_lab, f"still running after JupyterLab's shutdown: {left_by_lab}"
     left = [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in ours_before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            if p.pid not in ours_before and _running(p)]
     assert not left, f"processes left behind: {left}"
+
+
+def _running(proc):
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 
 import nbformat
-import pytest
 
 from conftest import ROOT
 
