@@ -34,7 +34,11 @@ def describe_end(info):
 
 
 class HorovodMagicError(Exception):
-    """Base of the errors a run raises."""
+    """Base of the errors a run raises. In a notebook they show as their message alone: the
+    driver-side stack (threads, Spark, this package) says nothing a user can act on."""
+
+    def _render_traceback_(self):
+        return f"{type(self).__name__}: {self}".splitlines()
 
 
 class LaunchError(HorovodMagicError):
