@@ -73,6 +73,6 @@ fi
 
 "$py" -m pip install --quiet --force-reinstall --no-deps "$wheeldir"/horovod-*.whl
 # Horovod's own runtime requirements (we installed the wheel without dependencies).
-"$py" -m pip install --quiet cloudpickle psutil pyyaml packaging
+"$py" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi
 verify
 echo "$wheeldir" > "$installed_key"
