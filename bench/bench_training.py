@@ -33,7 +33,8 @@ LAUNCHERS = ("hvd_magic-spark", "hvd_magic-driver", "horovodrun", "horovodrun-kn
 
 
 def train(steps, warmup):
-    """One rank's training loop, timed; returns its steps/s."""
+    """One rank's training loop, timed; returns its steps/s and the CPU it used per step."""
+    import resource
     import time
     import torch
     import horovod.torch as hvd
@@ -56,23 +57,30 @@ def train(steps, warmup):
     for _ in range(warmup):
         step()
     hvd.allreduce(torch.zeros(1), name="start")  # every rank starts the clock together
-    start = time.perf_counter()
+    cpu0, start = _cpu(resource), time.perf_counter()
     for _ in range(steps):
         step()
-    return {"rank": hvd.rank(), "steps_per_s": steps / (time.perf_counter() - start)}
+    wall, cpu = time.perf_counter() - start, _cpu(resource) - cpu0
+    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
+
+
+def _cpu(resource):
+    """CPU seconds of this process, all its threads (Horovod's background loop included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def under_hvd_magic(np, steps, warmup, run_root):
     import hvd_magic
     run = hvd_magic.run(train, np=np, args=(steps, warmup), run_dir=tempfile.mkdtemp(dir=run_root))
-    return run.results[0]["steps_per_s"]
+    return run.results[0]
 
 
 def under_horovodrun(np, steps, warmup, *knobs):
     out = run_cmd([HOROVODRUN, "--gloo", "-np", str(np), *knobs, sys.executable, HERE,
                    "--child", str(steps), str(warmup)], env=base_env())
     results = [json.loads(m) for m in re.findall(r"BENCH (\{.*\})", out)]
-    return next(r["steps_per_s"] for r in results if r["rank"] == 0)
+    return next(r for r in results if r["rank"] == 0)
 
 
 def measure(name, np, steps, warmup, run_root):
@@ -101,6 +109,7 @@ def main():
     run_root = tempfile.mkdtemp(prefix="bench_training-")
     before = set(descendants())
     rates = {n: {np: [] for np in args.np} for n in LAUNCHERS}
+    cpu = {n: {np: [] for np in args.np} for n in LAUNCHERS}
     loads = [os.getloadavg()]
     try:
         print(f"warm-up (Spark session, first runs): np={min(args.np)}, 20 steps", flush=True)
@@ -110,9 +119,11 @@ def main():
             order = LAUNCHERS[rep % len(LAUNCHERS):] + LAUNCHERS[:rep % len(LAUNCHERS)]
             for np in args.np:
                 for name in order:
-                    rate = measure(name, np, args.steps, args.warmup, run_root)
-                    rates[name][np].append(rate)
-                    print(f"  rep {rep} np={np} {name:17s} {rate:8.1f} steps/s", flush=True)
+                    rank0 = measure(name, np, args.steps, args.warmup, run_root)
+                    rates[name][np].append(rank0["steps_per_s"])
+                    cpu[name][np].append(rank0["cpu_ms_per_step"])
+                    print(f"  rep {rep} np={np} {name:17s} {rank0['steps_per_s']:8.1f} steps/s, "
+                          f"rank 0 CPU {rank0['cpu_ms_per_step']:.2f} ms/step", flush=True)
             loads.append(os.getloadavg())
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
@@ -123,18 +134,21 @@ def main():
             end_processes(left)
 
     medians = {n: {np: statistics.median(v) for np, v in by_np.items()} for n, by_np in rates.items()}
+    cpu_medians = {n: {np: statistics.median(v) for np, v in by_np.items()} for n, by_np in cpu.items()}
     print(f"\nrank 0 steps/s, median of {args.reps} ({args.steps} steps after {args.warmup}); "
-          "ratio to horovodrun")
-    print(f"{'launcher':18s}" + "".join(f"{'np=' + str(np):>18s}" for np in args.np))
+          "ratio to horovodrun; min-max; rank 0 CPU ms/step")
+    print(f"{'launcher':18s}" + "".join(f"{'np=' + str(np):>36s}" for np in args.np))
     for name in LAUNCHERS:
-        cells = [f"{medians[name][np]:.1f} ({medians[name][np] / medians['horovodrun'][np]:.2f}x)"
+        cells = [f"{medians[name][np]:.1f} ({medians[name][np] / medians['horovodrun'][np]:.2f}x) "
+                 f"{min(rates[name][np]):.0f}-{max(rates[name][np]):.0f} {cpu_medians[name][np]:.2f}"
                  for np in args.np]
-        print(f"{name:18s}" + "".join(f"{c:>18s}" for c in cells))
+        print(f"{name:18s}" + "".join(f"{c:>36s}" for c in cells))
     print(f"load average seen: {', '.join('%.1f' % la[0] for la in loads)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "reps": args.reps, "steps": args.steps, "warmup": args.warmup,
-                       "rates": rates, "medians": medians, "loads": loads}, f, indent=1)
+                       "rates": rates, "medians": medians, "cpu_ms_per_step": cpu,
+                       "cpu_medians": cpu_medians, "loads": loads}, f, indent=1)
 
 
 if __name__ == "__main__":
