@@ -424,6 +424,9 @@ class Run:
             r.step, r.total = event.get("step"), event.get("total")
             if isinstance(event.get("metrics"), dict):
                 r.metrics.update(event["metrics"])
+        elif kind == "rendezvous" and rank == 0:
+            # task 0's rendezvous server is up: every other task needs its port
+            self._server.announce({"t": "rendezvous", "port": int(event["port"])})
         elif kind == "file" and event.get("kind") in FILE_KINDS:
             self._receive_file(event)
         elif kind == "blocked":

@@ -66,7 +66,7 @@ class EventServer:
         self._lock = threading.Lock()
         self._peers = set()
         self._closed = False
-        self._stop_message = None
+        self._announced = []     # messages for every task, also those that connect later
         self._sock = socket.create_server((host, 0), backlog=128)
         self.host = host
         self.port = self._sock.getsockname()[1]
@@ -112,9 +112,8 @@ class EventServer:
                 if self._closed:
                     return
                 self._peers.add(conn)
-                stopping = self._stop_message
-            if stopping is not None:  # joined after the run was told to stop
-                conn.sendall(encode_frame(stopping))
+                for message in self._announced:  # what every task must hear, however late
+                    conn.sendall(encode_frame(message))
             while True:
                 try:
                     event = read_frame(conn, self.max_frame)
@@ -131,19 +130,23 @@ class EventServer:
                 self._peers.discard(conn)
             conn.close()
 
+    def announce(self, message):
+        """Send a message to every task, connected now or later."""
+        with self._lock:  # a task joining meanwhile hears it exactly once
+            self._announced.append(message)
+            self._send_all(encode_frame(message))
+
     def stop_all(self, reason):
         """Tell every task, connected now or later, to stop its rank."""
-        message = {"t": "stop", "reason": reason}
-        with self._lock:
-            self._stop_message = message
-        self.broadcast(message)
+        self.announce({"t": "stop", "reason": reason})
 
     def broadcast(self, obj):
         """Send a message to every connected task (best effort: a dead peer is skipped)."""
-        frame = encode_frame(obj)
-        with self._lock:
-            peers = list(self._peers)
-        for conn in peers:
+        with self._lock:  # one sender at a time, so frames never interleave on a connection
+            self._send_all(encode_frame(obj))
+
+    def _send_all(self, frame):
+        for conn in list(self._peers):
             try:
                 conn.sendall(frame)
             except OSError:
@@ -188,6 +191,7 @@ class EventClient:
             try:
                 msg = read_frame(self._sock)
             except (EOFError, OSError, ValueError):
+                on_message({"t": "closed"})  # the driver went away (or we closed)
                 return
             on_message(msg)
 

@@ -1,8 +1,9 @@
 """Driver-only launch (``--np -N``): N rank processes on this machine, no Spark at all.
 
 The tasks are threads of the driver running the very same `hvd_magic.task.run_task` as Spark's
-barrier tasks; a `LocalCoordinator` stands in for `BarrierTaskContext`. Everything else (capture,
-events, views, results, errors) is shared with Spark runs.
+barrier tasks; a `LocalCoordinator` stands in for `BarrierTaskContext` (every task's address is
+this machine). Everything else (capture, events, views, results, errors) is shared with Spark
+runs.
 """
 
 import threading
@@ -10,31 +11,11 @@ import threading
 from .task import Coordinator, run_task
 
 
-class _Group:
-    """What the N local tasks share: an all-gather built on a reusable barrier."""
-
-    def __init__(self, n):
-        self.n = n
-        self.barrier = threading.Barrier(n)
-        self.slots = [None] * n
-
-    def all_gather(self, index, message):
-        self.slots[index] = message
-        self.barrier.wait()
-        gathered = list(self.slots)
-        self.barrier.wait()  # nobody overwrites a slot before everyone has read them all
-        return gathered
-
-
 class LocalCoordinator(Coordinator):
-    def __init__(self, group, index, gpus=()):
-        self.group = group
+    def __init__(self, index, gpus=()):
         self.partition_id = index
         self.attempt = 0
         self._gpus = list(gpus)
-
-    def all_gather(self, message):
-        return self.group.all_gather(self.partition_id, message)
 
     def task_address(self, partition_id):
         return "127.0.0.1"
@@ -74,7 +55,6 @@ class LocalLauncher:
         return data  # already on the machine the ranks run on
 
     def start(self, settings, np):
-        group = _Group(np)
         gpus = visible_gpus()
         outcomes = [None] * np
 
@@ -82,9 +62,8 @@ class LocalLauncher:
             # Ranks get GPUs by local rank, as on a single multi-GPU machine.
             mine = [gpus[index % len(gpus)]] if gpus else []
             try:
-                outcomes[index] = run_task(settings, LocalCoordinator(group, index, mine))
+                outcomes[index] = run_task(settings, LocalCoordinator(index, mine))
             except BaseException as exc:  # reported by the driver loop
-                group.barrier.abort()
                 self.error = self.error or exc
 
         self._threads = [threading.Thread(target=task, args=(i,), name=f"hvd-magic-task-{i}",

@@ -1,9 +1,10 @@
 """What one task does: the same code runs inside a Spark barrier task and in a driver-only thread.
 
-1. Hosts are the executors' addresses as the cluster knows them; task 0 starts Horovod's
-   rendezvous server and tells the others its port (`Coordinator.all_gather`).
-2. Task 0 gives the server the host plan; the others wait at a barrier meanwhile.
-3. Each task derives its Horovod slot (rank, local rank, cross rank...) from the plan.
+1. Hosts are the executors' addresses as the cluster knows them (`Coordinator.task_address`);
+   every task derives the same Horovod plan from them, and its own slot (rank, local rank...).
+2. Task 0 starts Horovod's rendezvous server with that plan; the driver relays its port to the
+   other tasks over the event channel (no Spark barrier sync, which costs about a second each).
+3. Each task connects to the driver's event server (see `_DriverLink`).
 4. It spawns the rank as a subprocess (``python -m hvd_magic.rank``) in its own process group, with
    Horovod's Gloo environment set explicitly, and forwards the rank's stdout, stderr and structured
    events to the driver's event server, labelled by rank.
@@ -57,12 +58,6 @@ class Coordinator:
     partition_id: int
     attempt: int
 
-    def all_gather(self, message: str) -> list:
-        raise NotImplementedError
-
-    def barrier(self):
-        self.all_gather("")
-
     def task_address(self, partition_id: int) -> str:
         """The host the cluster knows this task's executor by (reachable from the others)."""
         raise NotImplementedError
@@ -80,12 +75,6 @@ class SparkCoordinator(Coordinator):
         self.ctx = BarrierTaskContext.get()
         self.partition_id = self.ctx.partitionId()
         self.attempt = self.ctx.attemptNumber()
-
-    def all_gather(self, message):
-        return self.ctx.allGather(message)
-
-    def barrier(self):
-        self.ctx.barrier()
 
     def task_address(self, partition_id):
         return self.ctx.getTaskInfos()[partition_id].address.rsplit(":", 1)[0]
@@ -271,6 +260,42 @@ def _kill_group(pgid):
         pass
 
 
+class _DriverLink:
+    """The task's connection to the driver: events out; ``stop``, ``dump`` and the rendezvous
+    port in. Losing the connection counts as ``stop``: nobody is left to use the rank's work."""
+
+    def __init__(self, settings, rank):
+        self.proc = None
+        self.port = None
+        self.stopping = threading.Event()
+        self._rendezvous = threading.Event()
+        self.client = EventClient(settings.events_address, settings.token,
+                                  on_message=self._on_message)
+        self.forward = _Forwarder(self.client, rank)
+
+    def _on_message(self, msg):
+        kind = msg.get("t")
+        if kind in ("stop", "closed"):
+            self.stopping.set()
+            self._rendezvous.set()
+            if self.proc is not None:
+                threading.Thread(target=_stop_group, args=(self.proc,), daemon=True).start()
+        elif kind == "rendezvous":
+            self.port = int(msg["port"])
+            self._rendezvous.set()
+        elif kind == "dump" and self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+
+    def wait_rendezvous(self, timeout):
+        """Task 0's rendezvous port, relayed by the driver; None if the run stopped first."""
+        if not self._rendezvous.wait(timeout) or self.stopping.is_set():
+            return None
+        return self.port
+
+    def close(self):
+        self.client.close()
+
+
 def run_task(settings: TaskSettings, coord: Coordinator):
     if coord.attempt > 0 and not settings.allow_retry:
         return (None, "retried", {
@@ -279,35 +304,40 @@ def run_task(settings: TaskSettings, coord: Coordinator):
                        "start training over silently (pass --retries N to allow it)."})
 
     # Hosts as the cluster knows the executors: tasks of one executor host share local ranks.
+    # Every task computes the same plan from them, so no task needs to hear from another.
     hosts = [coord.task_address(i) for i in range(settings.np)]
+    plan, slots = host_plan(hosts, settings.np)
+    slot = slots[coord.partition_id]
+    host = socket.gethostname()
+    link = _DriverLink(settings, slot.rank)
     rendezvous = None
-    if coord.partition_id == 0:
-        from horovod.runner.http.http_server import RendezvousServer
-        rendezvous = RendezvousServer()
-        port = rendezvous.start()
-    else:
-        port = 0
     try:
-        gathered = [json.loads(m) for m in coord.all_gather(
-            json.dumps({"port": port, "hostname": socket.gethostname()}))]
-        plan, slots = host_plan(hosts, settings.np)
-        if rendezvous is not None:
+        if coord.partition_id == 0:
+            # Task 0 starts Horovod's rendezvous server; the driver relays its port to the other
+            # tasks over the event channel (milliseconds, where a Spark barrier sync takes ~1 s).
+            from horovod.runner.http.http_server import RendezvousServer
+            rendezvous = RendezvousServer()
+            port = rendezvous.start()
             rendezvous.init(plan)
-        coord.barrier()
+            link.forward.send({"t": "rendezvous", "port": port})
+        timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
+        port = link.wait_rendezvous(timeout)
+        if port is None:
+            link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
+            return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
         rendezvous_ip = _resolve(hosts[0])
-        local_ip = _local_ip_towards(rendezvous_ip)
-        slot = slots[coord.partition_id]
         env = dict(os.environ)
         env.update(settings.horovod_env)
         env.update(settings.extra_env)
-        env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, gathered[0]["port"],
-                                    _iface_of(local_ip)))
+        env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, port,
+                                    _iface_of(_local_ip_towards(rendezvous_ip))))
         gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        return _run_rank(settings, slot, env, gathered[coord.partition_id]["hostname"], gpus,
-                         executor=coord.executor(), partition=coord.partition_id)
+        return _run_rank(settings, slot, env, host, gpus, link, executor=coord.executor(),
+                         partition=coord.partition_id)
     finally:
+        link.close()
         if rendezvous is not None:
             rendezvous.stop()
 
@@ -322,25 +352,13 @@ def _write_job(workdir, settings):
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _run_rank(settings, slot, env, host, gpus, executor=None, partition=None):
+def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=None):
     rank = slot.rank
+    forward = link.forward
     workdir = tempfile.mkdtemp(prefix=f"hvd_magic-{settings.run_id}-rank{rank}-")
     proc = None
-    stopping = threading.Event()
-    client = None
     try:
         _write_job(workdir, settings)
-
-        def on_message(msg):
-            if msg.get("t") == "stop":
-                stopping.set()
-                if proc is not None:
-                    threading.Thread(target=_stop_group, args=(proc,), daemon=True).start()
-            elif msg.get("t") == "dump" and proc is not None and proc.poll() is None:
-                os.kill(proc.pid, signal.SIGUSR1)
-
-        client = EventClient(settings.events_address, settings.token, on_message=on_message)
-        forward = _Forwarder(client, rank)
         events_r, events_w = os.pipe()
         env["HVD_MAGIC_EVENT_FD"] = str(events_w)
         env["HVD_MAGIC_PARENT_PID"] = str(os.getpid())
@@ -352,15 +370,12 @@ def _run_rank(settings, slot, env, host, gpus, executor=None, partition=None):
         # a window (cheap with our patched writer thread, which sleeps when idle).
         env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
         cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
-        if stopping.is_set():  # the run was stopped before this task got here (a re-attempt)
-            forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
-            return (rank, "stopped", {"rank": rank, "host": host, "code": None})
-        proc = subprocess.Popen(
+        proc = link.proc = subprocess.Popen(
             [sys.executable, "-m", "hvd_magic.rank", workdir],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=(events_w,), env=env, cwd=cwd, start_new_session=True)
         os.close(events_w)
-        if stopping.is_set():  # the stop came while the rank was being started
+        if link.stopping.is_set():  # the stop came while the rank was being started
             threading.Thread(target=_stop_group, args=(proc,), daemon=True).start()
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
                       "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
@@ -379,15 +394,13 @@ def _run_rank(settings, slot, env, host, gpus, executor=None, partition=None):
                 p.join(timeout=10)
         if os.path.exists(timeline_path):  # rank 0 wrote one: it comes back, whatever happened
             _send_file(forward, timeline_path, "timeline")
-        outcome = _outcome(workdir, code, rank, host, stopping.is_set(), env)
+        outcome = _outcome(workdir, code, rank, host, link.stopping.is_set(), env)
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})
         return outcome
     finally:
         if proc is not None:
             _stop_group(proc, grace=0.5)
-        if client is not None:
-            client.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
