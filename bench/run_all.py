@@ -12,6 +12,13 @@ which run it reads.
     .venv/bin/python bench/run_all.py            # the full set, ~20 minutes on 2 cores
     .venv/bin/python bench/run_all.py --quick    # fewer repetitions and sizes, ~6 minutes
     .venv/bin/python bench/run_all.py --only launch training --out /tmp/B.md
+
+hvd_magic is imported from wherever the interpreter finds it; the file names the commit (and says
+when the working tree differed from it, or changed during the run). To measure one commit while
+others edit the tree, run from a clone of it:
+
+    git clone -q --shared . /tmp/hvd_snap && cd /tmp/hvd_snap && \
+        PYTHONPATH=/tmp/hvd_snap /work/main/.venv/bin/python bench/run_all.py --out /work/main/BENCHMARKS.md
 """
 
 import argparse
@@ -86,6 +93,22 @@ def _version(module):
         return __import__(module).__version__
     except Exception:
         return "not installed"
+
+
+def hvd_magic_version():
+    """The commit of the hvd_magic this interpreter imports, and whether its files differ from it
+    (other engineers edit the working tree while benchmarks run: say what was measured)."""
+    import hvd_magic
+    tree = os.path.dirname(os.path.dirname(os.path.abspath(hvd_magic.__file__)))
+
+    def git(*args):
+        return subprocess.run(["git", "-C", tree, *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return f"{tree} (not a git checkout)"
+    dirty = git("status", "--porcelain", "--", "hvd_magic")
+    return f"commit {commit} in {tree}" + (" plus uncommitted changes" if dirty else "")
 
 
 def machine():
@@ -338,13 +361,18 @@ def main():
     args = parser.parse_args()
 
     started = datetime.datetime.now()
+    version = hvd_magic_version()
     loads = [os.getloadavg()[0]]
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for name in args.only or BENCHMARKS:
             results[name] = run_benchmark(name, args.quick, tmp)
             loads.append(os.getloadavg()[0])
-    text = render(results, machine(), sys.argv[1:], started, loads, kept_reading(args.out))
+    info = machine()
+    info["hvd_magic"] = version
+    if hvd_magic_version() != version:
+        info["hvd_magic"] += f" at the start, {hvd_magic_version()} at the end (it changed during the run)"
+    text = render(results, info, sys.argv[1:], started, loads, kept_reading(args.out))
     with open(args.out, "w") as f:
         f.write(text)
     failed = [n for n, r in results.items() if not r["ok"]]
