@@ -22,7 +22,9 @@ it. Launchers, interleaved per repetition (their order rotates from one repetiti
 
 Then, with ``--profile``, a few more hvd_magic runs record when each step of a launch happened
 (driver side: the events `Run` hands its view; rank side: timestamps the cell takes) and print
-the median breakdown, next to the floor's.
+the median breakdown, next to the floor's and to a bare barrier job that times Spark's own
+``allGather`` and ``barrier`` (TorchDistributor uses them; hvd_magic did until it relayed the
+rendezvous port over its event channel instead).
 
     .venv/bin/python bench/bench_launch.py [--np 1 2 4 8] [--reps 3] [--only NAME ...]
                                            [--profile] [--json PATH]
@@ -408,13 +410,13 @@ def spark_probe(np):
 def profile(np, reps, run_root):
     """Median offsets of each step, for hvd_magic on Spark, driver-only, the floor, and a bare
     barrier job."""
-    rows = {"hvd_magic-spark": [], "hvd_magic-driver": [], "floor": [], "bare barrier job": []}
+    rows = {"hvd_magic-spark": [], "hvd_magic-driver": [], "floor": [], "Spark syncs alone": []}
     for _ in range(reps):
         rows["floor"].append(floor_profile(np))
         rows["hvd_magic-driver"].append(profile_once(-np, run_root))
         _Spark.get(np)
         rows["hvd_magic-spark"].append(profile_once(np, run_root))
-        rows["bare barrier job"].append(spark_probe(np))
+        rows["Spark syncs alone"].append(spark_probe(np))
     return {name: {step: statistics.median(r[step] for r in runs) for step in runs[0]}
             for name, runs in rows.items()}
 
