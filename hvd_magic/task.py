@@ -260,6 +260,31 @@ def _kill_group(pgid):
         pass
 
 
+class _Rendezvous:
+    """Horovod's HTTP rendezvous server for one run, on every IPv4 interface, a free port.
+
+    Horovod's own `RendezvousServer` takes up to half a second to stop (its serve loop polls at
+    0.5 s) and leaves its socket open; this one stops at once and closes it.
+    """
+
+    POLL_SECONDS = 0.05
+
+    def __init__(self, plan):
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+        self.httpd = RendezvousHTTPServer(("0.0.0.0", 0), RendezvousHandler, 0)
+        self.httpd.init(plan)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever,
+                                       args=(self.POLL_SECONDS,), name="hvd-magic-rendezvous",
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
 class _DriverLink:
     """The task's connection to the driver: events out; ``stop``, ``dump`` and the rendezvous
     port in. Losing the connection counts as ``stop``: nobody is left to use the rank's work."""
@@ -315,11 +340,8 @@ def run_task(settings: TaskSettings, coord: Coordinator):
         if coord.partition_id == 0:
             # Task 0 starts Horovod's rendezvous server; the driver relays its port to the other
             # tasks over the event channel (milliseconds, where a Spark barrier sync takes ~1 s).
-            from horovod.runner.http.http_server import RendezvousServer
-            rendezvous = RendezvousServer()
-            port = rendezvous.start()
-            rendezvous.init(plan)
-            link.forward.send({"t": "rendezvous", "port": port})
+            rendezvous = _Rendezvous(plan)
+            link.forward.send({"t": "rendezvous", "port": rendezvous.port})
         timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
         port = link.wait_rendezvous(timeout)
         if port is None:
