@@ -238,7 +238,7 @@ class _Spark:
     @classmethod
     def get(cls, slots):
         if cls.session is None:
-            from hvd_magic.spark import embedded_session
+            from hvd_magic.launch.spark import embedded_session
             start = time.perf_counter()
             cls.session = embedded_session(slots)
             cls.session.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(

@@ -12,7 +12,7 @@ import it too, and must start as fresh interpreters. The API is loaded on first 
 """
 
 from .errors import HorovodMagicError, LaunchError, RankError, RunCancelled, RunTimeout
-from .reporting import report
+from .rank.reporting import report
 
 __version__ = "0.1.0"
 
@@ -23,8 +23,8 @@ def __getattr__(name):
     if name in _API:
         from . import api
         return getattr(api, name)
-    if name == "timeline":
-        from .timeline import timeline
+    if name == "timeline":  # `with hvd_magic.timeline():` on a rank
+        from .timelines.record import timeline
         return timeline
     raise AttributeError(f"module 'hvd_magic' has no attribute {name!r}")
 

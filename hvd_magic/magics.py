@@ -1,6 +1,6 @@
 """The IPython magics: ``%%horovod`` and ``%horovod_timeline``.
 
-A thin shell: parse the options, capture the cell, call `hvd_magic.api.launch`, show the result.
+A thin shell: parse the options, capture the cell, call `hvd_magic.api.run_cell`, show the result.
 Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the session.
 """
 
@@ -11,7 +11,7 @@ from traitlets import Dict, Float, Int, Unicode
 
 from . import api
 from .capture import capture_cell
-from .timeline import TimelineNote
+from .timelines.show import TimelineNote
 from .view import TextView, make_view
 
 
@@ -169,7 +169,7 @@ class HorovodMagics(Magics):
             %horovod_timeline --list             # runs that have a timeline
             path = %horovod_timeline 3f2a --path # the file of the run whose id ends in 3f2a
         """
-        from .timeline import timeline_magic
+        from .timelines.show import timeline_magic
         return timeline_magic(self, line)
 
     @magic_arguments()
@@ -188,7 +188,7 @@ class HorovodMagics(Magics):
         its tasks). Values that differ from the driver's are highlighted; a package that an
         executor lacks is reported as missing. Different Python or cloudpickle versions are the
         commonest cause of a cell that unpickles on the driver but not on the workers.
-        Returns the report (``hvd_magic.envcheck.EnvReport``; its ``mismatches`` list them).
+        Returns the report (``hvd_magic.launch.envcheck.EnvReport``; its ``mismatches`` list them).
 
         Examples
         --------
@@ -199,5 +199,5 @@ class HorovodMagics(Magics):
             report.mismatches               # [Mismatch(where='10.0.0.7:41234', what='cloudpickle', ...)]
             %horovod_env --text             # plain text, to paste into an issue
         """
-        from .envcheck import env_magic
+        from .launch.envcheck import env_magic
         return env_magic(self, line)

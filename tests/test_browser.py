@@ -145,8 +145,8 @@ def quickstart_copy(folder):
     """
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
     load = next(i for i, c in enumerate(nb.cells) if "%load_ext hvd_magic" in c.source)
-    knob = nbformat.v4.new_code_cell("import hvd_magic.dashboard\n"
-                                     "hvd_magic.dashboard.SHOW_AFTER = 0")
+    knob = nbformat.v4.new_code_cell("import hvd_magic.view.dashboard\n"
+                                     "hvd_magic.view.dashboard.SHOW_AFTER = 0")
     knob.id = "browser-test-knob"
     nb.cells.insert(load + 1, knob)
     nbformat.write(nb, os.path.join(folder, "quickstart.ipynb"))

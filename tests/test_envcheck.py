@@ -15,7 +15,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import StandaloneCluster
-from hvd_magic import envcheck
+from hvd_magic.launch import envcheck
 from hvd_magic.magics import HorovodMagics
 
 OTHER_CLOUDPICKLE = "3.0.0"
@@ -33,7 +33,7 @@ UNPICKLE_WITHOUT_HVD_MAGIC = (
 def test_the_probe_runs_where_hvd_magic_cannot_be_imported():
     from pyspark import cloudpickle as spark_cloudpickle
     data = spark_cloudpickle.dumps(envcheck._portable(envcheck.probe))
-    assert b"hvd_magic.envcheck" not in data  # the code travels, not a reference to our module
+    assert b"hvd_magic.launch.envcheck" not in data  # the code travels, not a reference to our module
     out = subprocess.run([sys.executable, "-c", UNPICKLE_WITHOUT_HVD_MAGIC], input=data,
                          capture_output=True, check=True).stdout
     values = json.loads(out)
@@ -114,7 +114,7 @@ def test_without_a_session_only_the_driver_is_reported(ip):
 
 def wait_for_slots(sc, n, timeout=60):
     """Until both executors have registered (what a user's running session has)."""
-    from hvd_magic.spark import SparkLauncher
+    from hvd_magic.launch.spark import SparkLauncher
     SparkLauncher(slot_wait=timeout)._check_slots(sc, n)
 
 

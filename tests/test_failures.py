@@ -229,7 +229,7 @@ def test_a_dead_spark_task_fails_the_run_once_without_retraining(ip, standalone)
         assert "rank 1" in text and "died" in text and "not started over" in text
         assert "Traceback" not in text and "at org.apache" not in text
         run = hvd_magic.last_run()
-        assert run._retry is None  # no rank was started a second time
+        assert run.retry is None  # no rank was started a second time
         assert rank_processes_left(run) == []
     finally:
         session.stop()

@@ -12,7 +12,7 @@ import pytest
 
 import hvd_magic
 from conftest import StandaloneCluster
-from hvd_magic.task import visible_devices
+from hvd_magic.task.plan import visible_devices
 
 # The rank finds its executor itself, from the JVM it runs under (rank -> pyspark worker ->
 # pyspark daemon -> CoarseGrainedExecutorBackend --executor-id N), not from hvd_magic's records.
@@ -82,7 +82,7 @@ def test_each_spark_rank_gets_its_own_gpu(ip, gpu_cluster):
     assert len({executor for executor, _ in pairs}) == 2
     # what the driver recorded (and shows) is what each rank got
     assert [r.gpus for r in run.ranks] == [[gpu] for gpu, _ in results]
-    from hvd_magic.dashboard import Dashboard
+    from hvd_magic.view.dashboard import Dashboard
     dashboard = Dashboard()
     dashboard.start(run)  # (a finished foreground run: nothing is displayed)
     table = dashboard._table_html(run)

@@ -294,7 +294,7 @@ BOTH_VIEWS_CELL = """\
 import io
 import hvd_magic
 from hvd_magic.view import TextView
-from hvd_magic.dashboard import Dashboard
+from hvd_magic.view.dashboard import Dashboard
 
 class Both:
     '''Hands every call of the driver loop to two views.'''
@@ -331,7 +331,7 @@ def test_text_and_widget_views_are_fed_the_same_events(kernel):
 def test_the_launcher_does_not_import_ipywidgets(tmp_path):
     code = textwrap.dedent("""\
         import sys
-        import hvd_magic.api, hvd_magic.spark, hvd_magic.task, hvd_magic.local, hvd_magic.events
+        import hvd_magic.api, hvd_magic.launch.spark, hvd_magic.task, hvd_magic.launch.local, hvd_magic.events
         from hvd_magic.view import TextView
         def f():
             return 1

@@ -16,7 +16,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
-from hvd_magic import timeline as tl
+from hvd_magic.timelines import picture as tl_picture, show as tl_show, summary as tl_summary, trace as tl_trace
 
 # The functions below run on the ranks, which cannot import this test module: send them by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -175,7 +175,7 @@ def test_magic_timeline_run_on_spark_comes_back_drawn_and_findable(ip, capsys):
     assert f"timeline: {os.path.relpath(run.timeline_path)}" in capsys.readouterr().out
 
     assert ip.run_line_magic("horovod_timeline", "--path") == run.timeline_path
-    page = tl.timeline_html(run)
+    page = tl_show.timeline_html(run)
     assert f'href="hvd_runs/{run.id}/timeline.json"' in page  # relative to the notebook's folder
     assert "ui.perfetto.dev" in page and "chrome://tracing" in page
     picture = page[page.index("<svg"):page.index("</svg>")]
@@ -277,7 +277,7 @@ def test_rank_1_failing_leaves_a_valid_partial_timeline(ip):
     events = load(run.timeline_path)
     # Steps 0-10 completed on both ranks before rank 1 raised.
     assert allreduces_of(events, "allreduce.loop") >= 10
-    summary = tl.summarize(run.timeline_path)
+    summary = tl_summary.summarize(run.timeline_path)
     assert summary.operations and summary.tensors[0]["tensor"] == "allreduce.loop"
 
 
@@ -335,15 +335,15 @@ def test_repair_keeps_every_whole_event_of_a_cut_off_file(mlp_run):
         ends.append(len(text))
     for cut in (len(text) // 3, len(text) // 2, len(text) - 5):
         whole = sum(1 for end in ends if end <= cut)
-        assert tl.repair(text[:cut]) == events[:whole]
-    assert tl.repair(text + "]") == events
+        assert tl_trace.repair(text[:cut]) == events[:whole]
+    assert tl_trace.repair(text + "]") == events
 
 
 def test_finalize_turns_a_cut_off_part_file_into_json(tmp_path, mlp_run):
     events = load(mlp_run.timeline_path)
     text = "[\n" + ",".join(json.dumps(e) for e in events)
     (tmp_path / "timeline.json.part").write_text(text[:len(text) - 7])
-    path = tl.finalize(str(tmp_path))
+    path = tl_trace.finalize(str(tmp_path))
     assert load(path) == events[:-1]
     assert not (tmp_path / "timeline.json.part").exists()
 
@@ -358,8 +358,8 @@ def test_picture_caps_lanes_for_many_tensors():
                        {"ph": "B", "name": "QUEUE", "ts": start + 1, "pid": pid},
                        {"ph": "E", "ts": start + 5, "pid": pid},
                        {"ph": "E", "ts": start + 20 + pid, "pid": pid}]
-    trace = tl.Trace(events)
-    picture = tl.svg(trace, max_lanes=16)
+    trace = tl_trace.Trace(events)
+    picture = tl_picture.svg(trace, max_lanes=16)
     assert "+ 85 other tensors" in picture
     assert picture.count("<title>") == 16  # one per lane label
     assert "t100" in picture and "QUEUE" in picture  # the busiest tensor has its own lane

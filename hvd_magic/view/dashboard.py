@@ -26,7 +26,7 @@ import os
 import threading
 import time
 
-from .view import TextView, visible_text
+from .text import TextView, visible_text
 
 SHOW_AFTER = 1.5           # seconds before the dashboard appears (ipyparallel's --progress-after)
 UPDATES_PER_SECOND = 10    # widget messages per second, for the whole dashboard
@@ -224,7 +224,7 @@ class Dashboard:
 
     def _timeline_note(self, run):
         try:
-            from .timeline import timeline_note
+            from ..timelines.show import timeline_note
             return timeline_note(run)
         except Exception:  # (not there yet, or the file went away) the path is enough
             return f"timeline: {os.path.relpath(run.timeline_path)}\n"
@@ -233,11 +233,8 @@ class Dashboard:
         if not getattr(run, "timeline_path", None):
             return ""
         try:
-            from . import timeline
-            render = getattr(timeline, "timeline_html", None)
-            if render is None:
-                return f"<div>Timeline: {_link(run.timeline_path)}</div>"
-            return render(run)
+            from ..timelines.show import timeline_html
+            return timeline_html(run)
         except Exception as exc:  # a broken timeline must not hide the run's result
             return f"<div>Timeline: {_link(run.timeline_path)} (not drawn: {_e(str(exc))})</div>"
 

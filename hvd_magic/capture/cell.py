@@ -322,7 +322,7 @@ def capture_cell(cell, namespace, *, cell_id="0", export=(), hidden=()):
         else:
             values[name] = value
     if shell_calls.used:
-        imports.append("from hvd_magic.shell import "
+        imports.append("from hvd_magic.rank.shell import "
                        + ", ".join(f"{m} as {_SHELL_CALLS[m]}" for m in sorted(shell_calls.used)))
 
     body = list(tree.body)

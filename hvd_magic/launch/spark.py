@@ -15,14 +15,14 @@ import functools
 import os
 import re
 import sys
-import threading
 import time
 import uuid
 
 from IPython.core.error import UsageError
 
-from .errors import LaunchError
-from .task import spark_task
+from ..errors import LaunchError
+from ..task import spark_task
+from .base import Launcher
 
 EMBEDDED_MARK = "spark.hvd_magic.embedded"
 _LOG4J = os.path.join(os.path.dirname(__file__), "log4j2.properties")
@@ -117,18 +117,16 @@ def java_message(exc):
     return first
 
 
-class SparkLauncher:
+class SparkLauncher(Launcher):
     """Runs `hvd_magic.task.spark_task` on N barrier tasks of a SparkSession."""
 
     def __init__(self, session=None, master=None, conf=None, slot_wait=30.0):
+        super().__init__()
         self.session = session
         self.master = master
         self.conf = conf or {}
         self.slot_wait = slot_wait
         self.group = None
-        self.outcomes = None
-        self.error = None
-        self._thread = None
         self._cancelled = False
 
     # -- before launch ----------------------------------------------------------------------
@@ -182,14 +180,15 @@ class SparkLauncher:
         return self.session.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
 
     @property
-    def bind_address(self):
-        return self.session.sparkContext.getConf().get("spark.driver.bindAddress")
+    def bind_host(self):
+        """Spark's own bind address when the session has one (the driver listens there)."""
+        return self.session.sparkContext.getConf().get("spark.driver.bindAddress") or super().bind_host
 
     @property
     def where(self):
         return self.session.sparkContext.master
 
-    def broadcast(self, data):
+    def share(self, data):
         return self.session.sparkContext.broadcast(data)
 
     # -- launch -------------------------------------------------------------------------------
@@ -211,15 +210,10 @@ class SparkLauncher:
             finally:
                 sc.setLocalProperty("spark.jobGroup.id", None)
 
-        self._thread = InheritableThread(target=collect, name="hvd-magic-spark", daemon=True)
-        self._thread.start()
-
-    def done(self):
-        return self._thread is not None and not self._thread.is_alive()
-
-    def join(self, timeout=None):
-        if self._thread is not None:
-            self._thread.join(timeout)
+        # PySpark's thread class, so that the job group reaches the JVM in pinned-thread mode.
+        thread = InheritableThread(target=collect, name="hvd-magic-spark", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def cancel(self):
         self._cancelled = True

@@ -1,6 +1,6 @@
 """The rank process: ``python -m hvd_magic.rank WORKDIR``.
 
-Started by a task (`hvd_magic.task`) with Horovod's environment already set. It loads the job the
+Started by a task (`hvd_magic.task.runner`) with Horovod's environment already set. It loads the job the
 task wrote to ``WORKDIR/job.pkl`` (the cell's function and its arguments, pickled by cloudpickle),
 runs it, and leaves either ``result.pkl`` or ``error.json`` behind. Everything it prints goes to its
 stdout/stderr pipes, which the task forwards; structured events (progress, state) go as JSON lines

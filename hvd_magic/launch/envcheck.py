@@ -8,10 +8,10 @@ addresses Spark assigns its tasks). Every value that differs from the driver's i
 
 `probe` must run where hvd_magic is not installed (that is one of the things it finds out), so it
 is sent by value: `_portable` gives a copy of it that belongs to no module, and PySpark's cloudpickle
-then ships its code instead of a reference to ``hvd_magic.envcheck``. It imports everything it uses
+then ships its code instead of a reference to ``hvd_magic.launch.envcheck``. It imports everything it uses
 in its body and reports a package it cannot import as "missing" instead of failing.
 
-Not for: launching ranks (`hvd_magic.spark`), fixing environments, or anything a run needs: it is
+Not for: launching ranks (`hvd_magic.launch.spark`), fixing environments, or anything a run needs: it is
 a diagnosis a person runs when the ranks fail to start or to unpickle the cell.
 """
 
@@ -391,6 +391,6 @@ def env_magic(magics, line):
     return report
 
 
-if __name__ == "__main__":  # python -m hvd_magic.envcheck: this interpreter's row, as JSON
+if __name__ == "__main__":  # python -m hvd_magic.launch.envcheck: this interpreter's row, as JSON
     import json
     print(json.dumps(probe()[0], indent=1))

@@ -6,9 +6,11 @@ this machine). Everything else (capture, events, views, results, errors) is shar
 runs.
 """
 
-import threading
+import os
 
-from .task import Coordinator, run_task
+from ..task import run_task
+from ..task.settings import Coordinator
+from .base import Launcher
 
 
 class LocalCoordinator(Coordinator):
@@ -26,7 +28,6 @@ class LocalCoordinator(Coordinator):
 
 def visible_gpus():
     """GPUs of this machine, as CUDA_VISIBLE_DEVICES would name them (empty without a GPU)."""
-    import os
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [g for g in visible.split(",") if g.strip()]
@@ -37,55 +38,32 @@ def visible_gpus():
         return []
 
 
-class LocalLauncher:
+class LocalLauncher(Launcher):
     """Runs N tasks as threads of the driver; each spawns its rank process."""
 
     where = "driver only"
-    driver_host = "127.0.0.1"
-
-    def __init__(self):
-        self.outcomes = None
-        self.error = None
-        self._threads = []
-
-    def prepare(self, np):
-        return None
-
-    def broadcast(self, data):
-        return data  # already on the machine the ranks run on
 
     def start(self, settings, np):
         gpus = visible_gpus()
-        outcomes = [None] * np
-
-        def task(index):
+        self._outcomes = [None] * np
+        for index in range(np):
             # Ranks get GPUs by local rank, as on a single multi-GPU machine.
             mine = [gpus[index % len(gpus)]] if gpus else []
-            try:
-                outcomes[index] = run_task(settings, LocalCoordinator(index, mine))
-            except BaseException as exc:  # reported by the driver loop
-                self.error = self.error or exc
+            self._in_background(self._task, f"hvd-magic-task-{index}", settings, index, mine)
 
-        self._threads = [threading.Thread(target=task, args=(i,), name=f"hvd-magic-task-{i}",
-                                          daemon=True) for i in range(np)]
-        for t in self._threads:
-            t.start()
-        self._outcomes = outcomes
+    def _task(self, settings, index, gpus):
+        try:
+            self._outcomes[index] = run_task(settings, LocalCoordinator(index, gpus))
+        except BaseException as exc:  # reported by the driver loop
+            self.error = self.error or exc
 
     def done(self):
-        if self._threads and not any(t.is_alive() for t in self._threads):
-            if self.outcomes is None and self.error is None:
-                self.outcomes = self._outcomes
-            return True
-        return False
+        if not super().done():
+            return False
+        if self.outcomes is None and self.error is None:
+            self.outcomes = self._outcomes
+        return True
 
     def join(self, timeout=None):
-        for t in self._threads:
-            t.join(timeout)
+        super().join(timeout)
         self.done()
-
-    def cancel(self):
-        pass  # the driver's stop message over the event channel ends every rank
-
-    def job_ids(self):
-        return []

@@ -4,7 +4,7 @@ Horovod's stall inspector never fires with the Gloo controller, so a rank waitin
 will never join (they finished their loop early, or are busy elsewhere) waits forever. Each wait
 in `synchronize`, `join` or `barrier` sets a flag (a time check, no syscall); a monitor thread
 sends a ``blocked`` event once a wait has lasted `REPORT_AFTER` seconds and ``unblocked`` when it
-ends. The driver (`hvd_magic.api.Run._watch_for_stall`) compares the ranks.
+ends. The driver (`hvd_magic.driver.watchdog`) compares the ranks.
 """
 
 import functools

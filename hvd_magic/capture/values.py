@@ -1,0 +1,45 @@
+"""Pickle the values a run sends to its ranks, one by one, so that every one that cannot travel
+is named at once, with advice, before any job starts."""
+
+import pickle
+
+from IPython.core.error import UsageError
+
+# What to do instead, by the type name of a value that cannot be pickled.
+_ADVICE = {
+    "SparkSession": "Spark objects live on the driver only; read the data inside the cell "
+                    "(or pass a pandas/numpy copy)",
+    "SparkContext": "Spark objects live on the driver only; create what you need inside the cell",
+    "DataFrame": "a Spark DataFrame lives on the driver; pass df.toPandas() or read the data "
+                 "inside the cell",
+    "SummaryWriter": "create it inside the cell",
+    "TextIOWrapper": "open the file inside the cell",
+    "BufferedReader": "open the file inside the cell",
+    "BufferedWriter": "open the file inside the cell",
+    "socket": "open the connection inside the cell",
+    "generator": "build the generator inside the cell (or pass list(...) of it)",
+    "lock": "create it inside the cell",
+    "Thread": "start threads inside the cell",
+}
+
+
+def pickle_values(values, kind="name"):
+    """Pickle each value on its own; raise UsageError naming every one that cannot travel."""
+    import cloudpickle
+
+    pickled, failures = {}, []
+    for name, value in values.items():
+        try:
+            pickled[name] = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # pickling can fail with almost any exception type
+            type_name = type(value).__name__
+            advice = _ADVICE.get(type_name) or next(
+                (a for key, a in _ADVICE.items() if key.lower() in type_name.lower()),
+                "create it inside the cell, or pass something picklable")
+            reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            failures.append(f"  `{name}` ({type_name}) cannot be sent to the ranks: {advice}. "
+                            f"[{reason}]")
+    if failures:
+        raise UsageError(f"{len(failures)} {kind}{'s' if len(failures) > 1 else ''} cannot be "
+                         "pickled, so no job was started:\n" + "\n".join(failures))
+    return pickled

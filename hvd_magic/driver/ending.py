@@ -1,0 +1,141 @@
+"""How a run ended: the ranks' values in rank order, or the one error the user should read.
+
+The first real failure wins (a rank's own exception, a crash, a task that died); the follow-on
+errors it caused on the other ranks (`HorovodInternalError`, broken pipes) are summarised in one
+line each. Values come back as Spark's own task results (or the local launcher's), never over
+the event channel, and are unpickled here.
+"""
+
+import pickle
+import re
+
+from ..errors import LaunchError, RankError, RunCancelled, RunTimeout, describe_end, is_follow_on
+
+
+def collect(outcomes, np, cell):
+    """(results, exports, infos, retried) from the launcher's ``(rank, status, payload)`` list."""
+    import cloudpickle  # noqa: F401  (values may need it to unpickle)
+
+    results, exports, infos, retried = [None] * np, {}, {}, None
+    for rank, status, payload in outcomes:
+        if status == "retried":
+            retried = payload
+        elif status == "ok":
+            # Spark's own task results: trusted like any Spark job's (never the event channel)
+            value = pickle.loads(payload)
+            if cell:
+                value, rank_exports = value
+                if rank == 0 and rank_exports is not None:
+                    exports = rank_exports
+            results[rank] = value
+        else:
+            infos[rank] = dict(payload, status=status)
+    return results, exports, infos, retried
+
+
+def run_error(run, infos, retried):
+    """The error `run` ends with, or None when every rank finished."""
+    failures = [dict(infos.get(f["rank"], {}), **{k: v for k, v in f.items() if v is not None})
+                for f in run.failures]
+    failures += [dict(i, rank=r) for r, i in sorted(infos.items())
+                 if i["status"] not in ("stopped",) and r not in {f["rank"] for f in failures}]
+    launcher = run.launcher
+    if run.retry is not None:
+        return _retry_error(run)
+    if run.stop_reason == "stalled":
+        return RankError({"rank": None, "type": "Stall", "message": run.stall},
+                         {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state
+                          for r in run.ranks}, run_id=run.id,
+                         note="Stack dumps of the waiting ranks are in their logs: "
+                              + ", ".join(run.log_path(r.rank) for r in run.ranks))
+    lost_task = _lost_task_error(run)
+    if failures and lost_task is not None and all(is_follow_on(f) for f in failures):
+        # a task died with its executor, and the others only failed because its rank was
+        # gone: the dead task is the cause
+        return lost_task
+    if failures:
+        return _first_failure(run, failures, infos)
+    if retried is not None:
+        return LaunchError(retried["message"])
+    if run.stop_reason == "timeout":
+        return RunTimeout(_timeout_message(run))
+    if run.stop_reason == "cancelled":
+        return RunCancelled(f"run {run.id} was cancelled; every rank was stopped.")
+    if launcher.error is not None:
+        return lost_task or launcher.error
+    if not launcher.outcomes or len(launcher.outcomes) != run.np:
+        return LaunchError(f"run {run.id} ended without results from every rank.")
+    return None
+
+
+def _first_failure(run, failures, infos):
+    first = next((f for f in failures if not is_follow_on(f)), failures[0])
+    first = dict(infos.get(first["rank"], {}), **first)
+    if not first.get("traceback"):
+        # died without a Python traceback (a signal, os._exit): its last words instead
+        tail = run.folder.log_tail(first["rank"])
+        if tail:
+            first["traceback"] = f"last lines of rank {first['rank']}'s log:\n{tail}"
+    if first.get("signal") == "SIGABRT" and _looks_like_rendezvous(first.get("traceback", "")):
+        first["hint"] = (
+            f"Horovod aborted inside hvd.init(): the Gloo rendezvous failed (rendezvous "
+            f"server {first.get('rendezvous', '?')}, on rank 0's host). Check that every rank "
+            f"calls hvd.init(), that the executors can reach that address and each other "
+            f"on interface {first.get('iface', '?')} (HOROVOD_GLOO_IFACE), and that "
+            f"HOROVOD_GLOO_TIMEOUT_SECONDS covers the ranks' start-up.")
+    others = {}
+    for rank in range(run.np):
+        if rank == first["rank"]:
+            continue
+        if rank in infos:
+            others[rank] = describe_end(infos[rank])
+        elif run.ranks[rank].state == "done":
+            others[rank] = "finished"
+    return RankError(first, others, run_id=run.id)
+
+
+def _lost_task_error(run):
+    """A LaunchError naming the rank whose Spark task died without a word, if one did."""
+    error = run.launcher.error
+    if not isinstance(error, LaunchError):
+        return None
+    lost = run.unended()
+    failed = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", str(error))
+    # the task Spark names as the failed one, else the first without an ending
+    lost.sort(key=lambda r: r.partition != (int(failed.group(1)) if failed else None))
+    if not lost:
+        return None
+    r = lost[0]
+    return LaunchError(
+        f"the Spark task of rank {r.rank} on {r.host} (executor {r.executor}) died "
+        f"before its rank ended (its Python worker or executor was killed); every "
+        f"other rank was stopped. Spark aborts a barrier stage whose task fails and "
+        f"hvd_magic does not re-attempt it, so training was not started over. "
+        f"[{error}]")
+
+
+def _retry_error(run):
+    earlier = run.retry["earlier"]
+    if earlier:
+        first = next((f for f in earlier if not is_follow_on(f)), earlier[0])
+        cause = f"rank {first['rank']} {describe_end(first)}"
+    else:
+        lost = [r.rank for r in run.ranks if r.exit is None]
+        cause = (f"the task of rank {lost[0] if lost else run.retry['rank']} died (its Python "
+                 "worker or executor exited)")
+    return LaunchError(
+        f"Spark re-attempted the barrier stage after a failure ({cause}); hvd_magic stopped "
+        "the new attempt rather than start training over silently. Fix the failure, or pass "
+        "--retries N to allow re-attempts.")
+
+
+def _timeout_message(run):
+    lines = [f"run {run.id} reached its --timeout of {run.timeout:g} s; every rank was stopped."]
+    for r in run.ranks:
+        progress = f" step {r.step}/{r.total}" if r.step is not None else ""
+        lines.append(f"  rank {r.rank}:{progress} last line: {r.last_line!r}")
+    return "\n".join(lines)
+
+
+def _looks_like_rendezvous(text):
+    return any(word in text for word in ("gloo", "Gloo", "rendezvous", "HTTPStore", "Timed out"))

@@ -1,0 +1,74 @@
+"""The run folder on the driver: every rank's full log, ``run.json``, files the ranks sent back.
+
+    hvd_runs/<run id>/
+        rank-<k>.log          every line rank k printed, stdout and stderr, in order
+        run.json              the run's state and each rank's (rewritten as the run goes)
+        timeline.json         rank 0's Horovod timeline, when one was recorded
+"""
+
+import json
+import os
+
+FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
+
+
+class RunFolder:
+    def __init__(self, path):
+        self.path = path
+        self.files = {}              # kind -> path of a file received from the ranks
+        self._logs = {}
+
+    def create(self, np):
+        os.makedirs(self.path, exist_ok=True)
+        for rank in range(np):  # every rank has a log, even one that prints nothing
+            self._log(rank)
+
+    def log_path(self, rank):
+        return os.path.join(self.path, f"rank-{rank}.log")
+
+    def _log(self, rank):
+        f = self._logs.get(rank)
+        if f is None:
+            f = self._logs[rank] = open(self.log_path(rank), "a", encoding="utf-8", errors="replace")
+        return f
+
+    def write_lines(self, rank, lines):
+        self._log(rank).write("".join(line + "\n" for line in lines))
+
+    def close(self):
+        for f in self._logs.values():
+            f.close()
+
+    def receive(self, event):
+        """Append a chunk of a file a task sent (rank 0's timeline) to the folder."""
+        name = FILE_KINDS[event["kind"]]
+        partial = os.path.join(self.path, name + ".part")
+        if event.get("seq") == 0 and os.path.exists(partial):
+            os.remove(partial)
+        with open(partial, "a", encoding="utf-8") as f:
+            f.write(str(event.get("data", "")))
+        if event.get("last"):
+            self.files[event["kind"]] = partial
+
+    def has_partial(self, kind):
+        return kind in self.files or os.path.exists(os.path.join(self.path, FILE_KINDS[kind] + ".part"))
+
+    def log_tail(self, rank, lines=40):
+        """The last words of a rank that died: from the crash report on, if there is one."""
+        try:
+            with open(self.log_path(rank), encoding="utf-8", errors="replace") as f:
+                tail = f.read().splitlines()[-lines:]
+        except OSError:
+            return ""
+        starts = [i for i, line in enumerate(tail)
+                  if line.startswith(("Fatal Python error", "terminate called"))]
+        if starts:
+            tail = tail[starts[0]:]
+        return "\n".join(line for line in tail
+                         if not line.startswith("Extension modules:")).rstrip()
+
+    def write_meta(self, meta):
+        tmp = os.path.join(self.path, "run.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(meta, f, indent=1, default=str)
+        os.replace(tmp, os.path.join(self.path, "run.json"))

@@ -1,0 +1,224 @@
+"""The driver loop of one run: events in, per-rank state, logs and view updates out.
+
+It reads the run's `EventServer` queue until the launcher says every task ended, and:
+- writes each rank's lines to its log, applies state/progress/exit events to its `RankState`;
+- relays task 0's rendezvous port to the other tasks;
+- stops every rank as soon as one fails, on interrupt, timeout or a stall (``--on-stall fail``),
+  and cancels the launcher's tasks if they do not end after the stop request;
+- at the end, gathers the values or the error (`hvd_magic.driver.ending`) and tells the view.
+"""
+
+import queue
+import time
+
+from ..task.stopping import STOP_GRACE_SECONDS
+from .ending import collect, run_error
+from .folder import FILE_KINDS
+from .ranks import LIVE_STATES
+from .watchdog import stall_message
+
+
+class Driver:
+    def __init__(self, run):
+        self.run = run
+        self._stop_sent = None
+
+    def drive(self):
+        run = self.run
+        try:
+            deadline = None if not run.timeout else run.started + run.timeout
+            while not run.launcher.done():
+                self._pump(0.1)
+                if run.failures and run.stop_reason is None:
+                    self.request_stop("failed")
+                if deadline is not None and time.time() > deadline and run.stop_reason is None:
+                    self.request_stop("timeout")
+                self._watch_for_stall()
+                self._escalate()
+                if run.view is not None:
+                    run.view.tick(run)
+        except KeyboardInterrupt:
+            self.request_stop("cancelled")
+            self._wait_stopped()
+        finally:
+            try:
+                self._drain()
+                self._finish()
+            finally:
+                run._done.set()
+        if run.error is not None:
+            raise run.error
+
+    # -- stopping -----------------------------------------------------------------------------
+    def request_stop(self, reason):
+        run = self.run
+        if run.stop_reason is not None:
+            return
+        run.stop_reason = reason
+        self._stop_sent = time.monotonic()
+        if run._server is not None:
+            run._server.stop_all(reason)
+
+    def _watch_for_stall(self):
+        run = self.run
+        if run.stall_timeout is None or run.stop_reason is not None or run.stall is not None:
+            return
+        run.stall = stall_message(run.ranks, run.stall_timeout)
+        if run.stall is None:
+            return
+        run._server.broadcast({"t": "dump"})  # each stuck rank prints its stack (faulthandler)
+        if run.view is not None:
+            run.view.event(run, None, {"t": "stall", "message": run.stall})
+        if run.on_stall == "fail":
+            self.request_stop("stalled")
+
+    def _escalate(self):
+        """Tasks that did not end after the stop request: cancel the launcher's tasks."""
+        if self._stop_sent is not None and time.monotonic() - self._stop_sent > STOP_GRACE_SECONDS + 2:
+            self.run.launcher.cancel()
+
+    def _wait_stopped(self):
+        launcher = self.run.launcher
+        deadline = time.monotonic() + STOP_GRACE_SECONDS + 10
+        while not launcher.done() and time.monotonic() < deadline:
+            try:
+                self._pump(0.1)
+                self._escalate()
+            except KeyboardInterrupt:  # a second interrupt: stop waiting politely
+                launcher.cancel()
+        launcher.join(timeout=5)
+
+    # -- events -------------------------------------------------------------------------------
+    def _pump(self, timeout):
+        events = self.run._server.events
+        try:
+            event = events.get(timeout=timeout)
+        except queue.Empty:
+            return
+        self._handle(event)
+        while True:  # take everything already waiting, without blocking
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(event)
+
+    def _drain(self):
+        run = self.run
+        if run._server is None:
+            return
+        run.launcher.join(timeout=5)
+        self._stop_orphans()
+        time.sleep(0)  # let connection threads queue what they read
+        run._server.close()
+        while True:
+            try:
+                self._handle(run._server.events.get_nowait())
+            except queue.Empty:
+                break
+        run.rejected_frames = run._server.rejected
+
+    def _stop_orphans(self):
+        """The launcher is done but some ranks never said they ended: Spark gave up on their
+        tasks without killing the Python workers. Tell those tasks to stop their ranks, and wait
+        for them to say so."""
+        run = self.run
+        if not run.unended():
+            return
+        run._server.stop_all(run.stop_reason or "failed")
+        deadline = time.monotonic() + STOP_GRACE_SECONDS + 2
+        while run.unended() and time.monotonic() < deadline:
+            self._pump(0.1)
+
+    def _handle(self, event):
+        try:
+            self._apply(event)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            # a well-formed frame with nonsense in it (only a holder of the run's token can send
+            # one): dropped and counted like a malformed frame, never fatal to the run
+            self.run.rejected_events += 1
+
+    def _apply(self, event):
+        run = self.run
+        rank = event.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < run.np:
+            return
+        r = run.ranks[rank]
+        r.last_event = time.monotonic()
+        kind = event.get("t")
+        if kind == "lines":
+            lines = [str(x) for x in event.get("lines", [])]
+            run.folder.write_lines(rank, lines)
+            r.lines += len(lines)
+            if lines:
+                r.last_line = lines[-1].rsplit("\r", 1)[-1]
+        elif kind == "state":
+            if event.get("state") == "starting" and r.pid is not None and event.get("pid") != r.pid:
+                self._retried(rank)
+            r.state = str(event.get("state", r.state))
+            for key in ("host", "local_rank", "pid", "gpus", "executor", "partition"):
+                if key in event:
+                    setattr(r, key, event[key])
+        elif kind == "progress":
+            r.step, r.total = event.get("step"), event.get("total")
+            if isinstance(event.get("metrics"), dict):
+                r.metrics.update(event["metrics"])
+        elif kind == "rendezvous" and rank == 0:
+            # task 0's rendezvous server is up: every other task needs its port
+            run._server.announce({"t": "rendezvous", "port": int(event["port"])})
+        elif kind == "file" and event.get("kind") in FILE_KINDS:
+            run.folder.receive(event)
+        elif kind == "blocked":
+            seconds = event.get("seconds")
+            r.blocked_since = time.monotonic() - (seconds if isinstance(seconds, (int, float)) else 0)
+        elif kind == "unblocked":
+            r.blocked_since = None
+        elif kind == "exit":
+            r.blocked_since = None
+            r.exit = {k: event.get(k) for k in ("code", "status", "summary")}
+            r.ended_at = time.monotonic()
+            status = event.get("status")
+            r.state = {"ok": "done", "stopped": "cancelled"}.get(status, "failed")
+            if status not in ("ok", "stopped"):
+                run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
+        if run.view is not None:
+            run.view.event(run, rank, event)
+
+    def _retried(self, rank):
+        """A second start of a rank: Spark re-attempted the barrier stage after a failure."""
+        run = self.run
+        if run.allow_retry:
+            return
+        if run.retry is None:
+            run.retry = {"rank": rank, "earlier": [dict(f) for f in run.failures]}
+        self.request_stop("retried")
+
+    # -- the end ------------------------------------------------------------------------------
+    def _finish(self):
+        run = self.run
+        run.folder.close()
+        if run.folder.has_partial("timeline"):
+            from ..timelines.trace import finalize
+            run.timeline_path = finalize(run.run_dir)
+        outcomes = run.launcher.outcomes or []
+        results, exports, infos, retried = collect(outcomes, run.np, run.cell is not None)
+        ok_ranks = {rank for rank, status, _ in outcomes if status == "ok"}
+        for state in run.ranks:  # the final state from the outcomes, if no exit event came
+            if state.rank in ok_ranks:
+                state.state = "done"
+            elif state.rank in infos:
+                state.state = "cancelled" if infos[state.rank]["status"] == "stopped" else "failed"
+        run.exports = exports
+        run.ended = time.time()
+        run.error = run_error(run, infos, retried)
+        if run.error is None:
+            run.results = results
+            run.state = "done"
+        else:
+            run.state = {"cancelled": "cancelled", "timeout": "timeout"}.get(run.stop_reason, "failed")
+            for state in run.ranks:
+                if state.state in LIVE_STATES:
+                    state.state = "cancelled"
+        run.write_meta()
+        if run.view is not None:
+            run.view.finish(run)

@@ -1,0 +1,36 @@
+"""`RankState`: what the driver knows of one rank, updated from its events; views read it."""
+
+import time
+
+# States in which a rank has not ended yet.
+LIVE_STATES = ("pending", "starting", "rendezvous", "running")
+
+
+class RankState:
+    def __init__(self, rank):
+        self.rank = rank
+        self.host = None
+        self.local_rank = None
+        self.gpus = []
+        self.executor = None
+        self.partition = None
+        self.pid = None
+        self.state = "pending"
+        self.step = None
+        self.total = None
+        self.metrics = {}
+        self.last_line = ""
+        self.lines = 0
+        self.exit = None     # {"code", "status", "summary"} once the rank ended
+        self.ended_at = None
+        self.blocked_since = None   # monotonic time it began waiting in a collective, if it does
+        self.last_event = time.monotonic()
+
+    def as_dict(self):
+        return {k: v for k, v in vars(self).items()
+                if k not in ("last_event", "ended_at", "blocked_since")}
+
+
+def ranks_text(ranks):
+    """"rank 3" or "ranks 1, 2"."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r.rank) for r in ranks)}"

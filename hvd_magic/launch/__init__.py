@@ -1,0 +1,15 @@
+"""The function is launched: the launcher contract (`base.Launcher`) and its launchers.
+
+- `spark`: one Spark barrier stage of N tasks on the active or an embedded SparkSession;
+- `local`: ``--np -N``, N tasks as threads of the driver, no Spark;
+- `envcheck`: ``%horovod_env``, can the executors run ranks at all (versions, GPUs)?
+"""
+
+
+def make_launcher(np, spark=None, master=None, spark_conf=None):
+    """The launcher for `np` ranks: Spark for N > 0, the driver alone for -N."""
+    if np < 0:
+        from .local import LocalLauncher
+        return LocalLauncher()
+    from .spark import SparkLauncher
+    return SparkLauncher(session=spark, master=master, conf=spark_conf)

@@ -1,0 +1,70 @@
+"""The launcher contract: what the driver needs from anything that starts ranks.
+
+A launcher starts N tasks, each running `hvd_magic.task.run_task(settings, coordinator)` (which
+spawns one rank process and streams its events to the driver's event server), and reports how
+they ended. The driver loop (`hvd_magic.driver.loop`) owns everything else: events, logs, views,
+stopping ranks, results and errors. A new launcher (a warm session, DataFrame shards, Spark
+Connect) subclasses `Launcher` and implements `start`; nothing else has to change.
+
+Calls, in the order the driver makes them::
+
+    launcher.prepare(np)            # find or start resources; UsageError if N ranks cannot fit
+    ref = launcher.share(data)      # a large pickled value, once per executor (task: ref.value)
+    launcher.start(settings, np)    # start N tasks in the background; returns at once
+    launcher.done() / join(t)       # have all tasks ended?
+    launcher.cancel()               # last resort when tasks ignore the driver's stop message
+    launcher.outcomes, .error       # how it ended: [(rank, status, payload)] or an exception
+
+and, read by the driver: `where` (shown to the user), `driver_host` (how tasks reach the driver's
+event server) and `bind_host` (where that server listens).
+"""
+
+import threading
+
+
+class Launcher:
+    where = "?"                   # shown to the user: "local[4]", "spark://…", "driver only"
+    driver_host = "127.0.0.1"     # the address tasks connect to for the event channel
+
+    def __init__(self):
+        self.outcomes = None      # [(rank, status, payload)] once every task ended
+        self.error = None         # an exception that ended the tasks before they could report
+        self._threads = []
+
+    @property
+    def bind_host(self):
+        """Where the driver's event server listens: loopback for a local driver, else every
+        interface (a launcher that knows better, e.g. Spark's bind address, says so)."""
+        host = self.driver_host
+        return host if host.startswith("127.") or host == "localhost" else "0.0.0.0"
+
+    def prepare(self, np):
+        """Make sure `np` ranks can run now; raise `UsageError` saying what to do if not."""
+
+    def share(self, data):
+        """A handle the tasks read a large value from (`.value`, or the bytes themselves)."""
+        return data
+
+    def start(self, settings, np):
+        """Start `np` tasks running `run_task(settings, coordinator)`; do not wait for them."""
+        raise NotImplementedError
+
+    def _in_background(self, target, name, *args):
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return thread
+
+    def done(self):
+        return bool(self._threads) and not any(t.is_alive() for t in self._threads)
+
+    def join(self, timeout=None):
+        for t in self._threads:
+            t.join(timeout)
+
+    def cancel(self):
+        """End every task now (the driver has already asked the ranks to stop)."""
+
+    def job_ids(self):
+        """Spark job ids of this launch (tests and the view), if any."""
+        return []

@@ -1,0 +1,110 @@
+"""The task's connection to the driver: the rank's lines and events out, in batches; ``stop``,
+``dump`` and the rendezvous port in."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+from ..events import EventClient
+from .stopping import stop_group
+
+# How long output may sit in the task before it is sent, and how much at most per frame.
+FLUSH_INTERVAL = 0.05
+MAX_BATCH_BYTES = 256 * 1024
+
+
+class Forwarder:
+    """Sends a rank's lines and events to the driver in batches, in order, never splitting lines."""
+
+    def __init__(self, client, rank):
+        self.client = client
+        self.rank = rank
+        self.lock = threading.Lock()
+        self.failed = False
+
+    def send(self, event):
+        event["rank"] = self.rank
+        if self.failed:
+            return
+        try:
+            self.client.send(event)
+        except OSError:
+            self.failed = True  # the driver went away; the rank's own work goes on
+
+    def pump_lines(self, pipe, stream):
+        """Read a pipe to its end; send complete lines in batches (a final partial line at EOF)."""
+        fd = pipe.fileno()
+        buffer = b""
+        batch, batch_bytes, batch_started = [], 0, None
+        import select
+        while True:
+            timeout = None if not batch else max(0.0, FLUSH_INTERVAL - (time.monotonic() - batch_started))
+            ready, _, _ = select.select([fd], [], [], timeout)
+            chunk = os.read(fd, 65536) if ready else None
+            if chunk == b"":  # EOF
+                if buffer:
+                    batch.append(buffer.decode("utf-8", "replace"))
+                if batch:
+                    self.send({"t": "lines", "stream": stream, "lines": batch})
+                return
+            if chunk:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                if complete:
+                    if not batch:
+                        batch_started = time.monotonic()
+                    for line in complete:
+                        batch.append(line.decode("utf-8", "replace"))
+                        batch_bytes += len(line)
+            if batch and (batch_bytes >= MAX_BATCH_BYTES
+                          or time.monotonic() - batch_started >= FLUSH_INTERVAL):
+                self.send({"t": "lines", "stream": stream, "lines": batch})
+                batch, batch_bytes = [], 0
+
+    def pump_events(self, pipe):
+        for raw in pipe:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                self.send(event)
+
+
+
+class DriverLink:
+    """The task's connection to the driver: events out; ``stop``, ``dump`` and the rendezvous
+    port in. Losing the connection counts as ``stop``: nobody is left to use the rank's work."""
+
+    def __init__(self, settings, rank):
+        self.proc = None
+        self.port = None
+        self.stopping = threading.Event()
+        self._rendezvous = threading.Event()
+        self.client = EventClient(settings.events_address, settings.token,
+                                  on_message=self._on_message)
+        self.forward = Forwarder(self.client, rank)
+
+    def _on_message(self, msg):
+        kind = msg.get("t")
+        if kind in ("stop", "closed"):
+            self.stopping.set()
+            self._rendezvous.set()
+            if self.proc is not None:
+                threading.Thread(target=stop_group, args=(self.proc,), daemon=True).start()
+        elif kind == "rendezvous":
+            self.port = int(msg["port"])
+            self._rendezvous.set()
+        elif kind == "dump" and self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+
+    def wait_rendezvous(self, timeout):
+        """Task 0's rendezvous port, relayed by the driver; None if the run stopped first."""
+        if not self._rendezvous.wait(timeout) or self.stopping.is_set():
+            return None
+        return self.port
+
+    def close(self):
+        self.client.close()

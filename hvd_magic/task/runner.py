@@ -1,0 +1,177 @@
+"""What one task does: the same code runs inside a Spark barrier task and in a driver-only thread.
+
+1. Hosts are the executors' addresses as the cluster knows them (`Coordinator.task_address`);
+   every task derives the same Horovod plan from them, and its own slot (rank, local rank...).
+2. Task 0 starts the Gloo rendezvous server (`rendezvous`); the driver relays its port to the
+   other tasks over the event channel (no Spark barrier sync, which costs about a second each).
+3. Each task connects to the driver's event server (see `DriverLink`).
+4. It spawns the rank as a subprocess (``python -m hvd_magic.rank``) in its own process group, with
+   Horovod's Gloo environment set explicitly, and forwards the rank's stdout, stderr and structured
+   events to the driver's event server, labelled by rank.
+5. It returns ``(rank, status, payload)``: the rank's pickled value, or its error summary.
+
+A ``stop`` message from the driver (cancel, timeout, another rank failed) ends the rank's process
+group: SIGTERM, a short grace, then SIGKILL.
+
+Not for: IPython, widgets or anything the notebook shows. Settings travel as one small picklable
+`TaskSettings`; the cell's function and values travel as bytes that only the rank unpickles.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+from .link import DriverLink
+from .plan import (_iface_of, _local_ip_towards, _resolve, horovod_rank_env, host_plan,
+                   visible_devices)
+from .rendezvous import Rendezvous
+from .settings import Coordinator, SparkCoordinator, TaskSettings
+from .stopping import kill_group, stop_group
+
+
+def spark_task(settings, _iterator):
+    """The function of the barrier stage (module level, so it pickles by reference)."""
+    yield run_task(settings, SparkCoordinator())
+
+
+def run_task(settings: TaskSettings, coord: Coordinator):
+    if coord.attempt > 0 and not settings.allow_retry:
+        return (None, "retried", {
+            "partition": coord.partition_id, "attempt": coord.attempt,
+            "message": "Spark re-attempted the barrier stage after a failure; hvd_magic refuses to "
+                       "start training over silently (pass --retries N to allow it)."})
+
+    # Hosts as the cluster knows the executors: tasks of one executor host share local ranks.
+    # Every task computes the same plan from them, so no task needs to hear from another.
+    hosts = [coord.task_address(i) for i in range(settings.np)]
+    plan, slots = host_plan(hosts, settings.np)
+    slot = slots[coord.partition_id]
+    host = socket.gethostname()
+    link = DriverLink(settings, slot.rank)
+    rendezvous = None
+    try:
+        if coord.partition_id == 0:
+            # Task 0 starts Horovod's rendezvous server; the driver relays its port to the other
+            # tasks over the event channel (milliseconds, where a Spark barrier sync takes ~1 s).
+            rendezvous = Rendezvous(plan)
+            link.forward.send({"t": "rendezvous", "port": rendezvous.port})
+        timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
+        port = link.wait_rendezvous(timeout)
+        if port is None:
+            link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
+            return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
+        rendezvous_ip = _resolve(hosts[0])
+        env = dict(os.environ)
+        env.update(settings.horovod_env)
+        env.update(settings.extra_env)
+        env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, port,
+                                    _iface_of(_local_ip_towards(rendezvous_ip))))
+        gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return _run_rank(settings, slot, env, host, gpus, link, executor=coord.executor(),
+                         partition=coord.partition_id)
+    finally:
+        link.close()
+        if rendezvous is not None:
+            rendezvous.stop()
+
+
+def _write_job(workdir, settings):
+    """The job file for the rank: small values inline, large ones fetched from their broadcast."""
+    import pickle
+    job = pickle.loads(settings.job)
+    for name, ref in settings.broadcast_kwargs.items():
+        job["kwargs"][name] = ref.value if hasattr(ref, "value") else ref
+    with open(os.path.join(workdir, "job.pkl"), "wb") as f:
+        pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=None):
+    rank = slot.rank
+    forward = link.forward
+    workdir = tempfile.mkdtemp(prefix=f"hvd_magic-{settings.run_id}-rank{rank}-")
+    proc = None
+    try:
+        _write_job(workdir, settings)
+        events_r, events_w = os.pipe()
+        env["HVD_MAGIC_EVENT_FD"] = str(events_w)
+        env["HVD_MAGIC_PARENT_PID"] = str(os.getpid())
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONFAULTHANDLER"] = "1"
+        timeline_path = os.path.join(workdir, "timeline.json")
+        env["HVD_MAGIC_TIMELINE_PATH"] = timeline_path
+        # A full timeline when asked for; otherwise DYNAMIC, so `hvd_magic.timeline()` can record
+        # a window (cheap with our patched writer thread, which sleeps when idle).
+        env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
+        cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
+        proc = link.proc = subprocess.Popen(
+            [sys.executable, "-m", "hvd_magic.rank", workdir],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(events_w,), env=env, cwd=cwd, start_new_session=True)
+        os.close(events_w)
+        if link.stopping.is_set():  # the stop came while the rank was being started
+            threading.Thread(target=stop_group, args=(proc,), daemon=True).start()
+        forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
+                      "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
+                      "partition": partition})
+        with os.fdopen(events_r, "rb") as events_pipe:
+            pumps = [
+                threading.Thread(target=forward.pump_lines, args=(proc.stdout, "stdout"), daemon=True),
+                threading.Thread(target=forward.pump_lines, args=(proc.stderr, "stderr"), daemon=True),
+                threading.Thread(target=forward.pump_events, args=(events_pipe,), daemon=True),
+            ]
+            for p in pumps:
+                p.start()
+            code = proc.wait()
+            kill_group(proc.pid)  # whatever the rank left running (its session) goes with it
+            for p in pumps:
+                p.join(timeout=10)
+        if os.path.exists(timeline_path):  # rank 0 wrote one: it comes back, whatever happened
+            _send_file(forward, timeline_path, "timeline")
+        outcome = _outcome(workdir, code, rank, host, link.stopping.is_set(), env)
+        forward.send({"t": "exit", "code": code, "status": outcome[1],
+                      "summary": outcome[2] if outcome[1] != "ok" else None})
+        return outcome
+    finally:
+        if proc is not None:
+            stop_group(proc, grace=0.5)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _send_file(forward, path, kind, chunk_chars=1 << 20):
+    """Send a text file to the driver as ordered `file` events (each under the frame cap)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        seq = 0
+        while True:
+            chunk = f.read(chunk_chars)
+            forward.send({"t": "file", "kind": kind, "seq": seq, "data": chunk, "last": not chunk})
+            if not chunk:
+                return
+            seq += 1
+
+
+def _outcome(workdir, code, rank, host, stopped, env):
+    result_path = os.path.join(workdir, "result.pkl")
+    error_path = os.path.join(workdir, "error.json")
+    if code == 0 and os.path.exists(result_path):
+        with open(result_path, "rb") as f:
+            return (rank, "ok", f.read())
+    info = {"rank": rank, "host": host, "code": code,
+            "rendezvous": "{HOROVOD_GLOO_RENDEZVOUS_ADDR}:{HOROVOD_GLOO_RENDEZVOUS_PORT}".format(**env),
+            "iface": env["HOROVOD_GLOO_IFACE"]}
+    if os.path.exists(error_path):
+        with open(error_path) as f:
+            info.update(json.load(f))
+        return (rank, "error", info)
+    if stopped:
+        return (rank, "stopped", info)
+    if code < 0:
+        info["signal"] = signal.Signals(-code).name
+    return (rank, "died", info)

@@ -1,0 +1,54 @@
+"""What a task is given: `TaskSettings` (one small picklable object) and a `Coordinator`, the
+task's view of its siblings (Spark's `BarrierTaskContext`, or threads on the driver)."""
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class TaskSettings:
+    run_id: str
+    np: int
+    events_address: str
+    token: str
+    job: bytes                      # pickled {"fn", "args", "kwargs", "sources"} (small values)
+    horovod_env: dict               # HOROVOD_* knobs chosen by the driver
+    broadcast_kwargs: dict = dataclasses.field(default_factory=dict)  # name -> Broadcast / bytes
+    cwd: str = ""
+    allow_retry: bool = False
+    extra_env: dict = dataclasses.field(default_factory=dict)
+    timeline: bool = False          # record a Horovod timeline on rank 0 for the whole run
+
+
+class Coordinator:
+    """What a task needs from its siblings; Spark's BarrierTaskContext or threads on the driver."""
+
+    partition_id: int
+    attempt: int
+
+    def task_address(self, partition_id: int) -> str:
+        """The host the cluster knows this task's executor by (reachable from the others)."""
+        raise NotImplementedError
+
+    def gpus(self) -> list:
+        return []
+
+    def executor(self) -> str:
+        return "driver"
+
+
+class SparkCoordinator(Coordinator):
+    def __init__(self):
+        from pyspark import BarrierTaskContext
+        self.ctx = BarrierTaskContext.get()
+        self.partition_id = self.ctx.partitionId()
+        self.attempt = self.ctx.attemptNumber()
+
+    def task_address(self, partition_id):
+        return self.ctx.getTaskInfos()[partition_id].address.rsplit(":", 1)[0]
+
+    def executor(self):
+        return self.ctx.getTaskInfos()[self.partition_id].address
+
+    def gpus(self):
+        resource = self.ctx.resources().get("gpu")
+        return list(resource.addresses) if resource is not None else []

@@ -1,0 +1,166 @@
+"""Timelines in the notebook: the HTML the dashboard shows at the end of a run, the text
+view's note, and ``%horovod_timeline`` (list, path, summary, picture of a run's timeline).
+
+Not for: exploring a trace in depth. Perfetto and ``chrome://tracing`` do that far better; this
+gives the glance that tells you whether it is worth opening them.
+"""
+
+import glob
+import html
+import json
+import os
+import sys
+import time
+import urllib.parse
+from typing import NamedTuple, Optional
+
+from .picture import svg
+from .summary import Table, _ms, _size, summarize
+from .trace import FILE_NAME, HOW_TO_RECORD, PICTURE_MAX_BYTES, Trace
+
+
+# --- the notebook side -----------------------------------------------------------------------
+
+def _href(path):
+    """A link relative to the kernel's folder, which is the notebook's in Jupyter."""
+    return urllib.parse.quote(os.path.relpath(path).replace(os.sep, "/"))
+
+
+def timeline_html(run, max_lanes=16):
+    """HTML for a run whose timeline came back: a link to the file, how to open it, a picture.
+
+    `run` is a `hvd_magic.Run` (or anything with ``id`` and ``timeline_path``).
+    """
+    path = getattr(run, "timeline_path", None)
+    if not path or not os.path.exists(path):
+        raise ValueError(f"run {run.id} has no timeline. {HOW_TO_RECORD}")
+    size = os.path.getsize(path)
+    if size <= PICTURE_MAX_BYTES:
+        trace = Trace.load(path)
+        facts = f"{trace.events} events, {_ms(trace.wall)} ms, {len(trace.tensors)} tensors"
+        picture = svg(trace, max_lanes=max_lanes)
+    else:
+        facts = "too large to draw here"
+        picture = ""
+    name = os.path.relpath(path)
+    return (
+        '<div class="hvd-magic-timeline">'
+        f'<div><b>Horovod timeline</b> of run {html.escape(run.id)}, rank 0: '
+        f'<a href="{html.escape(_href(path))}" download="{html.escape(run.id)}-timeline.json" '
+        f'target="_blank">{html.escape(name)}</a> ({_size(size)}; {facts})</div>'
+        '<div style="font-size:90%">To explore it, download it, then open '
+        '<a href="https://ui.perfetto.dev" target="_blank">ui.perfetto.dev</a> → '
+        '<i>Open trace file</i>;<br>or in Chrome open <code>chrome://tracing</code> → '
+        '<i>Load</i>.</div>'
+        f'{picture}</div>')
+
+
+def timeline_note(run):
+    """One line of text output: where the run's timeline is and how to look at it."""
+    path = os.path.relpath(run.timeline_path)
+    return (f"timeline: {path} ({_size(os.path.getsize(run.timeline_path))}); "
+            f"%horovod_timeline {run.id} draws it, ui.perfetto.dev opens it\n")
+
+
+class TimelineNote:
+    """A text view that also says where the run's timeline is when the run ends."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def __getattr__(self, name):
+        return getattr(self.view, name)
+
+    def finish(self, run):
+        self.view.finish(run)
+        if run.timeline_path and not getattr(self.view, "quiet", False):
+            out = getattr(self.view, "stdout", None) or sys.stdout
+            out.write(timeline_note(run))
+            out.flush()
+
+
+class RunRecord(NamedTuple):
+    """What %horovod_timeline needs of a run, from this kernel's history or a run folder."""
+    id: str
+    run_dir: str
+    timeline_path: Optional[str]
+    started: Optional[float]
+    np: Optional[int]
+    state: str
+
+
+def known_runs(run_root="hvd_runs"):
+    """Runs of this kernel and run folders under `run_root` (earlier kernels), oldest first."""
+    from ..driver.history import runs as this_kernels_runs
+
+    records = {}
+    for meta_path in glob.glob(os.path.join(run_root, "*", "run.json")):
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            continue
+        run_dir = os.path.abspath(os.path.dirname(meta_path))
+        path = os.path.join(run_dir, FILE_NAME)
+        records[str(meta.get("id") or os.path.basename(run_dir))] = RunRecord(
+            str(meta.get("id") or os.path.basename(run_dir)), run_dir,
+            path if os.path.exists(path) else None, meta.get("started"), meta.get("np"),
+            str(meta.get("state", "?")))
+    for run in this_kernels_runs():  # this kernel's own runs know best (a running one has no file yet)
+        records[run.id] = RunRecord(run.id, run.run_dir, run.timeline_path, run.started, run.np,
+                                    run.state)
+    return sorted(records.values(), key=lambda r: (r.started or 0, r.id))
+
+
+def _pick(runs, run_id):
+    with_timeline = [r for r in runs if r.timeline_path]
+    available = ", ".join(r.id for r in with_timeline) or "none yet"
+    if run_id is None:
+        if not with_timeline:
+            raise _usage(f"No run has a timeline yet. {HOW_TO_RECORD}")
+        return with_timeline[-1]
+    matches = [r for r in runs if r.id == run_id] or [r for r in runs if r.id.endswith(run_id)]
+    if len(matches) != 1:
+        what = "matches several runs" if matches else "is not a run of this kernel or hvd_runs/"
+        raise _usage(f"{run_id!r} {what}. Runs with a timeline: {available}.")
+    run = matches[0]
+    if not run.timeline_path:
+        if run.state in ("pending", "running"):
+            raise _usage(f"run {run.id} is still running; its timeline comes back when it ends.")
+        raise _usage(f"run {run.id} has no timeline. {HOW_TO_RECORD} "
+                     f"Runs with a timeline: {available}.")
+    return run
+
+
+def _usage(message):
+    from IPython.core.error import UsageError
+    return UsageError(message)
+
+
+def runs_table(runs):
+    def started(r):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else ""
+
+    rows = [[r.id, started(r), "" if r.np is None else r.np, r.state,
+             _size(os.path.getsize(r.timeline_path))] for r in reversed(runs) if r.timeline_path]
+    return Table("Runs with a timeline (newest first)", ["run", "started", "np", "state", "size"],
+                 rows, "" if rows else f"None yet. {HOW_TO_RECORD}")
+
+
+def timeline_magic(magics, line):
+    """``%horovod_timeline [RUN] [--list | --path | --summary]`` (see `HorovodMagics`)."""
+    from IPython.core.magic_arguments import parse_argstring
+
+    args = parse_argstring(magics.horovod_timeline, line)
+    if args.top is not None and args.top < 1:
+        raise _usage("--top takes a positive number.")
+    runs = known_runs(getattr(magics, "run_root", "hvd_runs"))
+    if args.list:
+        return runs_table(runs)
+    run = _pick(runs, args.run)
+    if args.path:
+        return run.timeline_path
+    if args.summary:
+        return summarize(run.timeline_path, top=args.top or 10)
+    from IPython.display import HTML
+    return HTML(timeline_html(run, max_lanes=max(args.top or 16, 2)))

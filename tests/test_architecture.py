@@ -1,0 +1,149 @@
+"""The house stays as docs/ARCHITECTURE.md says: every module named there, imports one way, the
+rank side free of the notebook's and Spark's packages, no room too big.
+
+Read from the source (AST), imports inside functions included: a lazy import is still an arrow.
+"""
+
+import ast
+import os
+import re
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+PACKAGE = os.path.join(ROOT, "hvd_magic")
+DOC = os.path.join(ROOT, "docs", "ARCHITECTURE.md")
+NOTEBOOK_SIDE = ("IPython", "ipywidgets", "ipykernel", "pyspark", "py4j")
+
+
+def modules():
+    """{"hvd_magic.driver.loop": "driver/loop.py", ...} for every module of the package."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, name), PACKAGE).replace(os.sep, "/")
+                dotted = "hvd_magic." + rel[:-3].replace("/", ".")
+                found[dotted.removesuffix(".__init__")] = rel
+    return found
+
+
+def imports(module, rel, top_level_only=False):
+    """Absolute names `module` imports (a relative import resolved against its package)."""
+    tree = ast.parse(open(os.path.join(PACKAGE, rel)).read())
+    package = module if rel.endswith("__init__.py") else module.rpartition(".")[0]
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    names = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names.append(base)
+            names += [f"{base}.{a.name}" for a in node.names]
+    return names
+
+
+def internal_edges(top_level_only=False):
+    mods = modules()
+    edges = {}
+    for module, rel in mods.items():
+        targets = set()
+        for name in imports(module, rel, top_level_only):
+            while name and name not in mods:
+                name = name.rpartition(".")[0]
+            if name and name != module and name != "hvd_magic":
+                targets.add(name)
+        edges[module] = targets
+    return edges
+
+
+def test_the_page_names_every_module_and_no_other():
+    text = open(DOC).read()
+    named = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)*\.py)`", text))
+    actual = set(modules().values())
+    assert actual - named == set(), "modules missing from docs/ARCHITECTURE.md"
+    assert named - actual == set(), "docs/ARCHITECTURE.md names modules that do not exist"
+
+
+def test_readme_links_the_page():
+    assert "docs/ARCHITECTURE.md" in open(os.path.join(ROOT, "README.md")).read()
+
+
+def test_no_import_cycles():
+    edges = internal_edges()
+    cycles = []
+
+    def visit(module, path):
+        for target in edges[module]:
+            if target in path:
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(module)
+
+    done = set()
+    for module in sorted(edges):
+        if module not in done:
+            visit(module, [module])
+    assert cycles == []
+
+
+def reachable(start, edges):
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += edges.get(module, ())
+    return seen
+
+
+def test_the_rank_side_imports_nothing_of_the_notebook_or_spark():
+    # What a rank process loads: the rank package (every import, lazy ones too) and, through the
+    # package, whatever those modules import at their top level.
+    mods = modules()
+    lazy = internal_edges()
+    top = internal_edges(top_level_only=True)
+    rank_side = {m for m in mods if m.startswith("hvd_magic.rank")} | {"hvd_magic.timelines.record"}
+    edges = {m: (lazy[m] if m in rank_side else top[m]) for m in mods}
+    loaded = reachable("hvd_magic", edges)  # `python -m hvd_magic.rank` imports the package first
+    for module in rank_side:
+        loaded |= reachable(module, edges)
+    bad = {m: n for m in loaded for n in imports(m, mods[m], top_level_only=m not in rank_side)
+           if n.split(".")[0] in NOTEBOOK_SIDE}
+    assert bad == {}
+    assert not any(m.startswith(("hvd_magic.view", "hvd_magic.driver", "hvd_magic.launch"))
+                   for m in loaded)
+
+
+@pytest.mark.parametrize("folder", ["capture", "launch", "task", "rank", "driver", "timelines"])
+def test_views_and_magics_are_imported_only_by_the_notebook_side(folder):
+    edges = internal_edges()
+    for module, targets in edges.items():
+        if module.startswith(f"hvd_magic.{folder}"):
+            assert not {t for t in targets if t.startswith(("hvd_magic.view", "hvd_magic.magics"))}, module
+
+
+def test_tasks_never_import_the_notebooks_packages():
+    mods = modules()
+    for module, rel in mods.items():
+        if module.startswith("hvd_magic.task"):
+            bad = [n for n in imports(module, rel) if n.split(".")[0] in ("IPython", "ipywidgets")]
+            assert bad == [], module
+
+
+def test_no_room_too_big():
+    too_big = []
+    for module, rel in modules().items():
+        source = open(os.path.join(PACKAGE, rel)).read()
+        if source.count("\n") > 400:
+            too_big.append(f"{module}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > 250:
+                too_big.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert too_big == []
