@@ -2,12 +2,18 @@
 
     hvd_runs/<run id>/
         rank-<k>.log          every line rank k printed, stdout and stderr, in order
+        events.jsonl          every other event (state, progress and metrics, stalls, exits), timed
         run.json              the run's state and each rank's (rewritten as the run goes)
         timeline.json         rank 0's Horovod timeline, when one was recorded
+                              (timeline.json.part while it streams in)
+
+Everything is written as it arrives and flushed at once, so a run folder tells the story of a run
+whose notebook was killed half-way: nothing waits in memory for the end of the run.
 """
 
 import json
 import os
+import time
 
 FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
 
@@ -17,11 +23,13 @@ class RunFolder:
         self.path = path
         self.files = {}              # kind -> path of a file received from the ranks
         self._logs = {}
+        self._events = None
 
     def create(self, np):
         os.makedirs(self.path, exist_ok=True)
         for rank in range(np):  # every rank has a log, even one that prints nothing
             self._log(rank)
+        self._events = open(os.path.join(self.path, "events.jsonl"), "a", encoding="utf-8")
 
     def log_path(self, rank):
         return os.path.join(self.path, f"rank-{rank}.log")
@@ -33,11 +41,19 @@ class RunFolder:
         return f
 
     def write_lines(self, rank, lines):
-        self._log(rank).write("".join(line + "\n" for line in lines))
+        f = self._log(rank)
+        f.write("".join(line + "\n" for line in lines))
+        f.flush()  # a batch every 50 ms at most per rank (the task batches lines)
+
+    def record(self, event):
+        """Append an event (not lines, not file chunks) to events.jsonl, with the time."""
+        self._events.write(json.dumps(dict(event, time=round(time.time(), 3)), default=str) + "\n")
+        self._events.flush()
 
     def close(self):
-        for f in self._logs.values():
-            f.close()
+        for f in [*self._logs.values(), self._events]:
+            if f is not None:
+                f.close()
 
     def receive(self, event):
         """Append a chunk of a file a task sent (rank 0's timeline) to the folder."""

@@ -19,9 +19,12 @@ from .watchdog import stall_message
 
 
 class Driver:
+    META_EVERY = 1.0  # seconds between rewrites of run.json while ranks change state
+
     def __init__(self, run):
         self.run = run
         self._stop_sent = None
+        self._meta_due = None        # when run.json should be rewritten, if something changed
 
     def drive(self):
         run = self.run
@@ -35,6 +38,9 @@ class Driver:
                     self.request_stop("timeout")
                 self._watch_for_stall()
                 self._escalate()
+                if self._meta_due is not None and time.monotonic() >= self._meta_due:
+                    self._meta_due = None
+                    run.write_meta()
                 if run.view is not None:
                     run.view.tick(run)
         except KeyboardInterrupt:
@@ -67,6 +73,7 @@ class Driver:
         if run.stall is None:
             return
         run._server.broadcast({"t": "dump"})  # each stuck rank prints its stack (faulthandler)
+        run.folder.record({"t": "stall", "message": run.stall})
         if run.view is not None:
             run.view.event(run, None, {"t": "stall", "message": run.stall})
         if run.on_stall == "fail":
@@ -171,16 +178,21 @@ class Driver:
         elif kind == "blocked":
             seconds = event.get("seconds")
             r.blocked_since = time.monotonic() - (seconds if isinstance(seconds, (int, float)) else 0)
+            r.blocked_op = str(event.get("op"))
         elif kind == "unblocked":
-            r.blocked_since = None
+            r.blocked_since = r.blocked_op = None
         elif kind == "exit":
-            r.blocked_since = None
+            r.blocked_since = r.blocked_op = None
             r.exit = {k: event.get(k) for k in ("code", "status", "summary")}
             r.ended_at = time.monotonic()
             status = event.get("status")
             r.state = {"ok": "done", "stopped": "cancelled"}.get(status, "failed")
             if status not in ("ok", "stopped"):
                 run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
+        if kind not in ("lines", "file"):
+            run.folder.record(event)
+            if self._meta_due is None:
+                self._meta_due = time.monotonic() + self.META_EVERY
         if run.view is not None:
             run.view.event(run, rank, event)
 

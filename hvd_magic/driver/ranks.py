@@ -23,12 +23,13 @@ class RankState:
         self.lines = 0
         self.exit = None     # {"code", "status", "summary"} once the rank ended
         self.ended_at = None
-        self.blocked_since = None   # monotonic time it began waiting in a collective, if it does
+        self.blocked_since = None   # monotonic time it began waiting for its peers, if it does
+        self.blocked_op = None      # what it waits in: "init", "synchronize", "join", "barrier"
         self.last_event = time.monotonic()
 
     def as_dict(self):
         return {k: v for k, v in vars(self).items()
-                if k not in ("last_event", "ended_at", "blocked_since")}
+                if k not in ("last_event", "ended_at", "blocked_since", "blocked_op")}
 
 
 def ranks_text(ranks):

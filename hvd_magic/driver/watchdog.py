@@ -1,28 +1,49 @@
-"""The hang watchdog, driver side: some ranks wait in a collective that the others never call.
+"""The hang watchdog, driver side: ranks wait for peers that will not come.
 
 Horovod never notices a rank that stopped calling collectives (its stall inspector does not run
-with Gloo): some ranks finished, or are busy elsewhere, while the others wait forever. The ranks
-report waits longer than a few seconds (`hvd_magic.rank.stall`); this compares them.
+with Gloo): some ranks finished, or are busy elsewhere, while the others wait forever. Nor does it
+say anything while ranks wait in ``hvd.init()`` for a peer that never calls it (a branch on the
+rank, an exception before it): Gloo gives up only after several times its timeout. The ranks
+report waits longer than a few seconds, and in what (`hvd_magic.rank.stall`); this compares them.
 """
 
 import time
 
 from .ranks import ranks_text
 
+# A wait in hvd.init() is reported after the stall timeout, but never sooner than
+# INIT_STALL_MIN (ranks enter hvd.init() seconds apart on a loaded machine: they start and import
+# their frameworks at different speeds) nor later than INIT_STALL_MAX (a rank missing from
+# hvd.init() is a bug to report early, where a collective may legitimately wait for a rank that
+# evaluates alone).
+INIT_STALL_MIN = 10.0
+INIT_STALL_MAX = 30.0
+
+
+def init_stall_seconds(stall_timeout):
+    return min(max(stall_timeout, INIT_STALL_MIN), INIT_STALL_MAX)
+
 
 def stall_message(ranks, stall_timeout, now=None):
-    """The watchdog's message when ranks have waited `stall_timeout` s while others did not."""
+    """The watchdog's message when ranks have waited too long for others, else None."""
     now = time.monotonic() if now is None else now
+    in_init = [r for r in ranks if r.exit is None and r.blocked_op == "init"
+               and now - r.blocked_since >= init_stall_seconds(stall_timeout)]
+    if in_init:
+        return _init_message(ranks, in_init, now)
     waiting = [r for r in ranks if r.exit is None and r.blocked_since is not None
-               and now - r.blocked_since >= stall_timeout]
-    elsewhere = [r for r in ranks if r.exit is not None or r.blocked_since is None]
-    if not waiting or not elsewhere:
+               and r.blocked_op != "init"]
+    elsewhere = [r for r in ranks if r not in waiting]
+    if not any(now - r.blocked_since >= stall_timeout for r in waiting) or not elsewhere:
         return None  # nobody waits that long, or everybody waits (a slow collective, not a stall)
     ended = [r for r in elsewhere if r.exit is not None]
-    busy = [r for r in elsewhere if r.exit is None]
+    starting = [r for r in elsewhere if r.exit is None and r.blocked_op == "init"]
+    busy = [r for r in elsewhere if r.exit is None and r not in starting]
     why = []
     if ended:
         why.append(f"{ranks_text(ended)} ended")
+    if starting:
+        why.append(f"{ranks_text(starting)} {'are' if len(starting) > 1 else 'is'} still in hvd.init()")
     if busy:
         why.append(f"{ranks_text(busy)} {'are' if len(busy) > 1 else 'is'} running elsewhere")
     return (
@@ -31,3 +52,30 @@ def stall_message(ranks, stall_timeout, now=None):
         f"{' and '.join(why)}: the waiting ranks are blocked on a collective (allreduce, "
         f"broadcast...) that the others never called, e.g. a loop that ran fewer steps on "
         f"some ranks. The Python stack of every rank is in its log.")
+
+
+def _init_message(ranks, in_init, now):
+    joined = [r for r in ranks if r.exit is None and r.blocked_op == "init"]
+    missing = [r for r in ranks if r not in joined]
+    waited = now - min(r.blocked_since for r in in_init)
+    if not missing:
+        return (f"stall: every rank has been in hvd.init() for {waited:.0f} s and the Gloo "
+                f"rendezvous has not completed: the ranks cannot reach rank 0's rendezvous server "
+                f"or each other (check HOROVOD_GLOO_IFACE and firewalls between executors; "
+                f"%horovod_env shows each executor's address). The Python stack of every rank is "
+                f"in its log.")
+    lines = [f"stall: {ranks_text(joined)} {'have' if len(joined) > 1 else 'has'} been waiting in "
+             f"hvd.init() for {waited:.0f} s for {ranks_text(missing)}, which "
+             f"{'have' if len(missing) > 1 else 'has'} not called it. Every rank must call "
+             f"hvd.init() (not only some, e.g. behind `if` on the rank); the waiting ranks give "
+             f"up only after Gloo's timeout."]
+    for r in missing:
+        if r.exit is not None:
+            doing = "ended"
+        elif r.pid is None:
+            doing = "not started yet"
+        else:
+            doing = f"last line: {r.last_line!r}" if r.last_line else "no output yet"
+        lines.append(f"  rank {r.rank}: {doing}")
+    lines.append("What each rank is doing (its Python stack) is in its log.")
+    return "\n".join(lines)

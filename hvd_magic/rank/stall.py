@@ -1,10 +1,12 @@
-"""Rank side of the hang watchdog: tell the driver when this rank waits long in a collective.
+"""Rank side of the hang watchdog: tell the driver when this rank waits long for its peers.
 
 Horovod's stall inspector never fires with the Gloo controller, so a rank waiting for peers that
-will never join (they finished their loop early, or are busy elsewhere) waits forever. Each wait
-in `synchronize`, `join` or `barrier` sets a flag (a time check, no syscall); a monitor thread
-sends a ``blocked`` event once a wait has lasted `REPORT_AFTER` seconds and ``unblocked`` when it
-ends. The driver (`hvd_magic.driver.watchdog`) compares the ranks.
+will never join (they finished their loop early, or are busy elsewhere) waits forever; and a rank
+in ``hvd.init()`` waits for every peer to call it too, up to several times Gloo's timeout. Each
+wait in `init`, `synchronize`, `join` or `barrier` sets a flag (a time check, no syscall); a
+monitor thread sends a ``blocked`` event (with the operation) once a wait has lasted
+`REPORT_AFTER` seconds and ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`)
+compares the ranks.
 """
 
 import functools
@@ -48,13 +50,20 @@ def _monitor():
             reporting.send({"t": "blocked", "op": op, "seconds": time.monotonic() - since})
 
 
+_monitor_started = threading.Event()
+
+
 def _patch(mpi_ops):
-    for op in ("synchronize", "join", "barrier"):
+    # Patched in the module the framework's package imports them from, before it does.
+    for op in ("init", "synchronize", "join", "barrier"):
         fn = getattr(mpi_ops, op, None)
         if fn is not None:
             setattr(mpi_ops, op, _blocking(fn, op))
-    threading.Thread(target=_monitor, name="hvd-magic-stall", daemon=True).start()
+    if not _monitor_started.is_set():
+        _monitor_started.set()
+        threading.Thread(target=_monitor, name="hvd-magic-stall", daemon=True).start()
 
 
 def install():
-    hooks.when_imported("horovod.torch.mpi_ops", _patch)
+    for framework in ("torch", "tensorflow"):
+        hooks.when_imported(f"horovod.{framework}.mpi_ops", _patch)

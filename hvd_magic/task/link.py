@@ -1,6 +1,7 @@
 """The task's connection to the driver: the rank's lines and events out, in batches; ``stop``,
 ``dump`` and the rendezvous port in."""
 
+import codecs
 import json
 import os
 import signal
@@ -108,3 +109,69 @@ class DriverLink:
 
     def close(self):
         self.client.close()
+
+
+class FileStream:
+    """A text file the rank writes (rank 0's timeline), sent to the driver as it grows.
+
+    `follow` sends what is new every `EVERY` seconds until `close`, which sends the rest and a
+    last, empty chunk. Chunks are ordered ``file`` events of at most `CHUNK` bytes; a file that
+    is rewritten in place (a second ``hvd_magic.timeline()`` window) is sent again from the
+    start, with ``seq`` 0, which tells the driver to start over.
+    """
+
+    EVERY = 1.0
+    CHUNK = 1 << 20
+
+    def __init__(self, forward, path, kind):
+        self.forward = forward
+        self.path = path
+        self.kind = kind
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+        self._inode = None
+        self._offset = 0
+        self._seq = 0
+        self._decoder = None
+
+    def follow(self):
+        while not self.closed.wait(self.EVERY):
+            with self.lock:
+                if not self.closed.is_set():
+                    self._send_new(final=False)
+
+    def close(self):
+        self.closed.set()
+        with self.lock:
+            self._send_new(final=True)
+            if self._inode is not None:
+                self._send("", last=True)
+
+    def _send_new(self, final):
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return
+        if stat.st_ino != self._inode or stat.st_size < self._offset:  # new, or rewritten
+            self._inode, self._offset, self._seq = stat.st_ino, 0, 0
+            self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        with open(self.path, "rb") as f:
+            end = stat.st_size
+            if not final and end > self._offset:
+                # Horovod keeps its timeline valid JSON by writing "]" after every event and
+                # seeking back over it for the next: that byte is sent only at the end.
+                f.seek(end - 1)
+                if f.read(1) == b"]":
+                    end -= 1
+            f.seek(self._offset)
+            while self._offset < end:
+                data = f.read(min(self.CHUNK, end - self._offset))
+                if not data:
+                    return
+                self._offset += len(data)
+                self._send(self._decoder.decode(data, final=final and self._offset >= end))
+
+    def _send(self, text, last=False):
+        self.forward.send({"t": "file", "kind": self.kind, "seq": self._seq, "data": text,
+                           "last": last})
+        self._seq += 1

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 
-from .link import DriverLink
+from .link import DriverLink, FileStream
 from .plan import (_iface_of, _local_ip_towards, _resolve, horovod_rank_env, host_plan,
                    visible_devices)
 from .rendezvous import Rendezvous
@@ -50,7 +50,7 @@ def run_task(settings: TaskSettings, coord: Coordinator):
     # Hosts as the cluster knows the executors: tasks of one executor host share local ranks.
     # Every task computes the same plan from them, so no task needs to hear from another.
     hosts = [coord.task_address(i) for i in range(settings.np)]
-    plan, slots = host_plan(hosts, settings.np)
+    _, slots = host_plan(hosts, settings.np)
     slot = slots[coord.partition_id]
     host = socket.gethostname()
     link = DriverLink(settings, slot.rank)
@@ -59,7 +59,7 @@ def run_task(settings: TaskSettings, coord: Coordinator):
         if coord.partition_id == 0:
             # Task 0 starts Horovod's rendezvous server; the driver relays its port to the other
             # tasks over the event channel (milliseconds, where a Spark barrier sync takes ~1 s).
-            rendezvous = Rendezvous(plan)
+            rendezvous = Rendezvous()
             link.forward.send({"t": "rendezvous", "port": rendezvous.port})
         timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
         port = link.wait_rendezvous(timeout)
@@ -121,20 +121,24 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
                       "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
                       "partition": partition})
+        # Rank 0's timeline streams to the driver as it is written (nothing lost if the notebook dies).
+        timeline = FileStream(forward, timeline_path, "timeline") if rank == 0 else None
         with os.fdopen(events_r, "rb") as events_pipe:
             pumps = [
                 threading.Thread(target=forward.pump_lines, args=(proc.stdout, "stdout"), daemon=True),
                 threading.Thread(target=forward.pump_lines, args=(proc.stderr, "stderr"), daemon=True),
                 threading.Thread(target=forward.pump_events, args=(events_pipe,), daemon=True),
             ]
+            if timeline is not None:
+                pumps.append(threading.Thread(target=timeline.follow, daemon=True))
             for p in pumps:
                 p.start()
             code = proc.wait()
             kill_group(proc.pid)  # whatever the rank left running (its session) goes with it
+            if timeline is not None:
+                timeline.close()  # the rest of rank 0's timeline, whatever happened
             for p in pumps:
                 p.join(timeout=10)
-        if os.path.exists(timeline_path):  # rank 0 wrote one: it comes back, whatever happened
-            _send_file(forward, timeline_path, "timeline")
         outcome = _outcome(workdir, code, rank, host, link.stopping.is_set(), env)
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})
@@ -143,18 +147,6 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         if proc is not None:
             stop_group(proc, grace=0.5)
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _send_file(forward, path, kind, chunk_chars=1 << 20):
-    """Send a text file to the driver as ordered `file` events (each under the frame cap)."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        seq = 0
-        while True:
-            chunk = f.read(chunk_chars)
-            forward.send({"t": "file", "kind": kind, "seq": seq, "data": chunk, "last": not chunk})
-            if not chunk:
-                return
-            seq += 1
 
 
 def _outcome(workdir, code, rank, host, stopped, env):

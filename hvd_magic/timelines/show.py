@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 
 from .picture import svg
 from .summary import Table, _ms, _size, summarize
-from .trace import FILE_NAME, HOW_TO_RECORD, PICTURE_MAX_BYTES, Trace
+from .trace import FILE_NAME, HOW_TO_RECORD, PICTURE_MAX_BYTES, Trace, finalize
 
 
 # --- the notebook side -----------------------------------------------------------------------
@@ -94,6 +94,7 @@ def known_runs(run_root="hvd_runs"):
     from ..driver.history import runs as this_kernels_runs
 
     records = {}
+    ours = {run.id: run for run in this_kernels_runs()}
     for meta_path in glob.glob(os.path.join(run_root, "*", "run.json")):
         try:
             with open(meta_path) as f:
@@ -102,11 +103,13 @@ def known_runs(run_root="hvd_runs"):
             continue
         run_dir = os.path.abspath(os.path.dirname(meta_path))
         path = os.path.join(run_dir, FILE_NAME)
+        if meta.get("id") not in ours and os.path.exists(path + ".part"):
+            finalize(run_dir)  # a run whose notebook died while the timeline streamed in
         records[str(meta.get("id") or os.path.basename(run_dir))] = RunRecord(
             str(meta.get("id") or os.path.basename(run_dir)), run_dir,
             path if os.path.exists(path) else None, meta.get("started"), meta.get("np"),
             str(meta.get("state", "?")))
-    for run in this_kernels_runs():  # this kernel's own runs know best (a running one has no file yet)
+    for run in ours.values():  # this kernel's own runs know best (a running one has no file yet)
         records[run.id] = RunRecord(run.id, run.run_dir, run.timeline_path, run.started, run.np,
                                     run.state)
     return sorted(records.values(), key=lambda r: (r.started or 0, r.id))
