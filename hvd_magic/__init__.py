@@ -36,11 +36,15 @@ def load_ipython_extension(ip):
 
 
 def unload_ipython_extension(ip):
+    """`%unload_ext hvd_magic` (and `%reload_ext`): a warm session's ranks end with it."""
     from .magics import HorovodMagics
     for kind in ("line", "cell"):
         for name, fn in list(ip.magics_manager.magics[kind].items()):
             owner = getattr(fn, "__self__", None)
             if isinstance(owner, HorovodMagics):
+                if owner.session is not None:
+                    owner.session.stop()
+                    owner.session = None
                 del ip.magics_manager.magics[kind][name]
 
 

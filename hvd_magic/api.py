@@ -11,10 +11,11 @@ from IPython.core.error import UsageError
 
 from .capture import pickle_values
 from .driver.history import last_run, runs
-from .driver.run import DEFAULT_BROADCAST_BYTES, DEFAULT_STALL_TIMEOUT, Run
+from .driver.run import DEFAULT_BROADCAST_BYTES, DEFAULT_HOROVOD_ENV, DEFAULT_STALL_TIMEOUT, Run
 from .launch import make_launcher
 
-__all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run"]
+__all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run", "start_session",
+           "run_in_session"]
 
 
 def check_np(np):
@@ -81,3 +82,36 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
                allow_retry=retries > 0, name=name, timeline=timeline,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root)
     return run_.launch(job, kwargs_pickled, background=background)
+
+
+def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,
+                  idle_timeout=None, progress=None):
+    """Start a warm session of `np` ranks (placed as `run` places them) and wait until every
+    rank is ready; return the `Session`. Its ranks keep their state between cells."""
+    import atexit
+
+    from .driver.session import Session
+
+    check_np(np)
+    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf)
+    session = Session(launcher, abs(np), horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
+                      extra_env=dict(env or {}), idle_timeout=idle_timeout)
+    session.start(progress=progress)
+    atexit.register(session.stop)  # the kernel's exit ends the ranks and frees the slots
+    return session
+
+
+def run_in_session(session, cell, *, view=None, timeout=None, background=False, name=None,
+                   broadcast_bytes=DEFAULT_BROADCAST_BYTES, stall_timeout=DEFAULT_STALL_TIMEOUT,
+                   on_stall="warn", run_root="hvd_runs"):
+    """Run a captured session cell (`hvd_magic.capture.session.SessionCell`) on the session's
+    ranks; return the finished `Run`, as `run` does."""
+    from .launch.session import SessionLauncher
+
+    pickled = pickle_values(dict(cell.values))
+    job = {"code": cell.code, "assigns": list(cell.assigns), "sources": cell.sources,
+           "export": list(cell.export)}
+    run_ = Run(session.np, launcher=SessionLauncher(session), view=view, timeout=timeout,
+               cell=cell, broadcast_bytes=broadcast_bytes, name=name,
+               stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root)
+    return run_.launch(job, pickled, background=background)

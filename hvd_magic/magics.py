@@ -4,7 +4,6 @@ A thin shell: parse the options, capture the cell, call `hvd_magic.api.run_cell`
 Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the session.
 """
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Dict, Float, Int, Unicode
@@ -12,34 +11,8 @@ from traitlets import Dict, Float, Int, Unicode
 from . import api
 from .capture import capture_cell
 from .timelines.show import TimelineNote
+from .options import env_option, names, positive
 from .view import TextView, make_view
-
-
-def _names(text):
-    names = [n.strip() for n in (text or "").split(",") if n.strip()]
-    bad = [n for n in names if not n.isidentifier()]
-    if bad:
-        raise UsageError(f"--export takes comma-separated names, and {', '.join(bad)} is not a name.")
-    return names
-
-
-def _positive(flag, value):
-    """None for "no limit" (0 or unset); a positive number; else a UsageError."""
-    if not value:
-        return None
-    if value < 0:
-        raise UsageError(f"{flag} takes a positive number of seconds, not {value:g}.")
-    return value
-
-
-def _env_option(items):
-    env = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier():
-            raise UsageError(f"--env takes NAME=VALUE, not {item!r}.")
-        env[name] = value
-    return env
 
 
 @magics_class
@@ -51,6 +24,16 @@ class HorovodMagics(Magics):
     broadcast_mb = Float(4.0, help="Values larger than this travel by Spark broadcast.").tag(config=True)
     stall_timeout = Float(60.0, help="Default of --stall-timeout, in seconds.").tag(config=True)
     horovod_settings = Dict(help="Extra HOROVOD_* settings for every rank.").tag(config=True)
+    session_idle_timeout = Float(
+        3600.0, help="Seconds a warm session may sit idle before its ranks are stopped "
+                     "(0: never).").tag(config=True)
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        self.session = None          # the warm session (%horovod_session start), if any
+
+    def _active_session(self):
+        return self.session if self.session is not None and not self.session.stopped else None
 
     @magic_arguments()
     @argument("--np", "-n", type=int, default=None,
@@ -110,10 +93,14 @@ class HorovodMagics(Magics):
             long_training()
         """
         args = parse_argstring(self.horovod, line)
+        session = self._active_session()
+        if session is not None:
+            from .session_magic import run_in_session
+            return run_in_session(self, session, args, cell)
         np = api.check_np(self.np if args.np is None else args.np)
-        export = _names(args.export)
-        timeout = _positive("--timeout", args.timeout if args.timeout is not None else self.timeout)
-        stall_timeout = _positive("--stall-timeout", args.stall_timeout or self.stall_timeout)
+        export = names(args.export)
+        timeout = positive("--timeout", args.timeout if args.timeout is not None else self.timeout)
+        stall_timeout = positive("--stall-timeout", args.stall_timeout or self.stall_timeout)
         shell = self.shell
         cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                                hidden=set(shell.user_ns_hidden))
@@ -123,7 +110,7 @@ class HorovodMagics(Magics):
         run = api.run_cell(
             cell_fn, np, master=args.master, spark_conf=dict(self.spark_conf),
             timeout=timeout, run_root=self.run_root, view=view, background=args.background,
-            horovod_env=dict(self.horovod_settings), env=_env_option(args.env),
+            horovod_env=dict(self.horovod_settings), env=env_option(args.env),
             broadcast_bytes=int(self.broadcast_mb * 1024 * 1024), retries=args.retries,
             name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
             on_stall=args.on_stall)
@@ -132,6 +119,51 @@ class HorovodMagics(Magics):
         if run.exports:
             shell.user_ns.update(run.exports)
         return None if cell_fn.quiet else run.value
+
+    @magic_arguments()
+    @argument("action", nargs="?", default="status", choices=("start", "status", "stop", "restart"),
+              help="start (the options below), status (the default), stop, restart (stop, then "
+                   "start with the same options).")
+    @argument("--np", "-n", type=int, default=None,
+              help="Ranks, as for %%%%horovod: N on Spark executors, -N on the driver "
+                   "(default: HorovodMagics.np).")
+    @argument("--master", type=str, default=None,
+              help="Spark master URL for a session hvd_magic starts (when none is active).")
+    @argument("--env", action="append", default=[], metavar="NAME=VALUE",
+              help="Environment variable for every rank (repeatable).")
+    @argument("--idle-timeout", type=float, default=None,
+              help="Seconds idle before the ranks are stopped (default: "
+                   "HorovodMagics.session_idle_timeout, 3600; 0: never).")
+    @line_magic
+    def horovod_session(self, line):
+        """Keep N ranks alive between cells: a warm session.
+
+        While a session is active, every ``%%horovod`` cell without placement options runs on
+        its ranks at once (no start-up), in each rank's own namespace: what a cell assigns on
+        the ranks is there for the next cell, Horovod stays initialised (``hvd.init()`` again is
+        harmless). Notebook values a cell reads are sent fresh with every cell, but a name the
+        ranks assigned themselves wins over the notebook's value of the same name. An error
+        keeps the session; Cancel or Ctrl-C interrupts the cell on every rank (a
+        KeyboardInterrupt) and keeps the state. A rank that dies breaks the session:
+        ``restart`` starts a new one. ``stop``, the kernel's exit and the idle limit end every
+        rank.
+
+        Examples
+        --------
+        ::
+
+            %horovod_session start --np 2
+            %horovod_session                      # ranks, hosts, idle time, memory per rank
+
+            %%horovod
+            import torch, horovod.torch as hvd
+            hvd.init()
+            model = torch.nn.Linear(4, 1)         # still there in the next cell
+
+            %horovod_session stop
+        """
+        from .session_magic import session_magic
+        return session_magic(self, line)
 
     @magic_arguments()
     @argument("run", nargs="?", default=None,

@@ -282,7 +282,7 @@ def _function_def(name, arg_names, body):
         body=body, decorator_list=[], returns=None, **extra)
 
 
-def _parse_statement(text, like):
+def parse_statement(text, like):
     stmt = ast.parse(text).body[0]
     for node in ast.walk(stmt):
         ast.copy_location(node, like)
@@ -297,8 +297,9 @@ def semicolon_at_end(cell):
         return cell.rstrip().endswith(";")
 
 
-def capture_cell(cell, namespace, *, cell_id="0", export=(), hidden=()):
-    """Make a `CellFunction` out of a cell's text and the notebook namespace it runs against."""
+def prepare(cell, namespace, *, cell_id="0", hidden=()):
+    """What a cell is, whichever way it runs: its transformed source and tree (checked), the
+    import lines for the notebook modules it uses, and the notebook values it reads."""
     filename = f"<hvd_magic cell {cell_id}>"
     source = _ipython_transform(cell)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -324,20 +325,31 @@ def capture_cell(cell, namespace, *, cell_id="0", export=(), hidden=()):
     if shell_calls.used:
         imports.append("from hvd_magic.rank.shell import "
                        + ", ".join(f"{m} as {_SHELL_CALLS[m]}" for m in sorted(shell_calls.used)))
+    return filename, source, tree, imports, values
 
+
+def split_last_expression(tree):
+    """(statements, the last expression or None, the first statement: where new lines go)."""
     body = list(tree.body)
     first = body[0] if body else ast.Pass(lineno=1, col_offset=0)
     if not body:
         body = [ast.copy_location(ast.Pass(), first)]
-    last = body[-1]
-    value_expr = ast.Constant(None)
-    if isinstance(last, ast.Expr):
-        body = body[:-1]
-        value_expr = last.value
+    if isinstance(body[-1], ast.Expr):
+        return body[:-1], body[-1], first
+    return body, None, first
+
+
+def capture_cell(cell, namespace, *, cell_id="0", export=(), hidden=()):
+    """Make a `CellFunction` out of a cell's text and the notebook namespace it runs against."""
+    filename, source, tree, imports, values = prepare(cell, namespace, cell_id=cell_id,
+                                                       hidden=hidden)
+    body, last, first = split_last_expression(tree)
+    value_expr = ast.Constant(None) if last is None else last.value
     exports_expr = (ast.Call(ast.Name("locals", ast.Load()), [], []) if export
                     else ast.Constant(None))
-    ret = ast.copy_location(ast.Return(ast.Tuple([value_expr, exports_expr], ast.Load())), last)
-    header = [_parse_statement(text, first) for text in imports]
+    ret = ast.copy_location(ast.Return(ast.Tuple([value_expr, exports_expr], ast.Load())),
+                            last or (body[-1] if body else first))
+    header = [parse_statement(text, first) for text in imports]
     fn_def = _function_def(CELL_FUNCTION, list(values), header + body + [ret])
     ast.copy_location(fn_def, first)
     module = ast.fix_missing_locations(ast.Module(body=[fn_def], type_ignores=[]))

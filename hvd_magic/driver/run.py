@@ -16,7 +16,6 @@ import secrets
 import threading
 import time
 
-from ..events import EventServer
 from ..task.settings import TaskSettings
 from . import history
 from .folder import RunFolder
@@ -137,7 +136,7 @@ class Run:
             shared[name] = self.launcher.share(kwargs_pickled.pop(name))
         self.broadcast_names = sorted(shared)
         job = dict(job, kwargs=small)
-        self._server = EventServer(host=self.launcher.bind_host)
+        self._server = self.launcher.open_channel()
         settings = TaskSettings(
             run_id=self.id, np=self.np,
             events_address=f"{self.launcher.driver_host}:{self._server.port}",

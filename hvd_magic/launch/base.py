@@ -10,6 +10,7 @@ Calls, in the order the driver makes them::
 
     launcher.prepare(np)            # find or start resources; UsageError if N ranks cannot fit
     ref = launcher.share(data)      # a large pickled value, once per executor (task: ref.value)
+    channel = launcher.open_channel()  # where the tasks' events arrive (an EventServer)
     launcher.start(settings, np)    # start N tasks in the background; returns at once
     launcher.done() / join(t)       # have all tasks ended?
     launcher.cancel()               # last resort when tasks ignore the driver's stop message
@@ -20,6 +21,8 @@ event server) and `bind_host` (where that server listens).
 """
 
 import threading
+
+from ..events import EventServer
 
 
 class Launcher:
@@ -44,6 +47,11 @@ class Launcher:
     def share(self, data):
         """A handle the tasks read a large value from (`.value`, or the bytes themselves)."""
         return data
+
+    def open_channel(self):
+        """The event channel of this launch: its tasks connect to it and send their events;
+        the driver reads `.events` and answers with `announce`, `broadcast`, `stop_all`."""
+        return EventServer(host=self.bind_host)
 
     def start(self, settings, np):
         """Start `np` tasks running `run_task(settings, coordinator)`; do not wait for them."""

@@ -61,7 +61,8 @@ def _register_source(filename, source):
 def _user_traceback(exc):
     """The exception's traceback without this bootstrap's own frames."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    here = os.path.dirname(os.path.abspath(__file__))  # this bootstrap and rank/session.py
+    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == here:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
@@ -169,8 +170,20 @@ def _shutdown_horovod():
                 pass
 
 
+def main_session(workdir):
+    """A rank of a warm session: cells one after another (see `hvd_magic.rank.session`)."""
+    from . import session
+
+    _die_with_parent()
+    _install_stack_dump()
+    signal.signal(signal.SIGTERM, _on_stop)
+    reporting.install_tqdm_hook()
+    stall.install()
+    return session.serve(workdir, _user_traceback, _exports, _register_source)
+
+
 if __name__ == "__main__":
-    code = main(sys.argv[1])
+    code = (main_session if "--session" in sys.argv[2:] else main)(sys.argv[1])
     _stop_timeline()
     if code == 0:
         _shutdown_horovod()

@@ -9,7 +9,10 @@ import threading
 import time
 
 from ..events import EventClient
+from ..rank import session as rank_session
 from .stopping import stop_group
+
+END_OF_CELL = rank_session.END_OF_CELL.encode()
 
 # How long output may sit in the task before it is sent, and how much at most per frame.
 FLUSH_INTERVAL = 0.05
@@ -24,6 +27,9 @@ class Forwarder:
         self.rank = rank
         self.lock = threading.Lock()
         self.failed = False
+        self.on_cell_done = None     # a warm session's handler of the rank's `cell_done` event
+        # one release per end-of-cell marker seen on each stream (warm sessions)
+        self.cell_ends = {"stdout": threading.Semaphore(0), "stderr": threading.Semaphore(0)}
 
     def send(self, event):
         event["rank"] = self.rank
@@ -57,6 +63,14 @@ class Forwarder:
                     if not batch:
                         batch_started = time.monotonic()
                     for line in complete:
+                        if line.endswith(END_OF_CELL):  # a session's cell ended: all sent now
+                            if line[:-len(END_OF_CELL)]:
+                                batch.append(line[:-len(END_OF_CELL)].decode("utf-8", "replace"))
+                            if batch:
+                                self.send({"t": "lines", "stream": stream, "lines": batch})
+                            batch, batch_bytes = [], 0
+                            self.cell_ends[stream].release()
+                            continue
                         batch.append(line.decode("utf-8", "replace"))
                         batch_bytes += len(line)
             if batch and (batch_bytes >= MAX_BATCH_BYTES
@@ -70,7 +84,11 @@ class Forwarder:
                 event = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(event, dict):
+            if not isinstance(event, dict):
+                continue
+            if event.get("t") == "cell_done" and self.on_cell_done is not None:
+                self.on_cell_done(event)  # in this thread: ordered after the cell's events
+            else:
                 self.send(event)
 
 
@@ -82,6 +100,7 @@ class DriverLink:
     def __init__(self, settings, rank):
         self.proc = None
         self.port = None
+        self.session = None          # a warm session's `SessionRank`, which takes cells
         self.stopping = threading.Event()
         self._rendezvous = threading.Event()
         self.client = EventClient(settings.events_address, settings.token,
@@ -100,6 +119,8 @@ class DriverLink:
             self._rendezvous.set()
         elif kind == "dump" and self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGUSR1)
+        elif kind in ("cell", "interrupt") and self.session is not None:
+            self.session.on_message(msg)
 
     def wait_rendezvous(self, timeout):
         """Task 0's rendezvous port, relayed by the driver; None if the run stopped first."""

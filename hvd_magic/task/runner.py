@@ -31,6 +31,7 @@ from .link import DriverLink, FileStream
 from .plan import (_iface_of, _local_ip_towards, _resolve, horovod_rank_env, host_plan,
                    visible_devices)
 from .rendezvous import Rendezvous
+from .session import SessionRank
 from .settings import Coordinator, SparkCoordinator, TaskSettings
 from .stopping import kill_group, stop_group
 
@@ -99,7 +100,10 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
     workdir = tempfile.mkdtemp(prefix=f"hvd_magic-{settings.run_id}-rank{rank}-")
     proc = None
     try:
-        _write_job(workdir, settings)
+        if settings.session:
+            SessionRank(link, settings.token)  # takes cells from the driver for this rank
+        else:
+            _write_job(workdir, settings)
         events_r, events_w = os.pipe()
         env["HVD_MAGIC_EVENT_FD"] = str(events_w)
         env["HVD_MAGIC_PARENT_PID"] = str(os.getpid())
@@ -112,8 +116,9 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
         cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
         proc = link.proc = subprocess.Popen(
-            [sys.executable, "-m", "hvd_magic.rank", workdir],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [sys.executable, "-m", "hvd_magic.rank", workdir] + (["--session"] if settings.session else []),
+            stdin=subprocess.PIPE if settings.session else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=(events_w,), env=env, cwd=cwd, start_new_session=True)
         os.close(events_w)
         if link.stopping.is_set():  # the stop came while the rank was being started

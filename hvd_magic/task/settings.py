@@ -17,6 +17,7 @@ class TaskSettings:
     allow_retry: bool = False
     extra_env: dict = dataclasses.field(default_factory=dict)
     timeline: bool = False          # record a Horovod timeline on rank 0 for the whole run
+    session: bool = False           # a warm session: the rank takes cells until stopped
 
 
 class Coordinator:

@@ -1,0 +1,192 @@
+"""A warm session: N rank processes that live across cells and keep their state.
+
+`Session.start` makes one long-lived launch (a Spark barrier stage that holds its N tasks, or N
+processes on the driver) whose tasks start their ranks in session mode
+(`hvd_magic.rank.session`) and connect to one event server. A router thread reads that server:
+events of the running cell go to its `CellChannel` (so a cell is an ordinary `Run` whose
+launcher is `hvd_magic.launch.session.SessionLauncher`); the rest keeps the session's own view
+of its ranks (host, pid, state) and notices a rank process that dies.
+
+Ends: `stop` (or the kernel's exit, or the idle limit) stops every rank and frees the Spark
+slots; a rank whose driver link drops (the notebook was killed) is stopped by its task.
+"""
+
+import datetime
+import itertools
+import os
+import pickle
+import secrets
+import threading
+import time
+
+import psutil
+
+from ..errors import LaunchError
+from ..task.settings import TaskSettings
+
+READY_TIMEOUT = 300.0
+
+
+class Session:
+    def __init__(self, launcher, np, *, horovod_env, extra_env, idle_timeout=None,
+                 run_root="hvd_runs"):
+        self.id = datetime.datetime.now().strftime("s%H%M%S-") + secrets.token_hex(2)
+        self.launcher = launcher
+        self.np = np
+        self.horovod_env = horovod_env
+        self.extra_env = extra_env
+        self.idle_timeout = idle_timeout
+        self.run_root = run_root
+        self.server = None
+        self.where = None
+        self.ranks = {}              # rank -> its "starting"/"ready" state event (host, pid, ...)
+        self.ready = set()
+        self.broken = None           # why the session cannot run cells any more
+        self.stopped = False
+        self.started = None
+        self.last_used = time.monotonic()
+        self.cells = 0
+        self._cell_ids = itertools.count(1)
+        self._current = None
+        self._lock = threading.Lock()
+        self._router = None
+
+    # -- life -----------------------------------------------------------------------------------
+    def start(self, progress=None):
+        """Start the ranks and wait until every one is ready for cells."""
+        self.launcher.prepare(self.np)
+        self.where = self.launcher.where
+        self.server = self.launcher.open_channel()
+        settings = TaskSettings(
+            run_id=self.id, np=self.np,
+            events_address=f"{self.launcher.driver_host}:{self.server.port}",
+            token=self.server.token, job=pickle.dumps(None), horovod_env=self.horovod_env,
+            cwd=os.getcwd(), extra_env=self.extra_env, session=True)
+        self._router = threading.Thread(target=self._route, name=f"hvd-magic-{self.id}",
+                                        daemon=True)
+        self._router.start()
+        self.started = time.time()
+        self.launcher.start(settings, self.np)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while len(self.ready) < self.np and self.broken is None and not self.launcher.done():
+            if time.monotonic() > deadline:
+                self.broken = f"the ranks were not ready after {READY_TIMEOUT:g} s"
+                break
+            if progress is not None:
+                progress(self)
+            time.sleep(0.05)
+        if len(self.ready) < self.np:
+            error = self.broken or str(self.launcher.error or "the launch ended")
+            self.stop()
+            raise LaunchError(f"the session did not start: {error}")
+        if self.idle_timeout:
+            threading.Thread(target=self._watch_idle, daemon=True).start()
+        return self
+
+    def stop(self):
+        """Stop every rank and end the launch (frees the Spark slots); idempotent."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self.broken = self.broken or "the session was stopped"
+        if self.server is not None:
+            self.server.stop_all("session stopped")
+        self.launcher.join(timeout=10)
+        if not self.launcher.done():
+            self.launcher.cancel()
+            self.launcher.join(timeout=10)
+        if self.server is not None:
+            self.server.close()
+
+    def _watch_idle(self):
+        while not self.stopped:
+            time.sleep(min(5.0, self.idle_timeout))
+            if self._current is None and time.monotonic() - self.last_used > self.idle_timeout:
+                self.broken = f"the session was stopped after {self.idle_timeout:g} s idle"
+                self.stop()
+
+    # -- cells ----------------------------------------------------------------------------------
+    def check_usable(self):
+        if self.broken is not None:
+            raise LaunchError(f"session {self.id} cannot run cells: {self.broken}. Start a new "
+                              f"one: %horovod_session restart")
+        if self._current is not None:
+            raise LaunchError(f"session {self.id} is running another cell.")
+
+    def open_cell(self):
+        from ..launch.session import CellChannel
+
+        with self._lock:
+            self._current = CellChannel(self, next(self._cell_ids))
+            self.cells += 1
+            return self._current
+
+    def cell_ended(self, channel):
+        with self._lock:
+            if self._current is channel:
+                self._current = None
+        self.last_used = time.monotonic()
+
+    def rank_states(self):
+        """A "running" state event per rank, with what the session knows of it."""
+        return [dict(self.ranks.get(r, {}), t="state", state="running", rank=r)
+                for r in range(self.np)]
+
+    def host_of(self, rank):
+        return self.ranks.get(rank, {}).get("host")
+
+    # -- events ---------------------------------------------------------------------------------
+    def _route(self):
+        server = self.server
+        while not (self.stopped and server.events.empty()):
+            try:
+                event = server.events.get(timeout=0.2)
+            except Exception:  # queue.Empty
+                continue
+            kind, rank = event.get("t"), event.get("rank")
+            if not isinstance(rank, int) or not 0 <= rank < self.np:
+                continue
+            if kind == "rendezvous" and rank == 0:  # task 0's Gloo rendezvous server is up
+                server.announce({"t": "rendezvous", "port": int(event["port"])})
+            elif kind == "state" and event.get("state") in ("starting", "ready"):
+                self.ranks[rank] = {**self.ranks.get(rank, {}),
+                                    **{k: v for k, v in event.items() if k not in ("t", "state")}}
+                if event["state"] == "ready":
+                    self.ready.add(rank)
+                continue
+            elif kind == "exit" and "cell" not in event and not self.stopped:
+                # the rank process itself ended: killed, crashed, out of memory
+                summary = event.get("summary") or {}
+                self.broken = (f"rank {rank} on {self.host_of(rank)} ended "
+                               f"({summary.get('signal') or summary.get('type') or event.get('status')})")
+            current = self._current
+            if current is not None:
+                current.deliver(event)
+
+    # -- what %horovod_session shows --------------------------------------------------------------
+    def status(self):
+        state = "stopped" if self.stopped else "broken" if self.broken else \
+            "running a cell" if self._current is not None else "idle"
+        idle = time.monotonic() - self.last_used
+        lines = [f"session {self.id}: {state}, {self.np} ranks on {self.where}, {self.cells} cells"
+                 + (f", idle {idle:.0f} s" if state == "idle" else "")]
+        if self.broken and not self.stopped:
+            lines.append(f"  {self.broken}: %horovod_session restart")
+        for rank in range(self.np):
+            info = self.ranks.get(rank, {})
+            memory = _rss(info.get("pid")) if info.get("host") == _hostname() else None
+            lines.append(f"  rank {rank}: {info.get('host', '?')} pid {info.get('pid', '?')}"
+                         + (f", {memory / 2**20:.0f} MiB" if memory else ""))
+        return "\n".join(lines)
+
+
+def _hostname():
+    import socket
+    return socket.gethostname()
+
+
+def _rss(pid):
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except (psutil.Error, TypeError, ValueError):
+        return None

@@ -1,0 +1,64 @@
+"""A task's part in a warm session: cells in from the driver, each rank's ending of a cell out.
+
+The task hands each ``cell`` message's job to its rank process (stdin) and turns ``interrupt``
+into SIGINT, which ends the running cell with a KeyboardInterrupt and keeps the rank. When the
+rank says a cell is done, the task waits until every line the cell printed has been forwarded
+(the end-of-cell markers on stdout and stderr), then sends the cell's ``exit`` event with its
+value: pickled bytes signed with the run's token (HMAC-SHA256), which the driver checks before
+it unpickles them, as Jupyter does with its messages.
+"""
+
+import base64
+import hashlib
+import hmac
+import os
+import signal
+import threading
+
+from ..rank.session import write_job
+
+MARKER_WAIT_SECONDS = 5.0
+
+
+def sign(token, payload):
+    return hmac.new(token.encode(), payload, hashlib.sha256).hexdigest()
+
+
+class SessionRank:
+    def __init__(self, link, token):
+        self.link = link
+        self.token = token
+        self.lock = threading.Lock()
+        link.session = self
+        link.forward.on_cell_done = self.cell_done
+
+    def on_message(self, msg):
+        proc = self.link.proc
+        if proc is None or proc.poll() is not None:
+            return
+        if msg["t"] == "cell":
+            with self.lock:  # one job at a time on the rank's stdin
+                try:
+                    write_job(proc.stdin, base64.b64decode(msg["job"]))
+                except (OSError, ValueError):
+                    pass  # the rank died: its task reports how
+        elif msg["t"] == "interrupt":
+            os.kill(proc.pid, signal.SIGINT)
+
+    def cell_done(self, event):
+        for stream in ("stdout", "stderr"):
+            self.link.forward.cell_ends[stream].acquire(timeout=MARKER_WAIT_SECONDS)
+        payload = b""
+        path = str(event.get("path", ""))
+        try:
+            with open(path, "rb") as f:
+                payload = f.read()
+            os.remove(path)
+        except OSError:
+            pass
+        exit_event = {"t": "exit", "cell": event.get("cell"), "code": None,
+                      "status": event.get("status"), "summary": event.get("summary")}
+        if event.get("status") == "ok":
+            exit_event.update(value=base64.b64encode(payload).decode(),
+                              sig=sign(self.token, payload))
+        self.link.forward.send(exit_event)

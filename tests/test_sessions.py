@@ -1,0 +1,176 @@
+"""Warm sessions: ranks that keep their state between cells. Real shell, real ranks, real Spark."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+import hvd_magic
+
+INIT = "import torch, horovod.torch as hvd\nhvd.init()\n"
+
+
+def cell(ip, text, options="--quiet"):
+    return ip.run_cell_magic("horovod", options, text)
+
+
+def alive(pids):
+    live = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                live.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return live
+
+
+def wait_gone(pids, seconds):
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
+
+
+@pytest.fixture
+def session(ip, fresh_ns):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    magics = ip.magics_manager.registry["HorovodMagics"]
+    yield magics.session
+    if magics.session is not None:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+def rank_pids(session):
+    return [session.ranks[r]["pid"] for r in range(session.np)]
+
+
+def test_state_lives_across_cells_and_the_ranks_own_names_win(ip, session):
+    cell(ip, INIT + "model = torch.nn.Linear(3, 1)\ncount = hvd.rank()\nfrom_notebook = 0")
+    ip.user_ns["count"] = 100          # the ranks assigned `count`: theirs wins
+    ip.user_ns["step"] = 7             # the ranks never assigned `step`: the notebook's is sent
+    assert cell(ip, "count += step\ncount") == 7
+    assert hvd_magic.last_run().results == [7, 8]
+    ip.user_ns["step"] = 8             # sent fresh with every cell
+    assert cell(ip, "count += step\ncount") == 15
+    # Horovod stays initialised; the model is the same object on each rank
+    total = cell(ip, "hvd.init()\nw = model.weight.detach().clone()\n"
+                     "hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()")
+    assert total == 2.0
+    assert cell(ip, "type(model).__name__") == "Linear"
+    assert not cell(ip, "model.weight is w")
+
+
+def test_an_error_shows_the_ranks_traceback_and_keeps_the_session(ip, session):
+    cell(ip, "x = 41")
+    with pytest.raises(hvd_magic.RankError) as info:
+        cell(ip, "import os\nif os.environ['HOROVOD_RANK'] == '1':\n    raise KeyError('only on 1')\nx = 0")
+    assert info.value.rank == 1
+    assert "KeyError" in str(info.value) and "<hvd_magic cell" in str(info.value)
+    assert cell(ip, "x") == 0  # rank 0 finished the cell; rank 1 kept its x
+    assert hvd_magic.last_run().results == [0, 41]
+
+
+def test_interrupt_stops_the_cell_on_every_rank_and_keeps_the_state(ip, session):
+    cell(ip, "kept = 'yes'")
+    run = cell(ip, "import time\nprint('sleeping', flush=True)\ntime.sleep(120)",
+               "--quiet --background")
+    deadline = time.monotonic() + 60
+    while not all(r.lines for r in run.ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.cancel()
+    with pytest.raises(hvd_magic.RunCancelled):
+        run.wait(30)
+    assert cell(ip, "kept") == "yes"
+    assert session.broken is None
+
+
+def test_a_dead_rank_is_reported_and_restart_recovers(ip, session):
+    old = rank_pids(session)
+    with pytest.raises(hvd_magic.RankError) as info:
+        cell(ip, "import os, signal, time\nif os.environ['HOROVOD_RANK'] == '1':\n"
+                 "    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(5)")
+    assert info.value.rank == 1 and "SIGKILL" in str(info.value)
+    with pytest.raises(hvd_magic.LaunchError, match="%horovod_session restart"):
+        cell(ip, "1")
+    ip.run_line_magic("horovod_session", "restart")
+    assert cell(ip, "41 + 1") == 42
+    assert wait_gone(old, 10) == []
+
+
+def test_placement_options_are_refused_while_a_session_is_active(ip, session):
+    with pytest.raises(UsageError, match="%horovod_session stop"):
+        cell(ip, "1", "--np 4")
+
+
+def test_stop_and_the_idle_limit_leave_no_process(ip, fresh_ns, capsys):
+    magics = ip.magics_manager.registry["HorovodMagics"]
+    ip.run_line_magic("horovod_session", "start --np -2")
+    pids = rank_pids(magics.session)
+    ip.run_line_magic("horovod_session", "stop")
+    assert wait_gone(pids, 10) == []
+
+    ip.run_line_magic("horovod_session", "start --np -2 --idle-timeout 2")
+    session = magics.session
+    pids = rank_pids(session)
+    assert cell(ip, "1") == 1
+    assert wait_gone(pids, 30) == []
+    assert session.stopped and "idle" in session.broken
+    assert magics._active_session() is None
+    capsys.readouterr()
+    ip.run_line_magic("horovod_session", "")
+    assert "No session" in capsys.readouterr().out
+
+
+def test_a_session_on_spark_holds_its_slots_and_frees_them(ip, fresh_ns):
+    ip.run_line_magic("horovod_session", "start --np 2")
+    magics = ip.magics_manager.registry["HorovodMagics"]
+    session = magics.session
+    try:
+        assert session.where.startswith("local[")
+        assert cell(ip, INIT + "w = hvd.allreduce(torch.tensor([hvd.rank() * 1.0]), op=hvd.Sum)\n"
+                               "w.item()") == 1.0
+        assert cell(ip, "w.item() + hvd.rank()") == 1.0
+        assert hvd_magic.last_run().results == [1.0, 2.0]
+        assert len(session.launcher.job_ids()) == 1  # one barrier stage for the whole session
+        assert not session.launcher.done()
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+    assert session.launcher.done()
+    assert wait_gone(rank_pids(session), 10) == []
+
+
+NOTEBOOK = textwrap.dedent("""\
+    import os, sys
+    os.environ["HVD_MAGIC_NO_WIDGETS"] = "1"
+    from IPython.testing.globalipapp import start_ipython
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "hvd_magic")
+    ip.run_line_magic("horovod_session", "start --np {np}")
+    session = ip.magics_manager.registry["HorovodMagics"].session
+    print("pids", *(session.ranks[r]["pid"] for r in range(session.np)), flush=True)
+    sys.stdin.read()
+    """)
+
+
+@pytest.mark.parametrize("np", [-2, 2], ids=["driver-only", "spark"])
+def test_the_ranks_of_a_killed_notebook_exit(np, tmp_path):
+    notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK.format(np=np)], cwd=tmp_path,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("pids"):
+            line = notebook.stdout.readline()
+            assert line, "the notebook ended before its session started"
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 2 and alive(pids) == pids
+        notebook.kill()  # SIGKILL: no atexit, no clean-up of any kind
+        notebook.wait()
+        assert wait_gone(pids, 30) == []
+    finally:
+        if notebook.poll() is None:
+            notebook.kill()
