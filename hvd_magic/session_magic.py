@@ -1,6 +1,8 @@
 """``%horovod_session`` and ``%%horovod`` cells that run in the warm session (see
 `hvd_magic.driver.session`): the notebook side of sessions, as thin as the magics."""
 
+import sys
+
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
@@ -28,11 +30,16 @@ def run_in_session(magics, session, args, cell):
                                    hidden=set(shell.user_ns_hidden))
     view = make_view(quiet=args.quiet, widgets=False if args.text else None)
     timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
-    run = api.run_in_session(
-        session, cell_fn, view=view, timeout=timeout, background=args.background,
-        name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
-        stall_timeout=positive("--stall-timeout", args.stall_timeout or magics.stall_timeout),
-        on_stall=args.on_stall, run_root=magics.run_root)
+    try:
+        run = api.run_in_session(
+            session, cell_fn, view=view, timeout=timeout, background=args.background,
+            name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
+            stall_timeout=positive("--stall-timeout", args.stall_timeout or magics.stall_timeout),
+            on_stall=args.on_stall, run_root=magics.run_root)
+    finally:
+        if session.broken and not session.stopped:  # said once, under the cell that broke it
+            print(f"[hvd_magic] session {session.id} needs a restart: {session.broken}. "
+                  f"Run %horovod_session restart.", file=sys.stderr)
     if args.background:
         return run
     if run.exports:

@@ -172,3 +172,19 @@ def test_notebooks_in_git_have_no_outputs():
                     for cell in nb["cells"] if cell["cell_type"] == "code"):
                 dirty.add(path)
     assert not dirty, f"strip the outputs of {sorted(dirty)} (Edit > Clear Outputs of All Cells)"
+
+
+def test_interactive_session(tmp_path):
+    nb = execute("interactive_session.ipynb", tmp_path)
+    start, build, _, define, inspect, _, train_more, plot, stop = code_cells(nb)
+    assert "2 ranks on driver only" in view(nb, start)
+    shown = view(nb, build)
+    assert "rank 0: 899 samples" in shown and "rank 1: 898 samples" in shown
+    first = float(results(define)[0])
+    shown = view(nb, inspect)
+    assert "rank 0: 20 steps so far, weights equal across ranks: True" in shown
+    assert float(results(inspect)[0]) == first  # the ranks kept their state between cells
+    assert float(results(train_more)[0]) < first  # training went on from where it was
+    assert "80 steps" in view(nb, plot)
+    assert any("image/png" in o.get("data", {}) for o in plot.outputs)
+    assert "stopped" in view(nb, stop)

@@ -174,3 +174,25 @@ def test_the_ranks_of_a_killed_notebook_exit(np, tmp_path):
     finally:
         if notebook.poll() is None:
             notebook.kill()
+
+
+def test_a_rank_stuck_in_a_collective_is_reported_and_restart_recovers(ip, session, capsys):
+    with pytest.raises(hvd_magic.RankError) as info:
+        cell(ip, INIT + "if hvd.rank() == 1:\n    raise RuntimeError('rank 1 gave up')\n"
+                        "hvd.allreduce(torch.ones(1))")
+    assert info.value.rank == 1 and "rank 1 gave up" in str(info.value)
+    assert "needs a restart" in capsys.readouterr().err  # rank 0 cannot leave the allreduce
+    ip.run_line_magic("horovod_session", "restart")
+    assert cell(ip, INIT + "hvd.allreduce(torch.ones(1), op=hvd.Sum).item()") == 2.0
+
+
+def test_hundreds_of_cells_leak_no_threads_sockets_or_memory(ip, session):
+    me = psutil.Process()
+    for _ in range(20):  # warm: imports, caches
+        cell(ip, "1 + 1")
+    threads, fds, rss = me.num_threads(), me.num_fds(), me.memory_info().rss
+    for _ in range(300):
+        cell(ip, "1 + 1")
+    assert me.num_threads() <= threads
+    assert me.num_fds() <= fds
+    assert me.memory_info().rss - rss < 30 * 2**20

@@ -86,5 +86,5 @@ class RunFolder:
     def write_meta(self, meta):
         tmp = os.path.join(self.path, "run.json.tmp")
         with open(tmp, "w") as f:
-            json.dump(meta, f, indent=1, default=str)
+            f.write(json.dumps(meta, default=str))  # one line: the C encoder (indent is pure Python)
         os.replace(tmp, os.path.join(self.path, "run.json"))

@@ -28,9 +28,12 @@ DEFAULT_HOROVOD_ENV = {
     # horovodrun exports '(None,)' for these (a 0 ms cycle that spins); we set them ourselves.
     "HOROVOD_CYCLE_TIME": "1",
     "HOROVOD_CACHE_CAPACITY": "1024",
-    # Bounds the rendezvous and every collective: it must cover rank start-up skew and a rank
-    # that computes alone for a while (evaluation on rank 0). Dead ranks are noticed at once anyway.
-    "HOROVOD_GLOO_TIMEOUT_SECONDS": "300",
+    # Bounds Gloo's waits for a peer: a frozen rank, and hvd.init() (which gives up after a few
+    # times this). It must cover the skew of ranks reaching hvd.init() (under a second with
+    # torch, seconds with TensorFlow on a loaded machine: bench/bench_reinit.py); a rank that
+    # computes alone does not count (Horovod's background threads keep negotiating), and a dead
+    # rank is noticed at once. The watchdog reports a missing rank sooner (driver/watchdog.py).
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
 }
 
 
