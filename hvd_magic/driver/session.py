@@ -49,22 +49,18 @@ class Session:
         self._cell_ids = itertools.count(1)
         self._current = None
         self._lock = threading.Lock()
-        self._router = None
 
     # -- life -----------------------------------------------------------------------------------
     def start(self, progress=None):
         """Start the ranks and wait until every one is ready for cells."""
         self.launcher.prepare(self.np)
         self.where = self.launcher.where
-        self.server = self.launcher.open_channel()
+        self.server = self.launcher.open_channel(sink=self)  # events come to `put`, at once
         settings = TaskSettings(
             run_id=self.id, np=self.np,
             events_address=f"{self.launcher.driver_host}:{self.server.port}",
             token=self.server.token, job=pickle.dumps(None), horovod_env=self.horovod_env,
             cwd=os.getcwd(), extra_env=self.extra_env, session=True)
-        self._router = threading.Thread(target=self._route, name=f"hvd-magic-{self.id}",
-                                        daemon=True)
-        self._router.start()
         self.started = time.time()
         self.launcher.start(settings, self.np)
         deadline = time.monotonic() + READY_TIMEOUT
@@ -136,32 +132,28 @@ class Session:
         return self.ranks.get(rank, {}).get("host")
 
     # -- events ---------------------------------------------------------------------------------
-    def _route(self):
-        server = self.server
-        while not (self.stopped and server.events.empty()):
-            try:
-                event = server.events.get(timeout=0.2)
-            except Exception:  # queue.Empty
-                continue
-            kind, rank = event.get("t"), event.get("rank")
-            if not isinstance(rank, int) or not 0 <= rank < self.np:
-                continue
-            if kind == "rendezvous" and rank == 0:  # task 0's Gloo rendezvous server is up
-                server.announce({"t": "rendezvous", "port": int(event["port"])})
-            elif kind == "state" and event.get("state") in ("starting", "ready"):
-                self.ranks[rank] = {**self.ranks.get(rank, {}),
-                                    **{k: v for k, v in event.items() if k not in ("t", "state")}}
-                if event["state"] == "ready":
-                    self.ready.add(rank)
-                continue
-            elif kind == "exit" and "cell" not in event and not self.stopped:
-                # the rank process itself ended: killed, crashed, out of memory
-                summary = event.get("summary") or {}
-                self.broken = (f"rank {rank} on {self.host_of(rank)} ended "
-                               f"({summary.get('signal') or summary.get('type') or event.get('status')})")
-            current = self._current
-            if current is not None:
-                current.deliver(event)
+    def put(self, event):
+        """An event from a task (called by the event server's connection threads): the running
+        cell's go to its channel; the session keeps what it needs to know of its ranks."""
+        kind, rank = event.get("t"), event.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < self.np:
+            return
+        if kind == "rendezvous" and rank == 0:  # task 0's Gloo rendezvous server is up
+            self.server.announce({"t": "rendezvous", "port": int(event["port"])})
+        elif kind == "state" and event.get("state") in ("starting", "ready"):
+            self.ranks[rank] = {**self.ranks.get(rank, {}),
+                                **{k: v for k, v in event.items() if k not in ("t", "state")}}
+            if event["state"] == "ready":
+                self.ready.add(rank)
+            return
+        elif kind == "exit" and "cell" not in event and not self.stopped:
+            # the rank process itself ended: killed, crashed, out of memory
+            summary = event.get("summary") or {}
+            self.broken = (f"rank {rank} on {self.host_of(rank)} ended "
+                           f"({summary.get('signal') or summary.get('type') or event.get('status')})")
+        current = self._current
+        if current is not None:
+            current.deliver(event)
 
     # -- what %horovod_session shows --------------------------------------------------------------
     def status(self):

@@ -48,10 +48,11 @@ class Launcher:
         """A handle the tasks read a large value from (`.value`, or the bytes themselves)."""
         return data
 
-    def open_channel(self):
+    def open_channel(self, sink=None):
         """The event channel of this launch: its tasks connect to it and send their events;
-        the driver reads `.events` and answers with `announce`, `broadcast`, `stop_all`."""
-        return EventServer(host=self.bind_host)
+        the driver reads `.events` (or `sink` gets them) and answers with `announce`,
+        `broadcast`, `stop_all`."""
+        return EventServer(host=self.bind_host, sink=sink)
 
     def start(self, settings, np):
         """Start `np` tasks running `run_task(settings, coordinator)`; do not wait for them."""
