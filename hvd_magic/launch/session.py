@@ -73,7 +73,7 @@ class CellChannel:
 
     def stop_all(self, reason):
         """Interrupt the cell on every rank (SIGINT: a KeyboardInterrupt); the ranks stay."""
-        self.session.server.broadcast({"t": "interrupt", "reason": reason})
+        self.session.server.broadcast({"t": "interrupt", "cell": self.cell_id, "reason": reason})
 
     def close(self):
         self.session.cell_ended(self)
@@ -102,7 +102,7 @@ class SessionLauncher(Launcher):
         job["cell"] = self.channel.cell_id
         for event in self.session.rank_states():  # who the ranks are, for this run's view
             self.channel.deliver(event)
-        self.session.server.broadcast({"t": "cell", "job": base64.b64encode(
+        self.session.server.broadcast({"t": "cell", "cell": self.channel.cell_id, "job": base64.b64encode(
             pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)).decode()})
 
     def done(self):

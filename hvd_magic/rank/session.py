@@ -19,6 +19,7 @@ import json
 import marshal
 import os
 import pickle
+import signal
 import struct
 import sys
 
@@ -27,6 +28,15 @@ from . import reporting
 END_OF_CELL = "\x00hvd_magic end of cell\x00"
 VALUE_NAME = "__hvd_magic_value__"
 _HEADER = struct.Struct("!I")
+_running = False    # inside a cell's code: the only place an interrupt may land
+
+
+def _interrupt(signum, frame):
+    # An interrupt meant for a cell can arrive just after it ended (the driver decided to stop
+    # while this rank was reporting its end): outside a cell's code it is ignored, so that it
+    # never breaks the end of a cell or the wait for the next one.
+    if _running:
+        raise KeyboardInterrupt
 
 
 def read_job(stream):
@@ -45,17 +55,16 @@ def write_job(stream, job_bytes):
 
 
 def serve(workdir, user_traceback, exports, register_source):
+    global _running
     import cloudpickle
 
+    signal.signal(signal.SIGINT, _interrupt)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     assigned = set()      # names a cell assigned on this rank: they win over notebook values
     jobs = sys.stdin.buffer
     reporting.state("ready")
     while True:
-        try:
-            job = read_job(jobs)
-        except KeyboardInterrupt:  # an interrupt between cells: nothing to stop
-            continue
+        job = read_job(jobs)
         if job is None:
             return 0
         cell = job["cell"]
@@ -64,13 +73,15 @@ def serve(workdir, user_traceback, exports, register_source):
         reporting.state("running", cell=cell)
         status, summary, payload = "ok", None, b""
         try:
-            for name, data in job["kwargs"].items():
-                if name not in assigned:
-                    namespace[name] = pickle.loads(data)
-            namespace.pop(VALUE_NAME, None)
+            _running = True
             try:
+                for name, data in job["kwargs"].items():
+                    if name not in assigned:
+                        namespace[name] = pickle.loads(data)
+                namespace.pop(VALUE_NAME, None)
                 exec(marshal.loads(job["code"]), namespace)
             finally:
+                _running = False
                 assigned.update(job["assigns"])
             value = namespace.pop(VALUE_NAME, None)
             payload = cloudpickle.dumps((value, exports(namespace, job.get("export", ()))))

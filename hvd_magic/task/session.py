@@ -1,7 +1,9 @@
 """A task's part in a warm session: cells in from the driver, each rank's ending of a cell out.
 
 The task hands each ``cell`` message's job to its rank process (stdin) and turns ``interrupt``
-into SIGINT, which ends the running cell with a KeyboardInterrupt and keeps the rank. When the
+into SIGINT, which ends the running cell with a KeyboardInterrupt and keeps the rank. The rank
+ignores SIGINT outside a cell's code, so the task repeats it until the cell ends: an interrupt
+that arrives before the rank started the cell still lands. When the
 rank says a cell is done, the task waits until every line the cell printed has been forwarded
 (the end-of-cell markers on stdout and stderr), then sends the cell's ``exit`` event with its
 value: pickled bytes signed with the run's token (HMAC-SHA256), which the driver checks before
@@ -18,6 +20,7 @@ import threading
 from ..rank.session import write_job
 
 MARKER_WAIT_SECONDS = 5.0
+INTERRUPT_EVERY = 0.5
 
 
 def sign(token, payload):
@@ -29,6 +32,8 @@ class SessionRank:
         self.link = link
         self.token = token
         self.lock = threading.Lock()
+        self.running = None          # the cell the rank was given and has not ended
+        self.cell_ended = threading.Condition(self.lock)
         link.session = self
         link.forward.on_cell_done = self.cell_done
 
@@ -38,14 +43,25 @@ class SessionRank:
             return
         if msg["t"] == "cell":
             with self.lock:  # one job at a time on the rank's stdin
+                self.running = msg.get("cell")
                 try:
                     write_job(proc.stdin, base64.b64decode(msg["job"]))
                 except (OSError, ValueError):
                     pass  # the rank died: its task reports how
         elif msg["t"] == "interrupt":
-            os.kill(proc.pid, signal.SIGINT)
+            threading.Thread(target=self._interrupt, args=(proc, msg.get("cell")),
+                             daemon=True).start()
+
+    def _interrupt(self, proc, cell):
+        with self.lock:
+            while self.running == cell and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGINT)
+                self.cell_ended.wait(INTERRUPT_EVERY)
 
     def cell_done(self, event):
+        with self.lock:
+            self.running = None
+            self.cell_ended.notify_all()
         for stream in ("stdout", "stderr"):
             self.link.forward.cell_ends[stream].acquire(timeout=MARKER_WAIT_SECONDS)
         payload = b""
