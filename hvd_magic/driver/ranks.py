@@ -18,7 +18,8 @@ class RankState:
         self.state = "pending"
         self.step = None
         self.total = None
-        self.metrics = {}
+        self.metrics = {}           # the latest value of each metric
+        self.history = []           # every [step, {metric: value}] the rank reported
         self.last_line = ""
         self.lines = 0
         self.exit = None     # {"code", "status", "summary"} once the rank ended
@@ -29,7 +30,7 @@ class RankState:
 
     def as_dict(self):
         return {k: v for k, v in vars(self).items()
-                if k not in ("last_event", "ended_at", "blocked_since", "blocked_op")}
+                if k not in ("last_event", "ended_at", "blocked_since", "blocked_op", "history")}
 
 
 def ranks_text(ranks):

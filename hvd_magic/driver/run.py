@@ -106,6 +106,16 @@ class Run:
     def log_path(self, rank):
         return self.folder.log_path(rank)
 
+    @property
+    def metrics(self):
+        """Every metric the ranks reported (`hvd_magic.report`, framework callbacks), as a
+        pandas DataFrame with one row per value: rank, step, name, value."""
+        import pandas as pd
+
+        rows = [(r.rank, step, name, value) for r in self.ranks for step, values in r.history
+                for name, value in values.items()]
+        return pd.DataFrame(rows, columns=["rank", "step", "name", "value"])
+
     def wait(self, timeout=None):
         """Wait for a background run to end; raise its error, or return its results."""
         if not self._done.wait(timeout):

@@ -17,6 +17,7 @@ import time
 from . import hooks
 
 MIN_INTERVAL = 0.1
+MAX_POINTS = 10_000     # metric points kept between two events (the newest, if more come)
 
 
 class _Channel:
@@ -29,6 +30,8 @@ class _Channel:
         self.last_event = None
         self.pending = None     # the latest throttled progress event, not sent yet
         self.timer = None       # sends `pending` when its interval is over
+        self.points = []        # every [step, metrics] reported since the last event
+        self.calls = 0          # x of a point reported without a step
 
     def event_fd(self):
         if self.fd is None:
@@ -49,6 +52,12 @@ class _Channel:
     def progress(self, event):
         now = time.monotonic()
         with self.lock:
+            if event["metrics"]:  # every point is kept for the charts, not only the latest
+                self.calls += 1
+                self.points.append([self.calls if event["step"] is None else event["step"],
+                                    event["metrics"]])
+                if len(self.points) > MAX_POINTS:
+                    del self.points[:len(self.points) - MAX_POINTS]
             if self.pending is None and event == self.last_event:
                 return  # nothing new (tqdm's close repeats its last update)
             final = event["step"] is not None and event["total"] is not None \
@@ -64,7 +73,14 @@ class _Channel:
                 return
             self.pending = None
             self.last_sent, self.last_event = now, event
+            event = self._with_points(event)
         self.write(event)
+
+    def _with_points(self, event):
+        if not self.points:
+            return event
+        points, self.points = self.points, []
+        return dict(event, points=points)
 
     def flush(self):
         with self.lock:
@@ -72,6 +88,7 @@ class _Channel:
             self.timer = None
             if event is not None:
                 self.last_sent, self.last_event = time.monotonic(), event
+                event = self._with_points(event)
         if event is not None:
             self.write(event)
 
@@ -91,10 +108,13 @@ def state(name, **info):
 
 
 def report(step=None, total=None, **metrics):
-    """Report progress and metrics of this rank; shown live in the notebook's dashboard.
+    """Report progress and metrics of this rank; shown live in the notebook's dashboard, one
+    chart per metric with a line per rank (x: `step`, else the number of the call).
 
-    Cheap enough to call on every step: events are sent at most ten times a second, and the
-    latest one is never lost (it follows within a tenth of a second).
+    Cheap enough to call on every step: events are sent at most ten times a second, carrying
+    every point reported since the last one, and the latest is never lost (it follows within a
+    tenth of a second). Metrics are numbers (tensors and numpy scalars are read with
+    ``.item()``); all of them are in ``hvd_magic.last_run().metrics`` afterwards.
 
     Examples
     --------

@@ -26,6 +26,7 @@ import os
 import threading
 import time
 
+from . import charts
 from .text import TextView, visible_text
 
 SHOW_AFTER = 1.5           # seconds before the dashboard appears (ipyparallel's --progress-after)
@@ -34,6 +35,7 @@ TAIL_LINES = 200           # lines of each rank's log kept for its panel
 TAIL_LINE_CHARS = 2000     # a longer line is cut in the panel (never in the log on disk)
 TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dashboard at once
 LAST_LINE_CHARS = 120
+CHART_INTERVAL = 0.5       # seconds between two drawings of the live charts
 
 _STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
                  "cancelled": "#757575", "running": "#1565c0", "starting": "#6a1b9a"}
@@ -57,6 +59,7 @@ class Dashboard:
         self._pushed_at = {}
         self._cancel_clicked = False
         self._notices = []           # messages about the whole run
+        self._charts = ("", -1, 0.0)  # (html, points drawn, when): charts redrawn 2/s at most
 
     # -- the view protocol -------------------------------------------------------------------
     def start(self, run):
@@ -109,6 +112,7 @@ class Dashboard:
     def finish(self, run):
         if self.quiet:
             return
+        self._show_picture(run)
         if self.box is None:  # a fast run: its lines as plain text, as the text view prints them
             text = TextView(summary=False)
             for rank, event in self._early:
@@ -117,6 +121,7 @@ class Dashboard:
             if getattr(run, "timeline_path", None):
                 text.stdout.write(self._timeline_note(run))
             return
+        self.charts.value = self._charts_html(run, final=True)
         self.header.value = self._header_html(run)
         self.table.value = self._table_html(run)
         for rank in sorted(self._log_dirty):
@@ -136,6 +141,7 @@ class Dashboard:
                                       layout=w.Layout(width="auto", margin="0 0 0 1em"))
         self.cancel_button.on_click(lambda _button: self._on_cancel(run))
         self.table = w.HTML(self._table_html(run))
+        self.charts = w.HTML(self._charts_html(run))
         self.panels = [w.HTML(self._log_html(run, rank)) for rank in range(run.np)]
         self._log_dirty.clear()
         self.logs = w.Accordion(children=self.panels,
@@ -143,7 +149,7 @@ class Dashboard:
         self.footer = w.HTML("")
         self.box = w.VBox([w.HBox([self.header, self.cancel_button],
                                   layout=w.Layout(align_items="center")),
-                           self.table, self.logs, self.footer])
+                           self.table, self.charts, self.logs, self.footer])
         self._early = []
         # Routed before it is shown, so that not even the first click can reach the busy main shell.
         self.subshell_id = _route_to_subshell([self.cancel_button, self.logs])
@@ -157,7 +163,8 @@ class Dashboard:
     def _candidates(self, run):
         """(widget, render) pairs that may need a message, least recently sent first."""
         items = [(self.header, lambda: self._header_html(run)),
-                 (self.table, lambda: self._table_html(run))]
+                 (self.table, lambda: self._table_html(run)),
+                 (self.charts, lambda: self._charts_html(run))]
         # Panels of closed accordion sections are brought up to date when opened, or at the end.
         # Without a subshell the front end's choice of panel only arrives after the cell, so all
         # panels are kept fresh then.
@@ -167,6 +174,22 @@ class Dashboard:
                 items.append((self.panels[rank], lambda rank=rank: self._take_log(run, rank)))
         items.sort(key=lambda item: self._pushed_at.get(item[0], 0.0))
         return items
+
+    def _charts_html(self, run, final=False):
+        """The charts, redrawn when new points came and half a second has passed (or at the end)."""
+        drawn, points, when = self._charts
+        now = time.monotonic()
+        total = sum(len(r.history) for r in run.ranks)
+        if total != points and (final or now - when >= CHART_INTERVAL):
+            self._charts = drawn, points, when = charts.charts_html(run.ranks), total, now
+        return drawn
+
+    def _show_picture(self, run):
+        """The charts once more as a static SVG output: what a saved notebook keeps."""
+        picture = charts.picture_svg(run.ranks)
+        if picture:
+            from IPython.display import SVG, display
+            display(SVG(data=picture))
 
     def _take_log(self, run, rank):
         self._log_dirty.discard(rank)

@@ -4,6 +4,8 @@ then a summary line per rank."""
 import os
 import sys
 
+from . import charts
+
 
 def visible_text(line):
     r"""What a terminal shows of a line with carriage returns: the text after the last one.
@@ -46,7 +48,7 @@ class TextView:
     def finish(self, run):
         if self.quiet or not self.summary:
             return
-        self.stdout.write(summary_text(run))
+        self.stdout.write(summary_text(run) + charts.summary_text(run.ranks))
         self.stdout.flush()
 
 

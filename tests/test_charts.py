@@ -1,0 +1,94 @@
+"""Live metric charts: every point a rank reports reaches the driver, the dashboard draws a chart
+per metric with a line per rank, a saved notebook keeps a static picture, the text view prints a
+summary, and `Run.metrics` is tidy data."""
+
+import io
+import os
+import re
+
+import nbformat
+
+import hvd_magic
+from hvd_magic.view import TextView, charts
+from test_notebooks import WIDGET_STATE, WIDGET_VIEW
+
+REPORTING = """\
+import time, os
+import hvd_magic
+rank = int(os.environ["HOROVOD_RANK"])
+for step in range({steps}):
+    hvd_magic.report(step=step, total={steps}, loss=step * (rank + 1), acc=1.0 - 1.0 / (step + 1))
+    time.sleep({pause})
+"""
+
+
+def test_every_reported_point_comes_back_as_tidy_metrics(ip):
+    out = io.StringIO()
+    ip.run_cell_magic("horovod", "--np -2 --quiet", REPORTING.format(steps=300, pause=0))
+    run = hvd_magic.last_run()
+    metrics = run.metrics
+    assert list(metrics.columns) == ["rank", "step", "name", "value"]
+    assert len(metrics) == 2 * 300 * 2  # not thinned by the ten-a-second event throttle
+    loss = metrics[metrics.name == "loss"].sort_values(["rank", "step"])
+    for rank in (0, 1):
+        mine = loss[loss["rank"] == rank]
+        assert list(mine.step) == list(range(300))
+        assert list(mine.value) == [s * (rank + 1) for s in range(300)]
+    TextView(stdout=out).finish(run)
+    text = out.getvalue()
+    assert "loss: last (min..max): rank 0 299 (0..299); rank 1 598 (0..598)" in text
+    assert "acc: last (min..max): rank 0 0.997 (0..0.997)" in text
+
+
+def test_a_chart_draws_a_line_per_rank_through_the_reported_points():
+    class Rank:
+        def __init__(self, rank, history):
+            self.rank, self.history = rank, history
+
+    ranks = [Rank(0, [[s, {"loss": 10 - s, "note": "text"}] for s in range(10)]),
+             Rank(1, [[s, {"loss": 20 - 2 * s}] for s in range(5)])]  # fell behind
+    svg = charts.charts_html(ranks)
+    assert svg.count("<svg") == 1 and 'data-metric="loss"' in svg  # "note" is not a number
+    lines = dict(re.findall(r'data-rank="(\d)" points="([^"]+)"', svg))
+    points = {r: [tuple(map(float, p.split(","))) for p in lines[r].split()] for r in lines}
+    assert len(points["0"]) == 10 and len(points["1"]) == 5
+    xs0 = [x for x, _ in points["0"]]
+    assert xs0 == sorted(xs0) and points["1"][-1][0] < xs0[-1]  # rank 1's line ends early
+    top = min(y for line in points.values() for _, y in line)
+    assert points["1"][0][1] == top  # 20, the largest value, drawn highest
+
+
+def execute_cells(cells, cwd):
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(cwd)}}).execute(env=env)
+    path = os.path.join(cwd, "charts.ipynb")
+    nbformat.write(nb, path)
+    return nbformat.read(path, as_version=4)  # as saved
+
+
+def test_the_dashboard_draws_live_charts_and_the_saved_notebook_keeps_a_picture(tmp_path):
+    nb = execute_cells(["%load_ext hvd_magic",
+                        "%%horovod --np -2\n" + REPORTING.format(steps=40, pause=0.08)],
+                       tmp_path)
+    run_cell = nb.cells[1]
+    state = nb.metadata["widgets"][WIDGET_STATE]["state"]
+    shown = [o for o in run_cell.outputs if WIDGET_VIEW in o.get("data", {})]
+    assert shown, "the run ended before the dashboard was shown"
+    chart_widgets = [m["state"]["value"] for m in state.values()
+                     if "hvd-magic-charts" in str(m.get("state", {}).get("value", ""))]
+    assert chart_widgets, "no chart widget in the dashboard"
+    final = chart_widgets[-1]
+    assert 'data-metric="loss"' in final and 'data-metric="acc"' in final
+    for metric in ("loss", "acc"):
+        chart = final[final.index(f'data-metric="{metric}"'):]
+        chart = chart[:chart.index("</svg>")]
+        lines = dict(re.findall(r'data-rank="(\d)" points="([^"]+)"', chart))
+        assert sorted(lines) == ["0", "1"]
+        assert all(len(points.split()) == 40 for points in lines.values())
+    pictures = [o for o in run_cell.outputs if "image/svg+xml" in o.get("data", {})]
+    assert len(pictures) == 1
+    assert pictures[0].data["image/svg+xml"].count("data-rank=") == 4  # 2 metrics x 2 ranks
