@@ -26,7 +26,7 @@ import os
 import threading
 import time
 
-from . import charts
+from .charts import charts_html, picture_svg
 from .text import TextView, visible_text
 
 SHOW_AFTER = 1.5           # seconds before the dashboard appears (ipyparallel's --progress-after)
@@ -181,12 +181,12 @@ class Dashboard:
         now = time.monotonic()
         total = sum(len(r.history) for r in run.ranks)
         if total != points and (final or now - when >= CHART_INTERVAL):
-            self._charts = drawn, points, when = charts.charts_html(run.ranks), total, now
+            self._charts = drawn, points, when = charts_html(run.ranks), total, now
         return drawn
 
     def _show_picture(self, run):
         """The charts once more as a static SVG output: what a saved notebook keeps."""
-        picture = charts.picture_svg(run.ranks)
+        picture = picture_svg(run.ranks)
         if picture:
             from IPython.display import SVG, display
             display(SVG(data=picture))

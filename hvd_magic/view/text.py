@@ -4,7 +4,7 @@ then a summary line per rank."""
 import os
 import sys
 
-from . import charts
+from .charts import summary_text as metrics_summary
 
 
 def visible_text(line):
@@ -48,7 +48,7 @@ class TextView:
     def finish(self, run):
         if self.quiet or not self.summary:
             return
-        self.stdout.write(summary_text(run) + charts.summary_text(run.ranks))
+        self.stdout.write(summary_text(run) + metrics_summary(run.ranks))
         self.stdout.flush()
 
 
