@@ -17,7 +17,7 @@ import time
 from . import hooks
 
 MIN_INTERVAL = 0.1
-MAX_POINTS = 10_000     # metric points kept between two events (the newest, if more come)
+MAX_POINTS = 10_000     # metric points that make an event go at once (a tight loop's points)
 
 
 class _Channel:
@@ -56,12 +56,10 @@ class _Channel:
                 self.calls += 1
                 self.points.append([self.calls if event["step"] is None else event["step"],
                                     event["metrics"]])
-                if len(self.points) > MAX_POINTS:
-                    del self.points[:len(self.points) - MAX_POINTS]
             if self.pending is None and event == self.last_event:
                 return  # nothing new (tqdm's close repeats its last update)
-            final = event["step"] is not None and event["total"] is not None \
-                and event["step"] >= event["total"]
+            final = (event["step"] is not None and event["total"] is not None
+                     and event["step"] >= event["total"]) or len(self.points) >= MAX_POINTS
             if not final and (self.timer is not None or now - self.last_sent < MIN_INTERVAL):
                 # Keep the latest; the timer sends it when the interval is over, so a rank that
                 # then computes for minutes without reporting still shows where it is.
