@@ -47,7 +47,10 @@ for name in ("tensorflow-cpu", "tensorflow"):
         pass
 else:
     print("none")')
-patchhash=$(cat "${patches[@]}" | sha256sum | cut -c1-12)
+# The recipe's own version goes into the hash too: bump it when the wheel's content changes
+# without a patch changing (2: the wheel records what it was built against).
+recipe=2
+patchhash=$( (echo "recipe $recipe"; cat "${patches[@]}") | sha256sum | cut -c1-12)
 cache=${HVD_MAGIC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_magic}
 wheeldir="$cache/wheels/horovod-$version-$pyver-torch$torchver-tf$tfver-$patchhash"
 
@@ -84,6 +87,11 @@ if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
     for p in "${patches[@]}"; do
         patch --quiet -p1 -d "$work/horovod-$version" < "$p"
     done
+    # What the compiled parts fit, for hvd_magic.rank.buildcheck and %horovod_env: with another
+    # torch or TensorFlow they fail with an undefined symbol that names neither.
+    tfrecord=$([[ $tfver == none ]] && echo None || echo "\"$tfver\"")
+    printf '# Written by hvd_magic scripts/build_horovod.sh: the versions this build fits.\nBUILT_WITH = {"torch": "%s", "tensorflow": %s, "flavour": "%s"}\n' \
+        "$torchver" "$tfrecord" "$flavour" > "$work/horovod-$version/horovod/_hvd_magic_build.py"
     cmake_major=$(cmake --version 2>/dev/null | sed -n 's/cmake version \([0-9]*\).*/\1/p')
     if [[ -z $cmake_major ]]; then
         "$py" -m pip install --quiet "cmake>=3.13,<4"

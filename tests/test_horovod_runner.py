@@ -115,3 +115,32 @@ def test_more_ranks_than_slots_is_refused(ip, fresh_ns):
     fresh_ns["session"] = session
     message = refusal(ip, f"HorovodRunner(np={slots + 1}, spark=session).run(train)")
     assert f"np={slots + 1}" in message and f"{slots} task slots" in message
+
+
+SCRIPT = """\
+from hvd_magic import HorovodRunner
+
+SCALE = 10
+
+def main(x=1):
+    import torch, horovod.torch as hvd
+    hvd.init()
+    print(f"hello from rank {hvd.rank()}")
+    return hvd.allreduce(torch.tensor([float(x)]), op=hvd.Sum).item() * SCALE
+
+if __name__ == "__main__":
+    print("result:", HorovodRunner(np=-2, driver_log_verbosity="all").run(main, x=2))
+"""
+
+
+def test_a_plain_python_script_gets_the_text_view(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / "train.py").write_text(SCRIPT)
+    done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "[rank 0] hello from rank 0" in done.stdout
+    assert "[rank 1] hello from rank 1" in done.stdout
+    assert "result: 40.0" in done.stdout
+    assert "rank 1" in done.stdout and "done" in done.stdout  # the text view's summary
