@@ -23,6 +23,9 @@ def __getattr__(name):
     if name in _API:
         from . import api
         return getattr(api, name)
+    if name == "HorovodRunner":  # Databricks' sparkdl.HorovodRunner API
+        from .horovod_runner import HorovodRunner
+        return HorovodRunner
     if name == "timeline":  # `with hvd_magic.timeline():` on a rank
         from .timelines.record import timeline
         return timeline
@@ -48,5 +51,5 @@ def unload_ipython_extension(ip):
                 del ip.magics_manager.magics[kind][name]
 
 
-__all__ = ["run", "last_run", "runs", "Run", "report", "timeline", "RankError", "LaunchError",
-           "RunCancelled", "RunTimeout", "HorovodMagicError"]
+__all__ = ["run", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
+           "LaunchError", "RunCancelled", "RunTimeout", "HorovodMagicError"]

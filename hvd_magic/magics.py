@@ -215,11 +215,12 @@ class HorovodMagics(Magics):
         """Compare every executor's Python packages and GPUs with the driver's.
 
         A short Spark job with a task in every slot reports, per executor: the Python,
-        cloudpickle, torch, horovod (built with Gloo? NCCL?), hvd_magic and pyspark versions,
-        and the GPUs it sees (CUDA_VISIBLE_DEVICES, torch's device count, the GPUs Spark assigns
+        cloudpickle, torch, TensorFlow, horovod (built against which torch and TensorFlow? with
+        Gloo? NCCL?), hvd_magic and pyspark versions, and the GPUs it sees (CUDA_VISIBLE_DEVICES, torch's device count, the GPUs Spark assigns
         its tasks). Values that differ from the driver's are highlighted; a package that an
         executor lacks is reported as missing. Different Python or cloudpickle versions are the
-        commonest cause of a cell that unpickles on the driver but not on the workers.
+        commonest cause of a cell that unpickles on the driver but not on the workers; a
+        Horovod built against another torch or TensorFlow than the installed one gets a note.
         Returns the report (``hvd_magic.launch.envcheck.EnvReport``; its ``mismatches`` list them).
 
         Examples
@@ -231,5 +232,12 @@ class HorovodMagics(Magics):
             report.mismatches               # [Mismatch(where='10.0.0.7:41234', what='cloudpickle', ...)]
             %horovod_env --text             # plain text, to paste into an issue
         """
-        from .launch.envcheck import env_magic
-        return env_magic(self, line)
+        from .launch.envcheck import check
+        args = parse_argstring(self.horovod_env, line)
+        if args.timeout <= 0:
+            raise UsageError("--timeout takes a positive number of seconds.")
+        report = check(timeout=args.timeout)
+        if args.text:
+            print(report.text())
+            return None
+        return report

@@ -1,42 +1,74 @@
 #!/usr/bin/env bash
-# Build Horovod 0.28.1 for the torch in the given virtual environment, cache the wheel, install it.
+# Build Horovod 0.28.1 for the torch and TensorFlow in the given environment, cache the wheel, install it.
 #
-# The published 0.28.1 sdist compiles with -std=c++14 and so fails against torch >= 2.1.
+# The published 0.28.1 sdist compiles with -std=c++14 and so fails against torch >= 2.1, and its
+# TensorFlow part neither compiles against TensorFlow 2.21 nor works with Keras 3.
 # We download the sdist from the package registry, apply our patches (patches/horovod-0.28.1-*.patch:
-# C++17; no busy-spinning in the timeline writer and the torch wait loop; HOROVOD_GLOO_IFACE also for
-# the process-set contexts, which otherwise bind to what the hostname resolves to and break ranks on
-# hosts whose name resolves to a loopback address), build a wheel with Gloo
-# and without MPI/TensorFlow/MXNet, and keep it in ~/.cache/hvd_magic/wheels/<key>/ where <key> names
-# the Python and torch versions and a hash of the patches: the second run installs in seconds.
+# C++17; the XLA ops (GPU only) left out of CPU builds; no busy-spinning in the timeline writer and
+# the torch wait loop; HOROVOD_GLOO_IFACE also for the process-set contexts, which otherwise bind to
+# what the hostname resolves to and break ranks on hosts whose name resolves to a loopback address;
+# Keras 2 (tf_keras) for Horovod's Keras wrappers where `keras` is Keras 3), build ONE wheel with
+# PyTorch and TensorFlow, Gloo, without MPI/MXNet, and keep it in ~/.cache/hvd_magic/wheels/<key>/
+# where <key> names the Python, torch and TensorFlow versions and a hash of the patches: the second
+# run installs in seconds. Without TensorFlow in the environment the wheel is for torch alone
+# (its key says tfnone). A wheel is tied to the torch and TensorFlow it was built against.
 #
-# Usage: scripts/build_horovod.sh VENV [stock]
-#   stock: apply only the C++17 fix (for the benchmark that compares against unpatched Horovod).
+# Usage: scripts/build_horovod.sh PREFIX [stock]
+#   PREFIX: a venv or conda prefix (only PREFIX/bin/python is used)
+#   stock: apply only what it takes to compile against this torch and TensorFlow (C++17, no XLA
+#   ops), for the benchmark that compares against unpatched Horovod.
 # Also used by binder/postBuild: one recipe, not two.
 set -euo pipefail
 
-venv=${1:?usage: build_horovod.sh VENV [stock]}
+venv=${1:?usage: build_horovod.sh PREFIX [stock]}
 flavour=${2:-patched}
 here=$(cd "$(dirname "$0")/.." && pwd)
 py="$venv/bin/python"
 version=0.28.1
 
-patches=("$here/patches/horovod-$version-cxx17.patch")
+patches=("$here/patches/horovod-$version-cxx17.patch"
+         "$here/patches/horovod-$version-tf-build.patch")
 if [[ $flavour != stock ]]; then
     patches+=("$here/patches/horovod-$version-no-spin.patch"
-              "$here/patches/horovod-$version-process-set-iface.patch")
+              "$here/patches/horovod-$version-process-set-iface.patch"
+              "$here/patches/horovod-$version-tf-keras2.patch")
 fi
 
 pyver=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 torchver=$("$py" -c 'import torch; print(torch.__version__)')
-patchhash=$(cat "${patches[@]}" | sha256sum | cut -c1-12)
+# From the package metadata: importing TensorFlow just to ask takes seconds.
+tfver=$("$py" -c '
+from importlib.metadata import version, PackageNotFoundError
+for name in ("tensorflow-cpu", "tensorflow"):
+    try:
+        print(version(name))
+        break
+    except PackageNotFoundError:
+        pass
+else:
+    print("none")')
+# The recipe's own version goes into the hash too: bump it when the wheel's content changes
+# without a patch changing (2: the wheel records what it was built against).
+recipe=2
+patchhash=$( (echo "recipe $recipe"; cat "${patches[@]}") | sha256sum | cut -c1-12)
 cache=${HVD_MAGIC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_magic}
-wheeldir="$cache/wheels/horovod-$version-$pyver-torch$torchver-$patchhash"
+wheeldir="$cache/wheels/horovod-$version-$pyver-torch$torchver-tf$tfver-$patchhash"
 
 verify() {
-    "$py" - <<'EOF'
+    TF_CPP_MIN_LOG_LEVEL=2 TF_USE_LEGACY_KERAS=1 "$py" - "$tfver" "$flavour" <<'EOF'
+import sys
 import horovod.torch as hvd
 assert hvd.gloo_built(), "Horovod was built without Gloo"
-import horovod; print(f"horovod {horovod.__version__}: horovod.torch imports, gloo_built=True")
+frameworks = ["horovod.torch"]
+if sys.argv[1] != "none":
+    import horovod.tensorflow as hvd_tf
+    assert hvd_tf.gloo_built(), "Horovod's TensorFlow part was built without Gloo"
+    frameworks.append("horovod.tensorflow")
+    if sys.argv[2] != "stock":  # stock Horovod's Keras wrappers need Keras 2 as `keras`
+        import horovod.keras, horovod.tensorflow.keras  # noqa: F401
+        frameworks += ["horovod.keras", "horovod.tensorflow.keras"]
+import horovod
+print(f"horovod {horovod.__version__}: {', '.join(frameworks)} import, gloo_built=True")
 EOF
 }
 
@@ -47,7 +79,7 @@ if [[ -f $installed_key && $(cat "$installed_key") == "$wheeldir" ]] && verify >
 fi
 
 if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
-    echo "horovod: building $version ($flavour) for $pyver torch $torchver (about 4-5 minutes on 2 cores)"
+    echo "horovod: building $version ($flavour) for $pyver torch $torchver tensorflow $tfver (6-10 minutes on 2 cores)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     "$py" -m pip download --quiet --no-deps --no-binary :all: "horovod==$version" -d "$work"
@@ -55,6 +87,11 @@ if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
     for p in "${patches[@]}"; do
         patch --quiet -p1 -d "$work/horovod-$version" < "$p"
     done
+    # What the compiled parts fit, for hvd_magic.rank.buildcheck and %horovod_env: with another
+    # torch or TensorFlow they fail with an undefined symbol that names neither.
+    tfrecord=$([[ $tfver == none ]] && echo None || echo "\"$tfver\"")
+    printf '# Written by hvd_magic scripts/build_horovod.sh: the versions this build fits.\nBUILT_WITH = {"torch": "%s", "tensorflow": %s, "flavour": "%s"}\n' \
+        "$torchver" "$tfrecord" "$flavour" > "$work/horovod-$version/horovod/_hvd_magic_build.py"
     cmake_major=$(cmake --version 2>/dev/null | sed -n 's/cmake version \([0-9]*\).*/\1/p')
     if [[ -z $cmake_major ]]; then
         "$py" -m pip install --quiet "cmake>=3.13,<4"
@@ -62,9 +99,13 @@ if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
     elif (( cmake_major >= 4 )); then
         export CMAKE_POLICY_VERSION_MINIMUM=3.5   # bundled Gloo asks for cmake 2.8.12
     fi
+    if [[ $tfver == none ]]; then
+        export HOROVOD_WITHOUT_TENSORFLOW=1
+    else
+        export HOROVOD_WITH_TENSORFLOW=1   # fail the build rather than leave TensorFlow out quietly
+    fi
     mkdir -p "$work/dist"
-    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 \
     MAKEFLAGS="-j$(nproc)" \
         "$py" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/dist" "$work/horovod-$version"
     mkdir -p "$wheeldir"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything hvd_magic needs, idempotently: Java 17+, .venv with the project and its
-# dependencies, and Horovod built from source (cached in ~/.cache/hvd_magic).
+# dependencies, TensorFlow, and Horovod built from source (cached in ~/.cache/hvd_magic).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -24,13 +24,15 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 py="$venv/bin/python"
 stamp="$venv/.deps-key"
-key=$(cat pyproject.toml | sha256sum | cut -c1-16)
+key=$(cat pyproject.toml scripts/install_tensorflow.sh | sha256sum | cut -c1-16)
 if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
     echo "setup: installing Python packages into .venv"
     "$py" -m pip install --quiet --upgrade pip
     # torch first, pinned: the CPU build this machine has; Horovod is built against it.
     "$py" -m pip install --quiet "torch==$torch_version"
     "$py" -m pip install --quiet -e ".[test]"
+    # TensorFlow after torch and the project: Horovod is built against both.
+    bash scripts/install_tensorflow.sh "$venv"
     echo "$key" > "$stamp"
 fi
 bash "$here/scripts/build_horovod.sh" "$venv"

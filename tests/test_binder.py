@@ -18,9 +18,10 @@ from packaging.utils import canonicalize_name
 from conftest import ROOT
 
 BINDER = os.path.join(ROOT, "binder")
-# Imported by the notebooks, installed another way on binder: the project itself and Horovod
-# (both by binder/postBuild).
-INSTALLED_BY_POSTBUILD = {"hvd_magic", "horovod"}
+# Imported by the notebooks, installed another way on binder: the project itself, Horovod, and
+# TensorFlow with Keras (scripts/install_tensorflow.sh: tf-keras needs --no-deps, which a
+# requirements file cannot say), all by binder/postBuild.
+INSTALLED_BY_POSTBUILD = {"hvd_magic", "horovod", "tensorflow", "keras", "tf_keras"}
 
 
 def pyproject():
@@ -116,4 +117,8 @@ def test_binder_files():
         text = f.read()
     # One recipe for Horovod, not two: binder builds it with the project's own script.
     assert 'scripts/build_horovod.sh "$NB_PYTHON_PREFIX"' in text
+    assert 'scripts/install_tensorflow.sh "$NB_PYTHON_PREFIX"' in text  # and TensorFlow too
+    # TensorFlow first: Horovod is built against it
+    assert text.index("bash scripts/install_tensorflow.sh") < \
+        text.index("bash scripts/build_horovod.sh")
     assert not re.search(r"pip install[^\n]*horovod", text, re.I)

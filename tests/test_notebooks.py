@@ -148,6 +148,23 @@ def test_failures(tmp_path):
     assert "UsageError: " in view(nb, bad_option) and "non-zero" in view(nb, bad_option)
 
 
+def test_keras_training(tmp_path):
+    nb = execute("keras_training.ipynb", tmp_path)
+    define, runner, cell = code_cells(nb)
+    assert not errors(define)
+    runner_accuracy = float(re.search(r"HorovodRunner: test accuracy (0\.\d+)",
+                                      view(nb, runner)).group(1))
+    assert runner_accuracy > 0.8  # a trained model, not chance (0.1)
+    shown = view(nb, cell)
+    # (a dashboard shows a line twice: in its table and in the rank's log)
+    accuracies = dict(re.findall(r"rank (\d): test accuracy (0\.\d+)", shown))
+    assert sorted(accuracies) == ["0", "1"]
+    assert accuracies["0"] == accuracies["1"]  # the same weights on both ranks
+    assert float(accuracies["0"]) > 0.8
+    assert "loss:" in shown  # Keras' own progress on rank 0
+    assert len(results(cell)) == 1 and float(results(cell)[0]) > 0.8
+
+
 def test_every_notebook_is_tested():
     names = sorted(n for n in os.listdir(NOTEBOOKS) if n.endswith(".ipynb"))
     tested = sorted(name[len("test_"):] + ".ipynb" for name in globals()

@@ -7,24 +7,27 @@ from IPython.core.error import UsageError
 
 # What to do instead, by the type name of a value that cannot be pickled.
 _ADVICE = {
-    "SparkSession": "Spark objects live on the driver only; read the data inside the cell "
+    "SparkSession": "Spark objects live on the driver only; read the data inside {inside} "
                     "(or pass a pandas/numpy copy)",
-    "SparkContext": "Spark objects live on the driver only; create what you need inside the cell",
+    "SparkContext": "Spark objects live on the driver only; create what you need inside {inside}",
     "DataFrame": "a Spark DataFrame lives on the driver; pass df.toPandas() or read the data "
-                 "inside the cell",
-    "SummaryWriter": "create it inside the cell",
-    "TextIOWrapper": "open the file inside the cell",
-    "BufferedReader": "open the file inside the cell",
-    "BufferedWriter": "open the file inside the cell",
-    "socket": "open the connection inside the cell",
-    "generator": "build the generator inside the cell (or pass list(...) of it)",
-    "lock": "create it inside the cell",
-    "Thread": "start threads inside the cell",
+                 "inside {inside}",
+    "SummaryWriter": "create it inside {inside}",
+    "TextIOWrapper": "open the file inside {inside}",
+    "BufferedReader": "open the file inside {inside}",
+    "BufferedWriter": "open the file inside {inside}",
+    "socket": "open the connection inside {inside}",
+    "generator": "build the generator inside {inside} (or pass list(...) of it)",
+    "lock": "create it inside {inside}",
+    "Thread": "start threads inside {inside}",
 }
 
 
-def pickle_values(values, kind="name"):
-    """Pickle each value on its own; raise UsageError naming every one that cannot travel."""
+def pickle_values(values, kind="name", inside="the cell"):
+    """Pickle each value on its own; raise UsageError naming every one that cannot travel.
+
+    `inside` is where the advice says to create such a value instead ("the cell", "train()").
+    """
     import cloudpickle
 
     pickled, failures = {}, []
@@ -35,8 +38,9 @@ def pickle_values(values, kind="name"):
             type_name = type(value).__name__
             advice = _ADVICE.get(type_name) or next(
                 (a for key, a in _ADVICE.items() if key.lower() in type_name.lower()),
-                "create it inside the cell, or pass something picklable")
+                "create it inside {inside}, or pass something picklable")
             reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            advice = advice.format(inside=inside)
             failures.append(f"  `{name}` ({type_name}) cannot be sent to the ranks: {advice}. "
                             f"[{reason}]")
     if failures:

@@ -36,6 +36,15 @@ DEFAULT_HOROVOD_ENV = {
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
 }
 
+# Other variables every rank gets unless --env / env= says otherwise.
+DEFAULT_RANK_ENV = {
+    # Keras 2 for `tf.keras` and, on a rank, for `import keras` too (hvd_magic.rank.keras_alias):
+    # Horovod's Keras wrappers need it, and HorovodRunner-era code is written for it.
+    "TF_USE_LEGACY_KERAS": "1",
+    # TensorFlow's C++ INFO/WARNING lines (oneDNN, cudart) on every rank drown the user's output.
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+}
+
 
 def new_run_id():
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
@@ -58,7 +67,7 @@ class Run:
         self.timeout = timeout
         self.cell = cell
         self.horovod_env = {**DEFAULT_HOROVOD_ENV, **(horovod_env or {})}
-        self.extra_env = dict(extra_env or {})
+        self.extra_env = {**DEFAULT_RANK_ENV, **(extra_env or {})}
         self.broadcast_bytes = broadcast_bytes
         self.allow_retry = allow_retry
         self.timeline = timeline

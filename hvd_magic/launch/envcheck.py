@@ -2,8 +2,8 @@
 
 One short Spark barrier job with a task in every slot (so every executor is reached) runs `probe`
 on the executors, and the driver runs it too. The report puts them side by side, one row per
-executor: Python, cloudpickle, torch, horovod (built with Gloo? NCCL?), hvd_magic and pyspark
-versions, and the GPUs each executor sees (CUDA_VISIBLE_DEVICES, torch's device count, the GPU
+executor: Python, cloudpickle, torch, TensorFlow, horovod (built against which frameworks? with
+Gloo? NCCL?), hvd_magic and pyspark versions, and the GPUs each executor sees (CUDA_VISIBLE_DEVICES, torch's device count, the GPU
 addresses Spark assigns its tasks). Every value that differs from the driver's is a `Mismatch`.
 
 `probe` must run where hvd_magic is not installed (that is one of the things it finds out), so it
@@ -22,6 +22,8 @@ import re
 import types
 import uuid
 
+from ..rank import buildcheck
+
 MISSING = "missing"
 
 # (field, column title): the report's columns, in order.
@@ -29,7 +31,9 @@ COLUMNS = [
     ("python", "Python"),
     ("cloudpickle", "cloudpickle"),
     ("torch", "torch"),
+    ("tensorflow", "TensorFlow"),
     ("horovod", "horovod"),
+    ("horovod_built", "Horovod built with"),
     ("horovod_gloo", "Gloo"),
     ("horovod_nccl", "NCCL"),
     ("hvd_magic", "hvd_magic"),
@@ -41,8 +45,8 @@ COLUMNS = [
 ]
 # Fields an executor should share with the driver. GPUs are shown, not compared: the driver of a
 # GPU cluster usually has none.
-COMPARED = ("python", "cloudpickle", "torch", "horovod", "horovod_gloo", "horovod_nccl",
-            "hvd_magic", "pyspark")
+COMPARED = ("python", "cloudpickle", "torch", "tensorflow", "horovod", "horovod_built",
+            "horovod_gloo", "horovod_nccl", "hvd_magic", "pyspark")
 # What a rank imports on its executor: without one of these `%%horovod` cannot start there.
 NEEDED = ("torch", "horovod", "hvd_magic", "cloudpickle")
 PACKAGES = ("cloudpickle", "torch", "horovod", "hvd_magic", "pyspark")
@@ -76,6 +80,20 @@ def probe(_partition=()):
             values[name] = "missing" if exc.name == name else f"broken ({exc})"[:120]
         except Exception as exc:  # a package whose import fails can fail in any way
             values[name] = f"broken ({type(exc).__name__}: {exc})"[:120]
+    import ast
+    import importlib.metadata as metadata
+    tf = [d.version for d in metadata.distributions()
+          if d.metadata["Name"].lower().replace("_", "-") in ("tensorflow-cpu", "tensorflow")]
+    values["tensorflow"] = tf[0] if tf else "missing"  # metadata: importing TF takes seconds
+    # What Horovod's compiled parts fit (scripts/build_horovod.sh records it): those versions only.
+    values["horovod_built"] = ""
+    for folder in getattr(sys.modules.get("horovod"), "__path__", ()):
+        try:
+            with open(os.path.join(folder, "_hvd_magic_build.py")) as f:
+                built = ast.literal_eval(f.read().split("=", 1)[1].strip())
+            values["horovod_built"] = ", ".join(f"{k} {v}" for k, v in built.items() if v)
+        except (OSError, SyntaxError, IndexError, ValueError):
+            values["horovod_built"] = "not recorded"
     values["horovod_gloo"] = values["horovod_nccl"] = ""
     if not values["horovod"].startswith(("missing", "broken")):
         try:
@@ -248,7 +266,8 @@ def compare(driver, executors):
     mismatches = [Mismatch(row.where, field, row.values.get(field, ""), driver.values.get(field, ""))
                   for row in executors for field in COMPARED
                   if _differs(field, row.values.get(field, ""), driver.values.get(field, ""))]
-    notes = []
+    notes = [f"{row.where}: {note}" for row in [driver] + list(executors)
+             for note in buildcheck.stale_build(row.values)]
     if any(m.what in ("python", "cloudpickle") for m in mismatches):
         notes.append(PICKLE_ADVICE)
     lacking = {}
@@ -374,21 +393,6 @@ def check(spark=None, timeout=120.0):
                      "probe (some joined after it started?); run it again to see them all.")
     return EnvReport(master=sc.master, driver=driver, executors=executors, mismatches=mismatches,
                      notes=notes, error=error)
-
-
-def env_magic(magics, line):
-    """``%horovod_env [--timeout S] [--text]`` (see `HorovodMagics.horovod_env`)."""
-    from IPython.core.error import UsageError
-    from IPython.core.magic_arguments import parse_argstring
-
-    args = parse_argstring(magics.horovod_env, line)
-    if args.timeout <= 0:
-        raise UsageError("--timeout takes a positive number of seconds.")
-    report = check(timeout=args.timeout)
-    if args.text:
-        print(report.text())
-        return None
-    return report
 
 
 if __name__ == "__main__":  # python -m hvd_magic.launch.envcheck: this interpreter's row, as JSON

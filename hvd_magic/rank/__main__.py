@@ -17,7 +17,7 @@ import signal
 import sys
 import traceback
 
-from . import reporting, stall
+from . import buildcheck, keras_alias, reporting, stall
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -91,6 +91,7 @@ def main(workdir):
     signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
+    keras_alias.install()  # before unpickling: the job may refer to `keras` by name
     import cloudpickle  # noqa: F401  (needed to unpickle the job)
     import pickle
 
@@ -112,12 +113,12 @@ def main(workdir):
     except BaseException as exc:  # the user's code may raise anything, SystemExit included
         sys.stdout.flush()
         sys.stderr.flush()
-        _write_json(os.path.join(workdir, "error.json"), {
-            "type": type(exc).__name__,
-            "module": type(exc).__module__,
-            "message": str(exc),
-            "traceback": _user_traceback(exc),
-        })
+        error = {"type": type(exc).__name__, "module": type(exc).__module__,
+                 "message": str(exc), "traceback": _user_traceback(exc)}
+        mismatch = buildcheck.explain(exc)
+        if mismatch:  # an undefined symbol from a .so says nothing to a user
+            error.update(type="HorovodBuildMismatch", module=__name__, message=mismatch)
+        _write_json(os.path.join(workdir, "error.json"), error)
         return EXIT_USER_ERROR
     sys.stdout.flush()
     sys.stderr.flush()
