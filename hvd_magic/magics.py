@@ -4,6 +4,7 @@ A thin shell: parse the options, capture the cell, call `hvd_magic.api.run_cell`
 Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the session.
 """
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Dict, Float, Int, Unicode
