@@ -7,6 +7,7 @@ import os
 import re
 
 import nbformat
+import pytest
 
 import hvd_magic
 from hvd_magic.view import TextView, charts
@@ -92,3 +93,35 @@ def test_the_dashboard_draws_live_charts_and_the_saved_notebook_keeps_a_picture(
     pictures = [o for o in run_cell.outputs if "image/svg+xml" in o.get("data", {})]
     assert len(pictures) == 1
     assert pictures[0].data["image/svg+xml"].count("data-rank=") == 4  # 2 metrics x 2 ranks
+
+
+KERAS = """\
+import numpy as np
+import keras
+import horovod.keras as hvd
+import hvd_magic.keras
+hvd.init()
+rng = np.random.default_rng(hvd.rank())
+x = rng.normal(size=(256, 8)).astype("float32")
+y = (x.sum(axis=1) > 0).astype("float32")
+model = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, activation="sigmoid")])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="binary_crossentropy",
+              metrics=["accuracy"])
+history = model.fit(x, y, epochs=4, batch_size=32, verbose=0,
+                    callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hvd_magic.keras.MetricsCallback(every_n_batches=4)])
+history.history["loss"]
+"""
+
+
+def test_the_keras_callback_reports_every_epoch_and_every_n_batches(ip):
+    losses = ip.run_cell_magic("horovod", "--np -2 --quiet", KERAS)
+    metrics = hvd_magic.last_run().metrics
+    for rank in (0, 1):
+        mine = metrics[metrics["rank"] == rank]
+        epochs = mine[mine.name == "loss"].sort_values("step")
+        assert list(epochs.step) == [1, 2, 3, 4]
+        if rank == 0:
+            assert list(epochs.value) == pytest.approx(losses)  # what Keras itself recorded
+        assert set(mine.name) >= {"loss", "accuracy", "loss (batch)", "accuracy (batch)"}
+        assert list(mine[mine.name == "loss (batch)"].step) == list(range(4, 33, 4))  # 8 a epoch
