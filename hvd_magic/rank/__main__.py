@@ -17,7 +17,7 @@ import signal
 import sys
 import traceback
 
-from . import buildcheck, keras_alias, reporting, stall
+from . import keras_alias, reporting, stall
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -115,6 +115,7 @@ def main(workdir):
         sys.stderr.flush()
         error = {"type": type(exc).__name__, "module": type(exc).__module__,
                  "message": str(exc), "traceback": _user_traceback(exc)}
+        from . import buildcheck  # only when something failed: a rank starts with little loaded
         mismatch = buildcheck.explain(exc)
         if mismatch:  # an undefined symbol from a .so says nothing to a user
             error.update(type="HorovodBuildMismatch", module=__name__, message=mismatch)
