@@ -7,9 +7,12 @@ job starts), picks a launcher (`hvd_magic.launch.make_launcher`) and starts a `R
 (`hvd_magic.driver.run`), which drives the launch to its end.
 """
 
+import marshal
+
 from IPython.core.error import UsageError
 
 from .capture import pickle_values
+from .capture.modules import local_sources, names_in_code, names_in_imports, names_in_pickle
 from .driver.history import last_run, runs
 from .driver.run import DEFAULT_BROADCAST_BYTES, DEFAULT_HOROVOD_ENV, DEFAULT_STALL_TIMEOUT, Run
 from .launch import make_launcher
@@ -23,6 +26,14 @@ def check_np(np):
         raise UsageError(f"np must be a non-zero whole number (N ranks on Spark, -N for N ranks on "
                          f"the driver only), not {np!r}.")
     return np
+
+
+def _shipped(pickles, import_lines=(), code=None):
+    """The notebook's own modules the job will import, as sources to ship with it."""
+    names = names_in_imports(import_lines) | (names_in_code(code) if code is not None else set())
+    for data in pickles:
+        names |= names_in_pickle(data)
+    return local_sources(names)
 
 
 def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=None,
@@ -51,7 +62,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     values.update({f"keyword {k}": v for k, v in (kwargs or {}).items()})
     pickled = pickle_values({"the function": fn, **values}, kind="value")
     job = {"fn": pickled["the function"], "args": [pickled[f"argument {i}"] for i in range(len(args))],
-           "sources": {}}
+           "sources": {}, "modules": _shipped(pickled.values(), code=fn)}
     kwargs_pickled = {k: pickled[f"keyword {k}"] for k in (kwargs or {})}
     return launch(job, kwargs_pickled, np, spark=spark, master=master, spark_conf=spark_conf,
                   timeout=timeout, run_dir=run_dir, view=view, background=background,
@@ -66,7 +77,8 @@ def run_cell(cell_fn, np, **options):
 
     pickled = pickle_values(dict(cell_fn.values))
     job = {"fn": cloudpickle.dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
-           "cell": True, "export": list(cell_fn.export)}
+           "cell": True, "export": list(cell_fn.export),
+           "modules": _shipped(pickled.values(), cell_fn.imports, cell_fn.fn)}
     return launch(job, pickled, np, cell=cell_fn, **options)
 
 
@@ -110,7 +122,8 @@ def run_in_session(session, cell, *, view=None, timeout=None, background=False, 
 
     pickled = pickle_values(dict(cell.values))
     job = {"code": cell.code, "assigns": list(cell.assigns), "sources": cell.sources,
-           "export": list(cell.export)}
+           "export": list(cell.export),
+           "modules": _shipped(pickled.values(), cell.imports, marshal.loads(cell.code))}
     run_ = Run(session.np, launcher=SessionLauncher(session), view=view, timeout=timeout,
                cell=cell, broadcast_bytes=broadcast_bytes, name=name,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root)

@@ -78,6 +78,20 @@ def _exports(scope, names):
     return {n: scope[n] for n in names}
 
 
+def install_modules(sources, where):
+    """The notebook's own modules that came with the job (`hvd_magic.capture.modules`): written
+    under `where`, first on sys.path, so `import mylib` works where the notebook's folder is not."""
+    if not sources:
+        return
+    for rel, source in sources.items():
+        path = os.path.join(where, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(source)
+    if where not in sys.path:
+        sys.path.insert(0, where)
+
+
 def _write_json(path, obj):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -99,6 +113,7 @@ def main(workdir):
         job = pickle.load(f)
     for filename, source in job.get("sources", {}).items():
         _register_source(filename, source)
+    install_modules(job.get("modules"), os.path.join(workdir, "modules"))
     reporting.state("running")
     try:
         fn = pickle.loads(job["fn"])
@@ -181,7 +196,7 @@ def main_session(workdir):
     signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
-    return session.serve(workdir, _user_traceback, _exports, _register_source)
+    return session.serve(workdir, _user_traceback, _exports, _register_source, install_modules)
 
 
 if __name__ == "__main__":

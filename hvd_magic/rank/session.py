@@ -54,7 +54,7 @@ def write_job(stream, job_bytes):
     stream.flush()
 
 
-def serve(workdir, user_traceback, exports, register_source):
+def serve(workdir, user_traceback, exports, register_source, install_modules):
     global _running
     import cloudpickle
 
@@ -70,6 +70,7 @@ def serve(workdir, user_traceback, exports, register_source):
         cell = job["cell"]
         for filename, source in job.get("sources", {}).items():
             register_source(filename, source)
+        install_modules(job.get("modules"), os.path.join(workdir, "modules"))
         reporting.state("running", cell=cell)
         status, summary, payload = "ok", None, b""
         try:
