@@ -12,7 +12,7 @@ import it too, and must start as fresh interpreters. The API is loaded on first 
 """
 
 from .errors import HorovodMagicError, LaunchError, RankError, RunCancelled, RunTimeout
-from .rank.reporting import report
+from .rank.reporting import report, tensorboard_dir
 
 __version__ = "0.1.0"
 
@@ -51,5 +51,5 @@ def unload_ipython_extension(ip):
                 del ip.magics_manager.magics[kind][name]
 
 
-__all__ = ["run", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
+__all__ = ["tensorboard_dir", "run", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
            "LaunchError", "RunCancelled", "RunTimeout", "HorovodMagicError"]

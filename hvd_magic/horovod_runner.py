@@ -32,7 +32,8 @@ __all__ = ["HorovodRunner"]
 VERBOSITIES = ("log_callback_only", "all")
 # The run options the constructor takes besides np and driver_log_verbosity.
 OPTIONS = ("timeout", "timeline", "env", "stall_timeout", "on_stall", "text", "quiet",
-           "spark", "master", "spark_conf", "run_dir", "name", "retries", "horovod_env")
+           "spark", "master", "spark_conf", "run_dir", "name", "retries", "horovod_env",
+           "tensorboard")
 
 
 class HorovodRunner:
@@ -55,6 +56,9 @@ class HorovodRunner:
         Stop every rank after this many seconds (``RunTimeout``).
     timeline : bool
         Record a Horovod timeline on rank 0, brought back as ``timeline.json`` in the run folder.
+    tensorboard : str, optional
+        Where each rank's TensorBoard logs (written to ``hvd_magic.tensorboard_dir()`` on the
+        rank) come back, as ``rank-<k>/`` (default: ``tensorboard/`` in the run folder).
     env : dict, optional
         Environment variables for every rank. Ranks get ``TF_USE_LEGACY_KERAS=1`` (Keras 2 for
         ``import keras`` and ``tf.keras``) and ``TF_CPP_MIN_LOG_LEVEL=2`` unless this says otherwise.

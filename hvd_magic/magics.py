@@ -9,11 +9,6 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Dict, Float, Int, Unicode
 
-from . import api
-from .capture import capture_cell
-from .timelines.show import TimelineNote
-from .options import env_option, names, positive
-from .view import TextView, make_view
 
 
 @magics_class
@@ -67,6 +62,10 @@ class HorovodMagics(Magics):
     @argument("--timeline", action="store_true",
               help="Record a Horovod timeline on rank 0; it is brought back to the run folder "
                    "as timeline.json (see %%horovod_timeline).")
+    @argument("--tensorboard", type=str, default=None, metavar="DIR",
+              help="Where each rank's TensorBoard logs (what it wrote to "
+                   "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "
+                   "tensorboard/ in the run folder; see %%horovod_tensorboard).")
     @argument("--name", type=str, default=None, help="A label for the run.")
     @cell_magic
     def horovod(self, line, cell):
@@ -94,32 +93,8 @@ class HorovodMagics(Magics):
             long_training()
         """
         args = parse_argstring(self.horovod, line)
-        session = self._active_session()
-        if session is not None:
-            from .session_magic import run_in_session
-            return run_in_session(self, session, args, cell)
-        np = api.check_np(self.np if args.np is None else args.np)
-        export = names(args.export)
-        timeout = positive("--timeout", args.timeout if args.timeout is not None else self.timeout)
-        stall_timeout = positive("--stall-timeout", args.stall_timeout or self.stall_timeout)
-        shell = self.shell
-        cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
-                               hidden=set(shell.user_ns_hidden))
-        view = make_view(quiet=args.quiet, widgets=False if args.text else None)
-        if isinstance(view, TextView):  # the dashboard shows the timeline itself
-            view = TimelineNote(view)
-        run = api.run_cell(
-            cell_fn, np, master=args.master, spark_conf=dict(self.spark_conf),
-            timeout=timeout, run_root=self.run_root, view=view, background=args.background,
-            horovod_env=dict(self.horovod_settings), env=env_option(args.env),
-            broadcast_bytes=int(self.broadcast_mb * 1024 * 1024), retries=args.retries,
-            name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
-            on_stall=args.on_stall)
-        if args.background:
-            return run
-        if run.exports:
-            shell.user_ns.update(run.exports)
-        return None if cell_fn.quiet else run.value
+        from .cells import run_cell
+        return run_cell(self, args, cell)
 
     @magic_arguments()
     @argument("action", nargs="?", default="status", choices=("start", "status", "stop", "restart"),
@@ -165,6 +140,35 @@ class HorovodMagics(Magics):
         """
         from .session_magic import session_magic
         return session_magic(self, line)
+
+    @magic_arguments()
+    @argument("run", nargs="?", default=None,
+              help="The run: its id, or the end of it (default: the latest run of this kernel "
+                   "with TensorBoard logs).")
+    @argument("--path", action="store_true", help="Return the logs' folder instead.")
+    @line_magic
+    def horovod_tensorboard(self, line):
+        """Show the TensorBoard logs the ranks of a run wrote, in TensorBoard's notebook view.
+
+        On the ranks, write to ``hvd_magic.tensorboard_dir()``; each rank's folder comes back
+        when it ends, as ``rank-<k>/`` under the run folder's ``tensorboard/`` (or ``--tensorboard
+        DIR``), so TensorBoard shows the ranks side by side.
+
+        Examples
+        --------
+        ::
+
+            %%horovod --np 2
+            from torch.utils.tensorboard import SummaryWriter
+            writer = SummaryWriter(hvd_magic.tensorboard_dir())
+            writer.add_scalar("loss", 0.5, 1)
+            writer.close()
+
+            %horovod_tensorboard                 # TensorBoard on the latest run's logs
+            %horovod_tensorboard --path          # the folder, rank-0/ and rank-1/ inside
+        """
+        from .tensorboard_magic import tensorboard_magic
+        return tensorboard_magic(self, line)
 
     @magic_arguments()
     @argument("run", nargs="?", default=None,

@@ -1,50 +1,11 @@
 """``%horovod_session`` and ``%%horovod`` cells that run in the warm session (see
 `hvd_magic.driver.session`): the notebook side of sessions, as thin as the magics."""
 
-import sys
-
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
 from . import api
-from .capture.session import capture_session_cell
-from .options import env_option, names, positive
-from .view import make_view
-
-
-def run_in_session(magics, session, args, cell):
-    placement = [flag for flag, given in (("--np", args.np is not None),
-                                          ("--master", args.master), ("--env", args.env),
-                                          ("--retries", args.retries),
-                                          ("--timeline", args.timeline)) if given]
-    if placement:
-        raise UsageError(
-            f"{' and '.join(placement)} cannot change where a cell runs while session "
-            f"{session.id} is active ({session.np} ranks on {session.where}): drop "
-            f"{'them' if len(placement) > 1 else 'it'}, or end the session first with "
-            f"%horovod_session stop. (Inside a session cell, `with hvd_magic.timeline():` "
-            f"records a timeline.)")
-    shell = magics.shell
-    cell_fn = capture_session_cell(cell, shell.user_ns, cell_id=shell.execution_count,
-                                   export=names(args.export),
-                                   hidden=set(shell.user_ns_hidden))
-    view = make_view(quiet=args.quiet, widgets=False if args.text else None)
-    timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
-    try:
-        run = api.run_in_session(
-            session, cell_fn, view=view, timeout=timeout, background=args.background,
-            name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
-            stall_timeout=positive("--stall-timeout", args.stall_timeout or magics.stall_timeout),
-            on_stall=args.on_stall, run_root=magics.run_root)
-    finally:
-        if session.broken and not session.stopped:  # said once, under the cell that broke it
-            print(f"[hvd_magic] session {session.id} needs a restart: {session.broken}. "
-                  f"Run %horovod_session restart.", file=sys.stderr)
-    if args.background:
-        return run
-    if run.exports:
-        shell.user_ns.update(run.exports)
-    return None if cell_fn.quiet else run.value
+from .options import env_option
 
 
 def session_magic(magics, line):

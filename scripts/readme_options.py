@@ -24,7 +24,8 @@ BEGIN = ("<!-- BEGIN magic options: generated from the magics' help by "
          "scripts/readme_options.py; do not edit by hand -->")
 END = "<!-- END magic options -->"
 MAGICS = [("%%horovod", "horovod"), ("%horovod_timeline", "horovod_timeline"),
-          ("%horovod_env", "horovod_env"), ("%horovod_session", "horovod_session")]
+          ("%horovod_env", "horovod_env"), ("%horovod_session", "horovod_session"),
+          ("%horovod_tensorboard", "horovod_tensorboard")]
 
 
 def magic_help(method_name):

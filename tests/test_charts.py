@@ -125,3 +125,30 @@ def test_the_keras_callback_reports_every_epoch_and_every_n_batches(ip):
             assert list(epochs.value) == pytest.approx(losses)  # what Keras itself recorded
         assert set(mine.name) >= {"loss", "accuracy", "loss (batch)", "accuracy (batch)"}
         assert list(mine[mine.name == "loss (batch)"].step) == list(range(4, 33, 4))  # 8 a epoch
+
+
+TENSORBOARD = """\
+import os
+from torch.utils.tensorboard import SummaryWriter
+import hvd_magic
+writer = SummaryWriter(hvd_magic.tensorboard_dir())
+rank = int(os.environ["HOROVOD_RANK"])
+for step in range(5):
+    writer.add_scalar("loss", (rank + 1) * step, step)
+writer.close()
+"""
+
+
+def test_tensorboard_logs_come_back_per_rank_and_the_magic_finds_them(ip, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ip.run_cell_magic("horovod", f"--np -2 --quiet --tensorboard {tmp_path / 'tb'}", TENSORBOARD)
+    run = hvd_magic.last_run()
+    assert run.tensorboard_dir == str(tmp_path / "tb")
+    assert ip.run_line_magic("horovod_tensorboard", "--path") == run.tensorboard_dir
+    assert ip.run_line_magic("horovod_tensorboard", f"{run.id[-4:]} --path") == run.tensorboard_dir
+    for rank in (0, 1):
+        events = EventAccumulator(str(tmp_path / "tb" / f"rank-{rank}"))
+        events.Reload()
+        assert [(s.step, s.value) for s in events.Scalars("loss")] == \
+            [(step, float((rank + 1) * step)) for step in range(5)]

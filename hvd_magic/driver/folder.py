@@ -6,22 +6,26 @@
         run.json              the run's state and each rank's (rewritten as the run goes)
         timeline.json         rank 0's Horovod timeline, when one was recorded
                               (timeline.json.part while it streams in)
+        tensorboard/rank-<k>/ what rank k wrote to hvd_magic.tensorboard_dir(), after it ended
 
 Everything is written as it arrives and flushed at once, so a run folder tells the story of a run
 whose notebook was killed half-way: nothing waits in memory for the end of the run.
 """
 
+import base64
 import json
 import os
 import time
 
 FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
+FOLDER_KINDS = {"tensorboard"}                # folders of binary files a task may send back
 
 
 class RunFolder:
     def __init__(self, path):
         self.path = path
         self.files = {}              # kind -> path of a file received from the ranks
+        self.tensorboard = None      # where the ranks' TensorBoard logs came back (a folder)
         self._logs = {}
         self._events = None
 
@@ -65,6 +69,17 @@ class RunFolder:
             f.write(str(event.get("data", "")))
         if event.get("last"):
             self.files[event["kind"]] = partial
+
+    def receive_file_of_folder(self, rank, event, root=None):
+        """Write a chunk of a binary file a task sent from a rank's folder (TensorBoard logs)."""
+        rel = os.path.normpath(str(event.get("path", "")))
+        if os.path.isabs(rel) or rel.startswith(".."):
+            raise ValueError(f"a file outside its folder: {rel!r}")
+        self.tensorboard = root or os.path.join(self.path, event["kind"])
+        path = os.path.join(self.tensorboard, f"rank-{rank}", rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb" if event.get("seq") == 0 else "ab") as f:
+            f.write(base64.b64decode(str(event.get("data", ""))))
 
     def has_partial(self, kind):
         return kind in self.files or os.path.exists(os.path.join(self.path, FILE_KINDS[kind] + ".part"))

@@ -13,7 +13,7 @@ import time
 
 from ..task.stopping import STOP_GRACE_SECONDS
 from .ending import collect, run_error
-from .folder import FILE_KINDS
+from .folder import FILE_KINDS, FOLDER_KINDS
 from .ranks import LIVE_STATES
 from .watchdog import stall_message
 
@@ -179,6 +179,8 @@ class Driver:
             run._server.announce({"t": "rendezvous", "port": int(event["port"])})
         elif kind == "file" and event.get("kind") in FILE_KINDS:
             run.folder.receive(event)
+        elif kind == "file" and event.get("kind") in FOLDER_KINDS:
+            run.folder.receive_file_of_folder(rank, event, run.tensorboard)
         elif kind == "blocked":
             seconds = event.get("seconds")
             r.blocked_since = time.monotonic() - (seconds if isinstance(seconds, (int, float)) else 0)

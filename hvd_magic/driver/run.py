@@ -56,7 +56,7 @@ class Run:
     def __init__(self, np, run_dir=None, launcher=None, view=None, timeout=None, cell=None,
                  horovod_env=None, extra_env=None, broadcast_bytes=DEFAULT_BROADCAST_BYTES,
                  allow_retry=False, name=None, timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                 on_stall="warn", run_root="hvd_runs"):
+                 on_stall="warn", run_root="hvd_runs", tensorboard=None):
         self.id = new_run_id()
         self.np = np
         self.name = name
@@ -71,6 +71,7 @@ class Run:
         self.broadcast_bytes = broadcast_bytes
         self.allow_retry = allow_retry
         self.timeline = timeline
+        self.tensorboard = tensorboard  # where the ranks' TensorBoard logs go (default: run folder)
         self.stall_timeout = stall_timeout
         self.on_stall = on_stall
         self.state = "pending"
@@ -106,6 +107,11 @@ class Run:
         if self.started is None:
             return 0.0
         return (self.ended or time.time()) - self.started
+
+    @property
+    def tensorboard_dir(self):
+        """The folder holding each rank's TensorBoard logs (rank-<k>/), once they came back."""
+        return self.folder.tensorboard
 
     @property
     def files(self):

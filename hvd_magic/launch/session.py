@@ -111,7 +111,7 @@ class SessionLauncher(Launcher):
     def join(self, timeout=None):
         if self.channel is not None:
             self.channel.ended.wait(timeout)
-        if self.done() and self.outcomes is None and self.error is None:
+        if self.done() and self.outcomes is None:  # (after `cancel` too: who did end, and how)
             self.outcomes = sorted(self.channel.outcomes.values())
 
     def cancel(self):

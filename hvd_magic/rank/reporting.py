@@ -176,3 +176,18 @@ def _report_bar(bar):
 def install_tqdm_hook():
     """Any tqdm bar the cell makes drives this rank's progress (patched once tqdm is imported)."""
     hooks.when_imported("tqdm.std", _patch_tqdm)
+
+
+def tensorboard_dir():
+    """This rank's TensorBoard log folder: give it to ``SummaryWriter`` or
+    ``keras.callbacks.TensorBoard``. When the rank ends, what it holds comes back to the notebook
+    (``<run folder>/tensorboard/rank-<k>/``, or ``--tensorboard DIR``); ``%horovod_tensorboard``
+    shows it. Outside a rank: ``hvd_runs/tensorboard``.
+
+    Examples
+    --------
+    >>> writer = torch.utils.tensorboard.SummaryWriter(hvd_magic.tensorboard_dir())
+    """
+    path = os.environ.get("HVD_MAGIC_TENSORBOARD_DIR") or os.path.join("hvd_runs", "tensorboard")
+    os.makedirs(path, exist_ok=True)
+    return path

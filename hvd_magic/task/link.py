@@ -1,6 +1,7 @@
 """The task's connection to the driver: the rank's lines and events out, in batches; ``stop``,
 ``dump`` and the rendezvous port in."""
 
+import base64
 import codecs
 import json
 import os
@@ -196,3 +197,21 @@ class FileStream:
         self.forward.send({"t": "file", "kind": self.kind, "seq": self._seq, "data": text,
                            "last": last})
         self._seq += 1
+
+
+def send_folder(forward, folder, kind, chunk=1 << 20):
+    """Every file under `folder` (binary: TensorBoard's event files), as ordered ``file`` events
+    of base64 chunks with the file's path relative to `folder`."""
+    for here, _, names in os.walk(folder):
+        for name in sorted(names):
+            path = os.path.join(here, name)
+            rel = os.path.relpath(path, folder)
+            with open(path, "rb") as f:
+                seq = 0
+                while True:
+                    data = f.read(chunk)
+                    forward.send({"t": "file", "kind": kind, "path": rel, "seq": seq,
+                                  "data": base64.b64encode(data).decode(), "last": not data})
+                    if not data:
+                        break
+                    seq += 1

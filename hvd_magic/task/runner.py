@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 
-from .link import DriverLink, FileStream
+from .link import DriverLink, FileStream, send_folder
 from .plan import (_iface_of, _local_ip_towards, _resolve, horovod_rank_env, host_plan,
                    visible_devices)
 from .rendezvous import Rendezvous
@@ -111,6 +111,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         env["PYTHONFAULTHANDLER"] = "1"
         timeline_path = os.path.join(workdir, "timeline.json")
         env["HVD_MAGIC_TIMELINE_PATH"] = timeline_path
+        tensorboard = env["HVD_MAGIC_TENSORBOARD_DIR"] = os.path.join(workdir, "tensorboard")
         # A full timeline when asked for; otherwise DYNAMIC, so `hvd_magic.timeline()` can record
         # a window (cheap with our patched writer thread, which sleeps when idle).
         env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
@@ -144,6 +145,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
                 timeline.close()  # the rest of rank 0's timeline, whatever happened
             for p in pumps:
                 p.join(timeout=10)
+        send_folder(forward, tensorboard, "tensorboard")  # what the rank logged, whatever happened
         outcome = _outcome(workdir, code, rank, host, link.stopping.is_set(), env)
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})

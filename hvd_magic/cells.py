@@ -1,0 +1,78 @@
+"""``%%horovod`` cells: parsed options in, the cell's value out; run once on fresh ranks, or in
+the warm session when one is active (`hvd_magic.driver.session`)."""
+
+import sys
+
+from IPython.core.error import UsageError
+
+from . import api
+from .capture import capture_cell
+from .capture.session import capture_session_cell
+from .options import env_option, names, positive
+from .timelines.show import TimelineNote
+from .view import TextView, make_view
+
+
+def run_cell(magics, args, cell):
+    """Run a ``%%horovod`` cell whose options are `args`; return what the cell shows."""
+    session = magics._active_session()
+    if session is not None:
+        return run_in_session(magics, session, args, cell)
+    np = api.check_np(magics.np if args.np is None else args.np)
+    export = names(args.export)
+    timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
+    stall_timeout = positive("--stall-timeout", args.stall_timeout or magics.stall_timeout)
+    shell = magics.shell
+    cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
+                           hidden=set(shell.user_ns_hidden))
+    view = make_view(quiet=args.quiet, widgets=False if args.text else None)
+    if isinstance(view, TextView):  # the dashboard shows the timeline itself
+        view = TimelineNote(view)
+    run = api.run_cell(
+        cell_fn, np, master=args.master, spark_conf=dict(magics.spark_conf),
+        timeout=timeout, run_root=magics.run_root, view=view, background=args.background,
+        horovod_env=dict(magics.horovod_settings), env=env_option(args.env),
+        broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
+        name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
+        tensorboard=args.tensorboard, on_stall=args.on_stall)
+    if args.background:
+        return run
+    if run.exports:
+        shell.user_ns.update(run.exports)
+    return None if cell_fn.quiet else run.value
+
+
+def run_in_session(magics, session, args, cell):
+    placement = [flag for flag, given in (("--np", args.np is not None),
+                                          ("--master", args.master), ("--env", args.env),
+                                          ("--retries", args.retries),
+                                          ("--timeline", args.timeline),
+                                          ("--tensorboard", args.tensorboard)) if given]
+    if placement:
+        raise UsageError(
+            f"{' and '.join(placement)} cannot change where a cell runs while session "
+            f"{session.id} is active ({session.np} ranks on {session.where}): drop "
+            f"{'them' if len(placement) > 1 else 'it'}, or end the session first with "
+            f"%horovod_session stop. (Inside a session cell, `with hvd_magic.timeline():` "
+            f"records a timeline.)")
+    shell = magics.shell
+    cell_fn = capture_session_cell(cell, shell.user_ns, cell_id=shell.execution_count,
+                                   export=names(args.export),
+                                   hidden=set(shell.user_ns_hidden))
+    view = make_view(quiet=args.quiet, widgets=False if args.text else None)
+    timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
+    try:
+        run = api.run_in_session(
+            session, cell_fn, view=view, timeout=timeout, background=args.background,
+            name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
+            stall_timeout=positive("--stall-timeout", args.stall_timeout or magics.stall_timeout),
+            on_stall=args.on_stall, run_root=magics.run_root)
+    finally:
+        if session.broken and not session.stopped:  # said once, under the cell that broke it
+            print(f"[hvd_magic] session {session.id} needs a restart: {session.broken}. "
+                  f"Run %horovod_session restart.", file=sys.stderr)
+    if args.background:
+        return run
+    if run.exports:
+        shell.user_ns.update(run.exports)
+    return None if cell_fn.quiet else run.value

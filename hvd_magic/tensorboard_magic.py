@@ -1,0 +1,44 @@
+"""``%horovod_tensorboard``: the TensorBoard logs the ranks of a run wrote, shown in the notebook.
+
+Each rank writes to ``hvd_magic.tensorboard_dir()`` (a folder of its own machine); its task sends
+the folder back when the rank ends, to ``<run folder>/tensorboard/rank-<k>/`` or ``--tensorboard
+DIR``. This finds that folder for a run of this kernel (the latest with logs, or the one named)
+and starts TensorBoard's notebook view on it.
+"""
+
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
+
+from .driver.history import runs
+
+
+def logs_of(run_id=None):
+    with_logs = [r for r in runs() if r.tensorboard_dir]
+    if run_id is None:
+        if not with_logs:
+            raise UsageError("No run of this kernel has TensorBoard logs yet: write them to "
+                             "hvd_magic.tensorboard_dir() on the ranks (SummaryWriter, "
+                             "keras.callbacks.TensorBoard).")
+        return with_logs[-1].tensorboard_dir
+    matches = [r for r in with_logs if r.id == run_id or r.id.endswith(run_id)]
+    if len(matches) != 1:
+        known = ", ".join(r.id for r in with_logs) or "none yet"
+        raise UsageError(f"{run_id!r} is not one run with TensorBoard logs (runs with logs: "
+                         f"{known}).")
+    return matches[0].tensorboard_dir
+
+
+def tensorboard_magic(magics, line):
+    args = parse_argstring(magics.horovod_tensorboard, line)
+    path = logs_of(args.run)
+    if args.path:
+        return path
+    try:
+        from tensorboard import notebook
+    except ImportError:
+        raise UsageError(f"TensorBoard is not installed in this kernel (pip install tensorboard). "
+                         f"The logs are in {path}.") from None
+    notebook.start(f"--logdir {shlex.quote(path)}")
+    return None
