@@ -7,7 +7,7 @@ Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Dict, Float, Int, Unicode
+from traitlets import Bool, Dict, Float, Int, Unicode
 
 from . import api
 from .capture import capture_cell
@@ -51,6 +51,8 @@ class HorovodMagics(Magics):
     broadcast_mb = Float(4.0, help="Values larger than this travel by Spark broadcast.").tag(config=True)
     stall_timeout = Float(60.0, help="Default of --stall-timeout, in seconds.").tag(config=True)
     horovod_settings = Dict(help="Extra HOROVOD_* settings for every rank.").tag(config=True)
+    verbose = Bool(False, help="Default of --verbose: show Spark's start-up output and C++ "
+                               "libraries' INFO lines.").tag(config=True)
 
     @magic_arguments()
     @argument("--np", "-n", type=int, default=None,
@@ -84,6 +86,10 @@ class HorovodMagics(Magics):
               help="Record a Horovod timeline on rank 0; it is brought back to the run folder "
                    "as timeline.json (see %%horovod_timeline).")
     @argument("--name", type=str, default=None, help="A label for the run.")
+    @argument("--verbose", "-v", action="store_true",
+              help="Show what is otherwise only logged: the output of a Spark JVM this run "
+                   "starts (else in hvd_runs/spark-<time>.log) and C++ libraries' INFO lines "
+                   "from the ranks (else only in the rank logs). Default: HorovodMagics.verbose.")
     @cell_magic
     def horovod(self, line, cell):
         """Run this cell on N Horovod ranks; its value is rank 0's last expression.
@@ -117,7 +123,8 @@ class HorovodMagics(Magics):
         shell = self.shell
         cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                                hidden=set(shell.user_ns_hidden))
-        view = make_view(quiet=args.quiet, widgets=False if args.text else None)
+        verbose = args.verbose or self.verbose
+        view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose)
         if isinstance(view, TextView):  # the dashboard shows the timeline itself
             view = TimelineNote(view)
         run = api.run_cell(
@@ -126,7 +133,7 @@ class HorovodMagics(Magics):
             horovod_env=dict(self.horovod_settings), env=_env_option(args.env),
             broadcast_bytes=int(self.broadcast_mb * 1024 * 1024), retries=args.retries,
             name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
-            on_stall=args.on_stall)
+            on_stall=args.on_stall, verbose=verbose)
         if args.background:
             return run
         if run.exports:

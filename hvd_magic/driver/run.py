@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 
+from ..errors import RunCancelled
 from ..events import EventServer
 from ..task.settings import TaskSettings
 from . import history
@@ -33,6 +34,13 @@ DEFAULT_HOROVOD_ENV = {
     # that computes alone for a while (evaluation on rank 0). Dead ranks are noticed at once anyway.
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "300",
 }
+
+
+def _prepare_into(launcher, np, failure):
+    try:
+        launcher.prepare(np)
+    except BaseException as exc:  # raised in the caller's thread by Run._prepare
+        failure.append(exc)
 
 
 def new_run_id():
@@ -68,7 +76,8 @@ class Run:
         self.exports = {}
         self.error = None
         self.where = None
-        self.started = None
+        self.started = None          # when the ranks were launched (after prepare)
+        self.preparing_since = None  # when the launcher began to prepare
         self.ended = None
         self.background = False
         self.rejected_frames = 0
@@ -92,9 +101,10 @@ class Run:
 
     @property
     def elapsed(self):
-        if self.started is None:
+        begun = self.started or self.preparing_since
+        if begun is None:
             return 0.0
-        return (self.ended or time.time()) - self.started
+        return (self.ended or time.time()) - begun
 
     @property
     def files(self):
@@ -126,9 +136,9 @@ class Run:
     # -- launching ----------------------------------------------------------------------------
     def launch(self, job, kwargs_pickled, background=False):
         """Start the ranks. `job` is {"fn", "args", "sources", ...} with args already pickled."""
-        self.launcher.prepare(self.np)
+        self.background = background  # a view shows a background run at once (its cell ends now)
+        self._prepare()
         self.folder.create(self.np)
-        self.where = self.launcher.where
         small = {n: d for n, d in kwargs_pickled.items() if len(d) <= self.broadcast_bytes}
         # Large values travel once per executor, not inside every task; the pickled bytes are
         # dropped here as soon as they are shared, to spare driver memory.
@@ -146,11 +156,8 @@ class Run:
             broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline)
         self.started = time.time()
         self.state = "running"
-        self.background = background  # a view shows a background run at once (its cell ends now)
         self.write_meta()
         history.add(self)
-        if self.view is not None:
-            self.view.start(self)
         self.launcher.start(settings, self.np)
         if background:
             self._thread = threading.Thread(target=self._drive_quietly,
@@ -159,6 +166,49 @@ class Run:
             return self
         self._driver.drive()
         return self
+
+    def _prepare(self):
+        """`launcher.prepare` in a helper thread, while the view (shown first) says what it waits
+        on and a Cancel click or an interrupt can stop it (`launcher.cancel`)."""
+        self.state = "preparing"
+        self.preparing_since = time.time()
+        if self.view is not None:
+            self.view.start(self)
+        failure = []
+        thread = threading.Thread(target=_prepare_into, args=(self.launcher, self.np, failure),
+                                  name=f"hvd-magic-prepare-{self.id}", daemon=True)
+        thread.start()
+        cancel_sent = False
+        while thread.is_alive():
+            try:
+                thread.join(0.1)
+            except KeyboardInterrupt:
+                self.stop_reason = self.stop_reason or "cancelled"
+            if self.stop_reason is not None and not cancel_sent:
+                cancel_sent = True
+                self.launcher.cancel()
+            if self.view is not None:
+                self.view.tick(self)
+        if failure or self.stop_reason is not None:
+            error = failure[0] if failure else RunCancelled(
+                f"run {self.id} was cancelled before its ranks started.")
+            self.state = "cancelled" if isinstance(error, RunCancelled) else "failed"
+            self.error, self.ended = error, time.time()
+            if self.state == "cancelled":
+                history.add(self)  # `last_run()` says it was cancelled
+            self._done.set()
+            if self.view is not None:
+                self.view.finish(self)
+            raise error
+        self.where = self.launcher.where
+
+    @property
+    def waiting(self):
+        """(what the run waits on before its ranks start, seconds so far), or None."""
+        phase = getattr(self.launcher, "phase", None)
+        if self.state != "preparing" or not phase:
+            return None
+        return phase, time.monotonic() - self.launcher.phase_since
 
     def _drive_quietly(self):
         try:

@@ -1,0 +1,148 @@
+"""The first impression (issue 21): the first %%horovod cell of a fresh kernel shows only what the
+user asked for, says what it waits on while Spark starts, and can be cancelled meanwhile; `make
+demo` prints the notebook's output and no warnings.
+
+Each test that needs a first cell starts its own kernel (the JVM starts once per kernel).
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import ROOT
+from test_live_view import CancelOnShow, Kernel, Widgets, rows, shown_widgets, text_output
+
+# What a fresh kernel used to show before the cell's own output.
+CHATTER = ("Using incubator modules", "Setting default log level", "sc.setLogLevel",
+           "without encryption")
+
+FIRST_CELL = """\
+%%horovod --np 2
+import horovod.torch as hvd
+hvd.init()
+print(f"rank {hvd.rank()} says hello")
+hvd.rank()
+"""
+
+
+def everything_shown(messages):
+    """Streams, errors and every state the widgets were ever sent, as one text."""
+    parts = [text_output(messages)]
+    for msg in messages:
+        content = msg["content"]
+        if msg["msg_type"] == "error":
+            parts.append("\n".join(content["traceback"]))
+        elif msg["msg_type"] in ("comm_open", "comm_msg"):
+            parts.append(str(content.get("data", {}).get("state", "")))
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def fresh_kernel(tmp_path):
+    k = Kernel(tmp_path)
+    yield k
+    k.close()
+
+
+def kernel_children(kernel):
+    """The processes the kernel started (a JVM, Spark's Python workers, ranks) that still run."""
+    pid = kernel.value("__import__('os').getpid()")
+    return [p for p in psutil.Process(pid).children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_first_cell_shows_no_start_up_chatter_and_says_it_starts_spark(fresh_kernel):
+    widgets = Widgets()
+    order = []  # the first time each thing was shown: "starting Spark", then a rank at work
+
+    def on_message(msg):
+        widgets.feed(msg)
+        html = " ".join(s.get("value", "") for s in widgets.of("HTMLModel").values())
+        if "starting Spark (local[" in html + text_output([msg]) and "spark" not in order:
+            order.append("spark")
+        table = [s["value"] for s in widgets.of("HTMLModel").values() if "data-rank=" in s["value"]]
+        if table and any(state in ("running", "done") for state, _, _ in rows(table[0]).values()):
+            order.append("ranks") if "ranks" not in order else None
+
+    reply, messages = fresh_kernel.execute(FIRST_CELL, on_message=on_message)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert shown_widgets(messages)  # a Spark start lasts longer than the dashboard's delay
+    shown = everything_shown(messages)
+    for chatter in CHATTER:
+        assert chatter not in shown
+    assert "says hello" in shown
+    assert order[:2] == ["spark", "ranks"]
+    # What Spark's JVM said is kept, in a file next to the run folders.
+    [log] = glob.glob(str(fresh_kernel.cwd / "hvd_runs" / "spark-*.log"))
+    assert "Setting default log level" in open(log).read()
+
+
+CANCEL_CELL = "%%horovod --np 2\nprint('this never runs')\n"
+
+
+def test_cancel_while_spark_starts_ends_the_cell_and_leaves_no_process(fresh_kernel):
+    cancel = CancelOnShow(fresh_kernel)
+    reply, messages = fresh_kernel.execute(CANCEL_CELL, on_message=cancel)
+    assert "starting Spark (local[" in cancel.shown  # what the user saw when clicking
+    widgets = cancel.widgets
+    assert reply["content"]["ename"] == "RunCancelled"
+    assert "while starting Spark" in reply["content"]["evalue"]
+    assert "this never runs" not in text_output(messages)
+    assert any("cancelled" in h for h in widgets.html_containing("hvd_magic</b> run"))
+    assert fresh_kernel.value("hvd_magic.last_run().state") == "cancelled"
+    assert kernel_children(fresh_kernel) == []  # no JVM, no Python worker, no rank
+    # and the next cell starts Spark afresh
+    reply, messages = fresh_kernel.execute(FIRST_CELL)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "says hello" in everything_shown(messages)
+
+
+def test_make_demo_prints_the_notebook_and_no_warnings(tmp_path):
+    """What `make demo` runs, in a fresh folder: its whole output, stdout and stderr."""
+    shutil.copy(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "hvd_magic.demo", "quickstart.ipynb"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert not [line for line in out.splitlines() if re.search(r"warn", line, re.I)], out
+    for chatter in CHATTER:
+        assert chatter not in out
+    assert re.search(r"^\[hvd_magic\] starting Spark \(local\[\d+\]\)… \d+\.\d s$", out, re.M), out
+    assert out.index("starting Spark") < out.index("[rank 0]")
+    assert "results: [3.0, 3.0]" in out
+    assert not glob.glob(str(tmp_path / "*ipc*"))  # the kernel's IPC sockets were cleaned up
+
+
+CXX_INFO = "2024-05-01 10:00:00.123456: I tensorflow/core/util/port.cc:113] oneDNN custom operations are on."
+CXX_WARNING = "[2024-05-01 10:00:00.123456: W /horovod/common/operations.cc:12] a warning"
+
+
+def test_cxx_info_lines_are_logged_but_not_shown(ip, capsys, tmp_path):
+    cell = (f"import sys\nprint({CXX_WARNING!r}, file=sys.stderr)\n"
+            f"print({CXX_INFO!r}, file=sys.stderr)\nprint('epoch 1')\n")
+    ip.run_cell_magic("horovod", "--np -2", cell)
+    out = capsys.readouterr()
+    assert "a warning" in out.err and "oneDNN" not in out.out + out.err and "epoch 1" in out.out
+    import hvd_magic
+    assert CXX_INFO in open(hvd_magic.last_run().log_path(0)).read()
+    ip.run_cell_magic("horovod", "--np -2 --verbose", cell)
+    assert "oneDNN" in capsys.readouterr().err
+
+
+def test_dashboard_last_line_skips_cxx_info():
+    from hvd_magic.view.dashboard import Dashboard
+
+    class Run:
+        np, background = 1, False
+    dashboard, run = Dashboard(), Run()
+    dashboard.start(run)
+    dashboard.event(run, 0, {"t": "lines", "stream": "stderr", "lines": ["step 3", CXX_INFO]})
+    assert "step 3" in dashboard._last_line_html(0)
+    dashboard.event(run, 0, {"t": "lines", "stream": "stderr", "lines": [CXX_WARNING]})
+    assert "a warning" in dashboard._last_line_html(0)
