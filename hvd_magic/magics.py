@@ -32,6 +32,24 @@ def _positive(flag, value):
     return value
 
 
+def _summary_first(magic):
+    """Open the magic's help (``%%horovod?``) with its first sentence and example, then the usage.
+
+    IPython builds the help of a magic with options as usage line, docstring, options; a newcomer
+    should read what the magic does and a cell to paste before the list of every option. The
+    docstring's first paragraph is that sentence, its second the example (a ``::`` block).
+    """
+    _, _, rest = magic.__doc__.partition("::\n\n")  # (the reST markup of the usage block)
+    usage, _, description = rest.partition("\n\n")
+    lines = description.split("\n")
+    # the end of the first "::" block: its indented lines and the blank lines among them
+    start = next(i for i, line in enumerate(lines) if line.rstrip().endswith("::")) + 1
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace())
+    head, tail = "\n".join(lines[:end]).rstrip(), "\n".join(lines[end:])
+    magic.__doc__ = f"{head}\n\nUsage::\n\n{usage}\n\n{tail}"
+    return magic
+
+
 def _env_option(items):
     env = {}
     for item in items:
@@ -54,7 +72,8 @@ class HorovodMagics(Magics):
     verbose = Bool(False, help="Default of --verbose: show Spark's start-up output and C++ "
                                "libraries' INFO lines.").tag(config=True)
 
-    @magic_arguments()
+    @_summary_first
+    @magic_arguments(name="%horovod")  # the usage line then reads %%horovod, as a cell magic's
     @argument("--np", "-n", type=int, default=None,
               help="Number of ranks. N > 0: a Spark barrier stage of N tasks (the active "
                    "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
@@ -92,9 +111,17 @@ class HorovodMagics(Magics):
                    "from the ranks (else only in the rank logs). Default: HorovodMagics.verbose.")
     @cell_magic
     def horovod(self, line, cell):
-        """Run this cell on N Horovod ranks; its value is rank 0's last expression.
+        """Run the cell on N Horovod ranks and show rank 0's last expression.
 
-        The cell runs as a function on every rank: the notebook's imports that it uses are
+        ::
+
+            %%horovod --np 2
+            import torch, horovod.torch as hvd
+            hvd.init()
+            hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+
+        Each rank is a task of one Spark barrier stage (or, with ``--np -N``, a process of this
+        machine). The cell runs as a function on every rank: the notebook's imports that it uses are
         re-imported there, and the notebook values it reads are sent by value. Each rank's output
         is shown live, labelled by rank, and kept in full in hvd_runs/<run id>/rank-<k>.log.
         Every rank's value is in ``hvd_magic.last_run().results``.
@@ -102,12 +129,6 @@ class HorovodMagics(Magics):
         Examples
         --------
         ::
-
-            %%horovod --np 4
-            import torch, horovod.torch as hvd
-            hvd.init()
-            total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum)
-            total.item()
 
             %%horovod --np -2 --export model
             model = train()          # model is set in the notebook afterwards
@@ -140,6 +161,7 @@ class HorovodMagics(Magics):
             shell.user_ns.update(run.exports)
         return None if cell_fn.quiet else run.value
 
+    @_summary_first
     @magic_arguments()
     @argument("run", nargs="?", default=None,
               help="The run: its id, or the end of it (default: the latest run with a timeline, "
@@ -155,7 +177,17 @@ class HorovodMagics(Magics):
               help="Rows per --summary table (default 10); lanes of the picture (default 16).")
     @line_magic
     def horovod_timeline(self, line):
-        """Show the Horovod timeline of a run: a link to the file, how to open it, a picture.
+        """Draw the Horovod timeline of a run, a lane per tensor, with a link to its file.
+
+        Example (two cells)::
+
+            %%horovod --np 2 --timeline
+            import torch, horovod.torch as hvd
+            hvd.init()
+            for step in range(20):
+                hvd.allreduce(torch.ones(1000), name="grad")
+
+            %horovod_timeline
 
         Rank 0's timeline comes back to the run folder as hvd_runs/<run id>/timeline.json when
         the run ends (also when it failed or was cancelled), if the run recorded one: with
@@ -168,9 +200,6 @@ class HorovodMagics(Magics):
         --------
         ::
 
-            %%horovod --np 2 --timeline
-            train(steps=20)
-
             %horovod_timeline                    # the latest run's timeline, drawn
             %horovod_timeline --summary          # where the time went, per tensor and operation
             %horovod_timeline --list             # runs that have a timeline
@@ -179,6 +208,7 @@ class HorovodMagics(Magics):
         from .timelines.show import timeline_magic
         return timeline_magic(self, line)
 
+    @_summary_first
     @magic_arguments()
     @argument("--timeout", type=float, default=120.0,
               help="Seconds the probe job may wait for its task slots (default 120).")
@@ -187,7 +217,11 @@ class HorovodMagics(Magics):
                    "the report.")
     @line_magic
     def horovod_env(self, line):
-        """Compare every executor's Python packages and GPUs with the driver's.
+        """Compare the Python packages and GPUs of every Spark executor with the driver's.
+
+        ::
+
+            %horovod_env
 
         A short Spark job with a task in every slot reports, per executor: the Python,
         cloudpickle, torch, horovod (built with Gloo? NCCL?), hvd_magic and pyspark versions,

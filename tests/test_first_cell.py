@@ -146,3 +146,33 @@ def test_dashboard_last_line_skips_cxx_info():
     assert "step 3" in dashboard._last_line_html(0)
     dashboard.event(run, 0, {"t": "lines", "stream": "stderr", "lines": [CXX_WARNING]})
     assert "a warning" in dashboard._last_line_html(0)
+
+
+@pytest.mark.parametrize("magic", ["horovod", "horovod_timeline", "horovod_env"])
+def test_help_opens_with_a_sentence_and_an_example_that_runs(ip, magic, capsys):
+    from hvd_magic.magics import HorovodMagics
+
+    sentence, intro, first_cell = getattr(HorovodMagics, magic).__doc__.split("\n\n")[:3]
+    assert sentence.endswith(".") and ". " not in sentence and "\n" not in sentence
+    assert intro.endswith("::") and first_cell.startswith("    %")  # an example before all else
+    text = getattr(HorovodMagics, magic).__doc__.split("::\n\n", 1)[1].split("\n\nUsage::")[0]
+    # the example's cells, as a user pastes them: each starts at an unindented magic line
+    cells = re.split(r"\n\n(?=    %)", text)
+    assert any(f"%{magic}" in cell for cell in cells)
+    for cell in cells:
+        result = ip.run_cell(re.sub(r"^    ", "", cell, flags=re.M))
+        assert result.success, (cell, result.error_before_exec or result.error_in_exec)
+
+
+def test_the_first_environment_error_points_to_horovod_env(ip):
+    """A package the executors lack: the rank's ImportError says where to compare them."""
+    import hvd_magic
+
+    with pytest.raises(hvd_magic.RankError) as error:
+        ip.run_cell_magic("horovod", "--np 2", "import no_such_package_of_hvd_magic_tests\n")
+    assert "%horovod_env" in "\n".join(error.value._render_traceback_())
+    # a Spark task that fails before its rank starts (hvd_magic itself missing there) says so too
+    from hvd_magic.launch.spark import java_message
+    text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            "ModuleNotFoundError: No module named 'hvd_magic'\n")
+    assert "%horovod_env" in java_message(RuntimeError(text))

@@ -118,8 +118,8 @@ def java_message(exc):
     python = re.findall(r"^(\w+(?:Error|Exception): .*)$", text.split("SQLSTATE")[0], re.M)
     if "PythonException" in text and python:
         return (f"a Spark task failed before its rank started: {python[-1].strip()}. Check that "
-                "the executors have the same Python packages as the driver (torch, horovod, "
-                "hvd_magic).")
+                "the executors have the same Python and packages as the driver (torch, horovod, "
+                "hvd_magic, cloudpickle): %horovod_env compares them, executor by executor.")
     return first
 
 
