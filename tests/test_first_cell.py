@@ -12,11 +12,14 @@ import shutil
 import subprocess
 import sys
 
+import cloudpickle
 import psutil
 import pytest
 
 from conftest import ROOT
 from test_live_view import CancelOnShow, Kernel, Widgets, rows, shown_widgets, text_output
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this module
 
 # What a fresh kernel used to show before the cell's own output.
 CHATTER = ("Using incubator modules", "Setting default log level", "sc.setLogLevel",
@@ -81,6 +84,8 @@ def test_first_cell_shows_no_start_up_chatter_and_says_it_starts_spark(fresh_ker
     # What Spark's JVM said is kept, in a file next to the run folders.
     [log] = glob.glob(str(fresh_kernel.cwd / "hvd_runs" / "spark-*.log"))
     assert "Setting default log level" in open(log).read()
+    # Started in a helper thread, it is still the notebook's active session, as a user's would be.
+    assert fresh_kernel.value("__import__('pyspark').sql.SparkSession.getActiveSession() is not None")
 
 
 CANCEL_CELL = "%%horovod --np 2\nprint('this never runs')\n"
@@ -176,3 +181,43 @@ def test_the_first_environment_error_points_to_horovod_env(ip):
     text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
             "ModuleNotFoundError: No module named 'hvd_magic'\n")
     assert "%horovod_env" in java_message(RuntimeError(text))
+
+
+def _hold_slots(sc, seconds):
+    """A job that keeps every task slot busy for `seconds` (another user's job, say)."""
+    import time
+    slots = sc.defaultParallelism
+    sc.setJobGroup("slot-holder", "holds every slot")
+    sc.parallelize(range(slots), slots).foreach(lambda _: time.sleep(seconds))
+
+
+def _ranks_hello():
+    import os
+    print("hello from", os.environ["HOROVOD_RANK"])
+
+
+def test_text_view_says_it_waits_for_spark_slots(ip):
+    """While other work holds every slot, the barrier stage waits; the view says so."""
+    import io
+    import threading
+    import time
+
+    import hvd_magic
+    from hvd_magic.launch.spark import SparkLauncher
+    from hvd_magic.view import TextView
+
+    sc = SparkLauncher().prepare(2).sparkContext  # the session the run will use
+    holder = threading.Thread(target=_hold_slots, args=(sc, 8), daemon=True)
+    holder.start()
+    deadline = time.monotonic() + 60
+    while not sc.statusTracker().getActiveStageIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shown = io.StringIO()
+    run = hvd_magic.run(_ranks_hello, np=2, view=TextView(stdout=shown, stderr=shown))
+    holder.join()
+    text = shown.getvalue()
+    assert run.state == "done"
+    assert re.search(r"\[hvd_magic\] waiting for Spark \(local\[\d+\]\) to start 2 tasks at once… \d",
+                     text)
+    assert text.index("waiting for") < text.index("[rank 0] hello")
+

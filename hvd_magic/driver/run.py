@@ -26,6 +26,7 @@ from .ranks import RankState
 
 DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
 DEFAULT_STALL_TIMEOUT = 60.0
+TASKS_WAIT_SHOWN_AFTER = 3.0  # seconds without a task started before the view says it waits
 DEFAULT_HOROVOD_ENV = {
     # horovodrun exports '(None,)' for these (a 0 ms cycle that spins); we set them ourselves.
     "HOROVOD_CYCLE_TIME": "1",
@@ -204,11 +205,20 @@ class Run:
 
     @property
     def waiting(self):
-        """(what the run waits on before its ranks start, seconds so far), or None."""
-        phase = getattr(self.launcher, "phase", None)
-        if self.state != "preparing" or not phase:
+        """(what the run waits on before its ranks start, seconds so far), or None: the launcher's
+        phase while it prepares, then Spark's scheduling of the tasks if none has begun a while
+        after the launch (a barrier stage waits until every slot it needs is free)."""
+        if self.state == "preparing":
+            phase = getattr(self.launcher, "phase", None)
+            return (phase, time.monotonic() - self.launcher.phase_since) if phase else None
+        if self.state != "running" or self.stop_reason is not None:
             return None
-        return phase, time.monotonic() - self.launcher.phase_since
+        seconds = time.time() - self.started
+        if seconds < TASKS_WAIT_SHOWN_AFTER or any(r.state != "pending" for r in self.ranks):
+            return None
+        if self.where == "driver only":
+            return "waiting for the ranks to start", seconds
+        return f"waiting for Spark ({self.where}) to start {self.np} tasks at once", seconds
 
     def _drive_quietly(self):
         try:

@@ -139,6 +139,7 @@ class SparkLauncher(Launcher):
         self.group = None
         self._cancelled = False
         self._starting = None         # the SparkStart under way, while prepare() waits on it
+        self._started_here = False    # this launcher started the session (in another thread)
 
     # -- before launch ----------------------------------------------------------------------
     def prepare(self, np):
@@ -173,6 +174,7 @@ class SparkLauncher(Launcher):
         if self._cancelled:
             self._starting.cancel()
         self._set_phase(f"starting Spark ({settings['spark.master']})")
+        self._started_here = True
         try:
             return _quiet(self._starting.session())
         finally:
@@ -226,6 +228,11 @@ class SparkLauncher(Launcher):
 
         sc = self.session.sparkContext
         self.group = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
+        if self._started_here:
+            # The session was started in the driver's helper thread (`Run._prepare`), and Spark's
+            # active session is per thread: make it the notebook's too, as if the user had started
+            # it, so that SparkSession.getActiveSession() in a later cell finds it.
+            sc._jvm.SparkSession.setActiveSession(self.session._jsparkSession)
 
         def collect():
             try:
