@@ -75,7 +75,7 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
            timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn",
            run_root="hvd_runs", verbose=False):
     """Start a pickled job on `np` ranks with the launcher `np` asks for; return the `Run`.
-    `verbose`: a Spark JVM started now writes to the kernel's stderr, not run_root/spark-*.log."""
+    A Spark JVM started now writes to run_root/spark-<time>.log (and to stderr if `verbose`)."""
     launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
                              log_dir=run_root, verbose=verbose)
     run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,

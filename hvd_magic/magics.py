@@ -107,8 +107,9 @@ class HorovodMagics(Magics):
     @argument("--name", type=str, default=None, help="A label for the run.")
     @argument("--verbose", "-v", action="store_true",
               help="Show what is otherwise only logged: the output of a Spark JVM this run "
-                   "starts (else in hvd_runs/spark-<time>.log) and C++ libraries' INFO lines "
-                   "from the ranks (else only in the rank logs). Default: HorovodMagics.verbose.")
+                   "starts (kept in hvd_runs/spark-<time>.log either way) and C++ libraries' "
+                   "INFO lines from the ranks (kept in the rank logs either way). Default: "
+                   "HorovodMagics.verbose.")
     @cell_magic
     def horovod(self, line, cell):
         """Run the cell on N Horovod ranks and show rank 0's last expression.

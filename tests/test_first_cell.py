@@ -108,6 +108,27 @@ def test_cancel_while_spark_starts_ends_the_cell_and_leaves_no_process(fresh_ker
     assert "says hello" in everything_shown(messages)
 
 
+def test_interrupt_while_spark_starts_then_verbose_shows_the_jvm(fresh_kernel):
+    """The kernel's interrupt (its stop button) while Spark starts ends the cell as Cancel does."""
+    interrupted = []
+
+    def interrupt_when_shown(msg):
+        if not interrupted and "starting Spark (local[" in everything_shown([msg]):
+            fresh_kernel.km.interrupt_kernel()
+            interrupted.append(msg)
+
+    reply, messages = fresh_kernel.execute(CANCEL_CELL, on_message=interrupt_when_shown)
+    assert interrupted and reply["content"]["ename"] == "RunCancelled"
+    assert "while starting Spark" in reply["content"]["evalue"]
+    assert kernel_children(fresh_kernel) == []
+
+    # The next cell starts Spark afresh; asked to, it shows what the JVM says.
+    reply, messages = fresh_kernel.execute(FIRST_CELL.replace("--np 2", "--np 2 --verbose"))
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "says hello" in everything_shown(messages)
+    assert "Setting default log level" in text_output(messages)
+
+
 def test_make_demo_prints_the_notebook_and_no_warnings(tmp_path):
     """What `make demo` runs, in a fresh folder: its whole output, stdout and stderr."""
     shutil.copy(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), tmp_path)

@@ -181,15 +181,15 @@ class Run:
         thread.start()
         cancel_sent = False
         while thread.is_alive():
-            try:
+            try:  # an interrupt lands anywhere in here (showing the dashboard, say)
                 thread.join(0.1)
+                if self.stop_reason is not None and not cancel_sent:
+                    cancel_sent = True
+                    self.launcher.cancel()
+                if self.view is not None:
+                    self.view.tick(self)
             except KeyboardInterrupt:
                 self.stop_reason = self.stop_reason or "cancelled"
-            if self.stop_reason is not None and not cancel_sent:
-                cancel_sent = True
-                self.launcher.cancel()
-            if self.view is not None:
-                self.view.tick(self)
         if failure or self.stop_reason is not None:
             error = failure[0] if failure else RunCancelled(
                 f"run {self.id} was cancelled before its ranks started.")

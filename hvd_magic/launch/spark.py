@@ -134,7 +134,7 @@ class SparkLauncher(Launcher):
         self.conf = conf or {}
         self.slot_wait = slot_wait
         self.log_dir = log_dir        # where a JVM we start writes its log (spark-<time>.log)
-        self.verbose = verbose        # the JVM's output in the cell instead
+        self.verbose = verbose        # the JVM's output shown in the cell too
         self.log_path = None          # that log, when this launcher started the JVM
         self.group = None
         self._cancelled = False

@@ -5,8 +5,8 @@ stderr, and ipykernel forwards whatever reaches those file descriptors into the 
 JVM's "WARNING: Using incubator modules", Spark's "Setting default log level" and any later log4j
 output would land under the user's first cell. `launch_gateway` takes ``popen_kwargs`` for exactly
 this ("capturing stdout/stderr", its docstring says) and `SparkContext` takes the ``gateway``, so
-the JVM writes to ``hvd_runs/spark-<time>.log`` instead, unless the user asked to see it
-(``verbose``). No PySpark function is patched.
+the JVM writes to ``hvd_runs/spark-<time>.log`` instead; with ``verbose`` it is also shown in the
+cell that started it. No PySpark function is patched.
 
 PySpark keeps its JVM for the life of the process (a stopped session leaves it running and the
 next session reuses it), so only the first start in a kernel launches a JVM and picks its log.
@@ -21,6 +21,7 @@ Not for: choosing a session or checking its slots (`hvd_magic.launch.spark`).
 
 import datetime
 import os
+import sys
 import threading
 
 from ..errors import RunCancelled
@@ -78,12 +79,21 @@ class SparkStart:
     def _launch_jvm(self, conf):
         from pyspark.java_gateway import launch_gateway
 
+        os.makedirs(self.log_dir, exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.log_path = os.path.abspath(os.path.join(self.log_dir, f"spark-{stamp}.log"))
         if self.verbose:
-            gateway = launch_gateway(conf)  # the kernel's stderr: shown in the cell
+            # Through a pipe that a thread copies to the log and to this cell's stderr: a child's
+            # own file descriptor 2 reaches the cell only as long as ipykernel attributes that
+            # descriptor's output to it, which it stops doing once a subshell exists (a dashboard).
+            read, write = os.pipe()
+            threading.Thread(target=_copy_lines, args=(read, self.log_path, sys.stderr),
+                             name="hvd-magic-spark-output", daemon=True).start()
+            try:
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": write, "stderr": write})
+            finally:
+                os.close(write)  # the JVM holds its own copy; the thread ends when the JVM does
         else:
-            os.makedirs(self.log_dir, exist_ok=True)
-            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-            self.log_path = os.path.abspath(os.path.join(self.log_dir, f"spark-{stamp}.log"))
             # The JVM gets its own descriptor for the file; ours is closed once it has it.
             with open(self.log_path, "ab") as log:
                 gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
@@ -119,6 +129,14 @@ class SparkStart:
         return RunCancelled(
             f"Cancelled while starting Spark ({where}): no rank was started and the Spark it was "
             "starting was stopped. Run the cell again to start it.")
+
+
+def _copy_lines(fd, log_path, shown):
+    with os.fdopen(fd, "rb") as source, open(log_path, "ab", buffering=0) as log:
+        for line in source:
+            log.write(line)
+            shown.write(line.decode(errors="replace"))
+            shown.flush()
 
 
 def _end_process(proc):
