@@ -6,6 +6,7 @@ Each test that needs a first cell starts its own kernel (the JVM starts once per
 """
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -84,6 +85,8 @@ def test_first_cell_shows_no_start_up_chatter_and_says_it_starts_spark(fresh_ker
     # What Spark's JVM said is kept, in a file next to the run folders.
     [log] = glob.glob(str(fresh_kernel.cwd / "hvd_runs" / "spark-*.log"))
     assert "Setting default log level" in open(log).read()
+    [run_dir] = [p for p in (fresh_kernel.cwd / "hvd_runs").iterdir() if p.is_dir()]
+    assert json.load(open(run_dir / "run.json"))["spark_log"] == log  # found from the run, too
     # Started in a helper thread, it is still the notebook's active session, as a user's would be.
     assert fresh_kernel.value("__import__('pyspark').sql.SparkSession.getActiveSession() is not None")
 

@@ -230,4 +230,6 @@ class Run:
         self.folder.write_meta({
             "id": self.id, "np": self.np, "state": self.state, "where": self.where,
             "started": self.started, "ended": self.ended, "name": self.name,
+            # what the Spark JVM that this run started printed, if it started one
+            "spark_log": getattr(self.launcher, "log_path", None),
             "ranks": [r.as_dict() for r in self.ranks]})
