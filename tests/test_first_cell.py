@@ -245,3 +245,15 @@ def test_text_view_says_it_waits_for_spark_slots(ip):
                      text)
     assert text.index("waiting for") < text.index("[rank 0] hello")
 
+
+
+def test_a_jvm_that_cannot_start_says_why(tmp_path):
+    """Its output is not shown as it happens, so the error brings what it said."""
+    env = dict(os.environ, JAVA_HOME=str(tmp_path / "no-java"))
+    code = ("import hvd_magic\ntry:\n    hvd_magic.run(abs, np=2, args=(1,))\n"
+            "except hvd_magic.LaunchError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert "Spark's JVM did not start" in proc.stdout, proc.stdout + proc.stderr
+    assert "no-java/bin/java" in proc.stdout  # what spark-class said
+    assert "spark-" in proc.stdout and ".log" in proc.stdout  # and where it is kept

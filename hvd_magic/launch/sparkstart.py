@@ -23,8 +23,9 @@ import datetime
 import os
 import sys
 import threading
+import warnings
 
-from ..errors import RunCancelled
+from ..errors import LaunchError, RunCancelled
 
 JVM_STOP_SECONDS = 10  # SIGTERM lets Spark's shutdown hooks remove its temporary folders
 
@@ -61,7 +62,9 @@ class SparkStart:
             raise
         with self._lock:
             if self._cancelled:
-                context.stop()
+                with warnings.catch_warnings():  # (PySpark warns when the JVM is gone already)
+                    warnings.simplefilter("ignore")
+                    context.stop()
                 self._undo()
                 raise self._cancelled_error()
             self._gateway = None  # PySpark's own from now on
@@ -95,8 +98,12 @@ class SparkStart:
                 os.close(write)  # the JVM holds its own copy; the thread ends when the JVM does
         else:
             # The JVM gets its own descriptor for the file; ours is closed once it has it.
-            with open(self.log_path, "ab") as log:
-                gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+            try:
+                with open(self.log_path, "ab") as log:
+                    gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+            except Exception as exc:  # (no Java, a bad setting): what it said is in the log
+                raise LaunchError(f"Spark's JVM did not start ({exc}). It said, in "
+                                  f"{self.log_path}:\n{_tail(self.log_path)}") from None
         with self._lock:
             self._gateway = gateway
             cancelled = self._cancelled
@@ -129,6 +136,11 @@ class SparkStart:
         return RunCancelled(
             f"Cancelled while starting Spark ({where}): no rank was started and the Spark it was "
             "starting was stopped. Run the cell again to start it.")
+
+
+def _tail(path, lines=20):
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:]).rstrip() or "(nothing)"
 
 
 def _copy_lines(fd, log_path, shown):
