@@ -40,7 +40,8 @@ def _shipped(pickles, import_lines=(), code=None):
 def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=None,
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
         broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
-        stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None):
+        stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
+        verbose=False):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
@@ -69,7 +70,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
                   timeout=timeout, run_dir=run_dir, view=view, background=background,
                   horovod_env=horovod_env, env=env, broadcast_bytes=broadcast_bytes,
                   retries=retries, name=name, timeline=timeline, stall_timeout=stall_timeout,
-                  on_stall=on_stall, tensorboard=tensorboard)
+                  on_stall=on_stall, tensorboard=tensorboard, verbose=verbose)
 
 
 def run_cell(cell_fn, np, **options):
@@ -87,9 +88,11 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
            run_dir=None, view=None, background=False, horovod_env=None, env=None,
            broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
            timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn",
-           run_root="hvd_runs", tensorboard=None):
-    """Start a pickled job on `np` ranks with the launcher `np` asks for; return the `Run`."""
-    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf)
+           run_root="hvd_runs", tensorboard=None, verbose=False):
+    """Start a pickled job on `np` ranks with the launcher `np` asks for; return the `Run`.
+    A Spark JVM started now writes to run_root/spark-<time>.log (and to stderr if `verbose`)."""
+    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
+                             log_dir=run_root, verbose=verbose)
     run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
                horovod_env=horovod_env, extra_env=env, broadcast_bytes=broadcast_bytes,
                allow_retry=retries > 0, name=name, timeline=timeline,

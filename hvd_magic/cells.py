@@ -25,7 +25,8 @@ def run_cell(magics, args, cell):
     shell = magics.shell
     cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                            hidden=set(shell.user_ns_hidden))
-    view = make_view(quiet=args.quiet, widgets=False if args.text else None)
+    verbose = args.verbose or magics.verbose
+    view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose)
     if isinstance(view, TextView):  # the dashboard shows the timeline itself
         view = TimelineNote(view)
     run = api.run_cell(
@@ -34,7 +35,7 @@ def run_cell(magics, args, cell):
         horovod_env=dict(magics.horovod_settings), env=env_option(args.env),
         broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
         name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
-        tensorboard=args.tensorboard, on_stall=args.on_stall)
+        tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose)
     if args.background:
         return run
     if run.exports:
@@ -59,7 +60,8 @@ def run_in_session(magics, session, args, cell):
     cell_fn = capture_session_cell(cell, shell.user_ns, cell_id=shell.execution_count,
                                    export=names(args.export),
                                    hidden=set(shell.user_ns_hidden))
-    view = make_view(quiet=args.quiet, widgets=False if args.text else None)
+    view = make_view(quiet=args.quiet, widgets=False if args.text else None,
+                     verbose=args.verbose or magics.verbose)
     timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
     try:
         run = api.run_in_session(

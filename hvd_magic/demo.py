@@ -2,10 +2,15 @@
 
 What `make demo` runs on notebooks/quickstart.ipynb: every cell is executed by nbclient in an
 IPython kernel, and what each cell printed and returned is printed here, cell by cell.
+
+The kernel talks to us over IPC sockets (files in a temporary folder) rather than TCP, which is
+all a kernel on this machine needs; over TCP without CurveZMQ keys ipykernel warns, on the
+kernel's stderr, that its messages travel unencrypted, and that warning would open the demo.
 """
 
 import os
 import sys
+import tempfile
 
 
 def outputs_text(nb):
@@ -32,12 +37,17 @@ def outputs_text(nb):
 def main(path):
     import nbformat
     from nbclient import NotebookClient
+    from traitlets.config import Config
 
     nb = nbformat.read(path, as_version=4)
     # Nobody looks at widgets here: the kernel uses the text view, whose lines are printed below.
     os.environ["HVD_MAGIC_NO_WIDGETS"] = "1"
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": "."}}).execute()
+    with tempfile.TemporaryDirectory(prefix="hvd_magic-demo-") as sockets:
+        # As configuration (not a KernelManager of ours), so that nbclient owns the kernel and
+        # shuts it down; a kernel left to notice that its parent exited warns about it.
+        ipc = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
+        NotebookClient(nb, timeout=600, kernel_name="python3", config=ipc,
+                       resources={"metadata": {"path": "."}}).execute()
     sys.stdout.write(outputs_text(nb))
 
 

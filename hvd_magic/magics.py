@@ -7,7 +7,11 @@ Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Dict, Float, Int, Unicode
+from traitlets import Bool, Dict, Float, Int, Unicode
+
+from .options import summary_first as _summary_first
+from .session_magic import horovod_session
+from .tensorboard_magic import horovod_tensorboard
 
 
 
@@ -20,6 +24,8 @@ class HorovodMagics(Magics):
     broadcast_mb = Float(4.0, help="Values larger than this travel by Spark broadcast.").tag(config=True)
     stall_timeout = Float(60.0, help="Default of --stall-timeout, in seconds.").tag(config=True)
     horovod_settings = Dict(help="Extra HOROVOD_* settings for every rank.").tag(config=True)
+    verbose = Bool(False, help="Default of --verbose: show Spark's start-up output and C++ "
+                               "libraries' INFO lines.").tag(config=True)
     session_idle_timeout = Float(
         3600.0, help="Seconds a warm session may sit idle before its ranks are stopped "
                      "(0: never).").tag(config=True)
@@ -31,7 +37,8 @@ class HorovodMagics(Magics):
     def _active_session(self):
         return self.session if self.session is not None and not self.session.stopped else None
 
-    @magic_arguments()
+    @_summary_first
+    @magic_arguments(name="%horovod")  # the usage line then reads %%horovod, as a cell magic's
     @argument("--np", "-n", type=int, default=None,
               help="Number of ranks. N > 0: a Spark barrier stage of N tasks (the active "
                    "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
@@ -67,11 +74,24 @@ class HorovodMagics(Magics):
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "
                    "tensorboard/ in the run folder; see %%horovod_tensorboard).")
     @argument("--name", type=str, default=None, help="A label for the run.")
+    @argument("--verbose", "-v", action="store_true",
+              help="Show what is otherwise only logged: the output of a Spark JVM this run "
+                   "starts (kept in hvd_runs/spark-<time>.log either way) and C++ libraries' "
+                   "INFO lines from the ranks (kept in the rank logs either way). Default: "
+                   "HorovodMagics.verbose.")
     @cell_magic
     def horovod(self, line, cell):
-        """Run this cell on N Horovod ranks; its value is rank 0's last expression.
+        """Run the cell on N Horovod ranks and show rank 0's last expression.
 
-        The cell runs as a function on every rank: the notebook's imports that it uses are
+        ::
+
+            %%horovod --np 2
+            import torch, horovod.torch as hvd
+            hvd.init()
+            hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+
+        Each rank is a task of one Spark barrier stage (or, with ``--np -N``, a process of this
+        machine). The cell runs as a function on every rank: the notebook's imports that it uses are
         re-imported there, and the notebook values it reads are sent by value. Each rank's output
         is shown live, labelled by rank, and kept in full in hvd_runs/<run id>/rank-<k>.log.
         Every rank's value is in ``hvd_magic.last_run().results``.
@@ -79,12 +99,6 @@ class HorovodMagics(Magics):
         Examples
         --------
         ::
-
-            %%horovod --np 4
-            import torch, horovod.torch as hvd
-            hvd.init()
-            total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum)
-            total.item()
 
             %%horovod --np -2 --export model
             model = train()          # model is set in the notebook afterwards
@@ -96,80 +110,10 @@ class HorovodMagics(Magics):
         from .cells import run_cell
         return run_cell(self, args, cell)
 
-    @magic_arguments()
-    @argument("action", nargs="?", default="status", choices=("start", "status", "stop", "restart"),
-              help="start (the options below), status (the default), stop, restart (stop, then "
-                   "start with the same options).")
-    @argument("--np", "-n", type=int, default=None,
-              help="Ranks, as for %%%%horovod: N on Spark executors, -N on the driver "
-                   "(default: HorovodMagics.np).")
-    @argument("--master", type=str, default=None,
-              help="Spark master URL for a session hvd_magic starts (when none is active).")
-    @argument("--env", action="append", default=[], metavar="NAME=VALUE",
-              help="Environment variable for every rank (repeatable).")
-    @argument("--idle-timeout", type=float, default=None,
-              help="Seconds idle before the ranks are stopped (default: "
-                   "HorovodMagics.session_idle_timeout, 3600; 0: never).")
-    @line_magic
-    def horovod_session(self, line):
-        """Keep N ranks alive between cells: a warm session.
+    horovod_session = line_magic(horovod_session)
+    horovod_tensorboard = line_magic(horovod_tensorboard)
 
-        While a session is active, every ``%%horovod`` cell without placement options runs on
-        its ranks at once (no start-up), in each rank's own namespace: what a cell assigns on
-        the ranks is there for the next cell, Horovod stays initialised (``hvd.init()`` again is
-        harmless). Notebook values a cell reads are sent fresh with every cell, but a name the
-        ranks assigned themselves wins over the notebook's value of the same name. An error
-        keeps the session; Cancel or Ctrl-C interrupts the cell on every rank (a
-        KeyboardInterrupt) and keeps the state. A rank that dies breaks the session:
-        ``restart`` starts a new one. ``stop``, the kernel's exit and the idle limit end every
-        rank.
-
-        Examples
-        --------
-        ::
-
-            %horovod_session start --np 2
-            %horovod_session                      # ranks, hosts, idle time, memory per rank
-
-            %%horovod
-            import torch, horovod.torch as hvd
-            hvd.init()
-            model = torch.nn.Linear(4, 1)         # still there in the next cell
-
-            %horovod_session stop
-        """
-        from .session_magic import session_magic
-        return session_magic(self, line)
-
-    @magic_arguments()
-    @argument("run", nargs="?", default=None,
-              help="The run: its id, or the end of it (default: the latest run of this kernel "
-                   "with TensorBoard logs).")
-    @argument("--path", action="store_true", help="Return the logs' folder instead.")
-    @line_magic
-    def horovod_tensorboard(self, line):
-        """Show the TensorBoard logs the ranks of a run wrote, in TensorBoard's notebook view.
-
-        On the ranks, write to ``hvd_magic.tensorboard_dir()``; each rank's folder comes back
-        when it ends, as ``rank-<k>/`` under the run folder's ``tensorboard/`` (or ``--tensorboard
-        DIR``), so TensorBoard shows the ranks side by side.
-
-        Examples
-        --------
-        ::
-
-            %%horovod --np 2
-            from torch.utils.tensorboard import SummaryWriter
-            writer = SummaryWriter(hvd_magic.tensorboard_dir())
-            writer.add_scalar("loss", 0.5, 1)
-            writer.close()
-
-            %horovod_tensorboard                 # TensorBoard on the latest run's logs
-            %horovod_tensorboard --path          # the folder, rank-0/ and rank-1/ inside
-        """
-        from .tensorboard_magic import tensorboard_magic
-        return tensorboard_magic(self, line)
-
+    @_summary_first
     @magic_arguments()
     @argument("run", nargs="?", default=None,
               help="The run: its id, or the end of it (default: the latest run with a timeline, "
@@ -185,7 +129,17 @@ class HorovodMagics(Magics):
               help="Rows per --summary table (default 10); lanes of the picture (default 16).")
     @line_magic
     def horovod_timeline(self, line):
-        """Show the Horovod timeline of a run: a link to the file, how to open it, a picture.
+        """Draw the Horovod timeline of a run, a lane per tensor, with a link to its file.
+
+        Example (two cells)::
+
+            %%horovod --np 2 --timeline
+            import torch, horovod.torch as hvd
+            hvd.init()
+            for step in range(20):
+                hvd.allreduce(torch.ones(1000), name="grad")
+
+            %horovod_timeline
 
         Rank 0's timeline comes back to the run folder as hvd_runs/<run id>/timeline.json when
         the run ends (also when it failed or was cancelled), if the run recorded one: with
@@ -198,9 +152,6 @@ class HorovodMagics(Magics):
         --------
         ::
 
-            %%horovod --np 2 --timeline
-            train(steps=20)
-
             %horovod_timeline                    # the latest run's timeline, drawn
             %horovod_timeline --summary          # where the time went, per tensor and operation
             %horovod_timeline --list             # runs that have a timeline
@@ -209,6 +160,7 @@ class HorovodMagics(Magics):
         from .timelines.show import timeline_magic
         return timeline_magic(self, line)
 
+    @_summary_first
     @magic_arguments()
     @argument("--timeout", type=float, default=120.0,
               help="Seconds the probe job may wait for its task slots (default 120).")
@@ -217,7 +169,11 @@ class HorovodMagics(Magics):
                    "the report.")
     @line_magic
     def horovod_env(self, line):
-        """Compare every executor's Python packages and GPUs with the driver's.
+        """Compare the Python packages and GPUs of every Spark executor with the driver's.
+
+        ::
+
+            %horovod_env
 
         A short Spark job with a task in every slot reports, per executor: the Python,
         cloudpickle, torch, TensorFlow, horovod (built against which torch and TensorFlow? with

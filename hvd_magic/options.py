@@ -28,3 +28,21 @@ def env_option(items):
             raise UsageError(f"--env takes NAME=VALUE, not {item!r}.")
         env[name] = value
     return env
+
+
+def summary_first(magic):
+    """Open the magic's help (``%%horovod?``) with its first sentence and example, then the usage.
+
+    IPython builds the help of a magic with options as usage line, docstring, options; a newcomer
+    should read what the magic does and a cell to paste before the list of every option. The
+    docstring's first paragraph is that sentence, its second the example (a ``::`` block).
+    """
+    _, _, rest = magic.__doc__.partition("::\n\n")  # (the reST markup of the usage block)
+    usage, _, description = rest.partition("\n\n")
+    lines = description.split("\n")
+    # the end of the first "::" block: its indented lines and the blank lines among them
+    start = next(i for i, line in enumerate(lines) if line.rstrip().endswith("::")) + 1
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace())
+    head, tail = "\n".join(lines[:end]).rstrip(), "\n".join(lines[end:])
+    magic.__doc__ = f"{head}\n\nUsage::\n\n{usage}\n\n{tail}"
+    return magic

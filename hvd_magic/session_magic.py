@@ -2,14 +2,59 @@
 `hvd_magic.driver.session`): the notebook side of sessions, as thin as the magics."""
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import api
-from .options import env_option
+from .options import env_option, summary_first
 
 
-def session_magic(magics, line):
-    """``%horovod_session [start|status|stop|restart]`` (see `HorovodMagics.horovod_session`)."""
+@summary_first
+@magic_arguments()
+@argument("action", nargs="?", default="status", choices=("start", "status", "stop", "restart"),
+          help="start (the options below), status (the default), stop, restart (stop, then "
+               "start with the same options).")
+@argument("--np", "-n", type=int, default=None,
+          help="Ranks, as for %%%%horovod: N on Spark executors, -N on the driver "
+               "(default: HorovodMagics.np).")
+@argument("--master", type=str, default=None,
+          help="Spark master URL for a session hvd_magic starts (when none is active).")
+@argument("--env", action="append", default=[], metavar="NAME=VALUE",
+          help="Environment variable for every rank (repeatable).")
+@argument("--idle-timeout", type=float, default=None,
+          help="Seconds idle before the ranks are stopped (default: "
+               "HorovodMagics.session_idle_timeout, 3600; 0: never).")
+def horovod_session(magics, line):
+    """Keep N ranks alive between cells, each with its own namespace: a warm session.
+
+    ::
+
+        %horovod_session start --np -2
+
+        %%horovod
+        import torch, horovod.torch as hvd
+        hvd.init()
+        model = torch.nn.Linear(4, 1)         # still there in the next cell
+
+        %horovod_session stop
+
+    While a session is active, every ``%%horovod`` cell without placement options runs on
+    its ranks at once (no start-up), in each rank's own namespace: what a cell assigns on
+    the ranks is there for the next cell, Horovod stays initialised (``hvd.init()`` again is
+    harmless). Notebook values a cell reads are sent fresh with every cell, but a name the
+    ranks assigned themselves wins over the notebook's value of the same name. An error
+    keeps the session; Cancel or Ctrl-C interrupts the cell on every rank (a
+    KeyboardInterrupt) and keeps the state. A rank that dies breaks the session:
+    ``restart`` starts a new one. ``stop``, the kernel's exit and the idle limit end every
+    rank.
+
+    Examples
+    --------
+    ::
+
+        %horovod_session start --np 2         # on Spark executors: 2 barrier tasks held
+        %horovod_session                      # ranks, hosts, idle time, memory per rank
+        %horovod_session restart              # after a rank died
+    """
     args = parse_argstring(magics.horovod_session, line)
     session = magics._active_session()
     if args.action == "status":

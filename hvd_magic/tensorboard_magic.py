@@ -9,7 +9,9 @@ and starts TensorBoard's notebook view on it.
 import shlex
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .options import summary_first
 
 from .driver.history import runs
 
@@ -30,7 +32,36 @@ def logs_of(run_id=None):
     return matches[0].tensorboard_dir
 
 
-def tensorboard_magic(magics, line):
+@summary_first
+@magic_arguments()
+@argument("run", nargs="?", default=None,
+          help="The run: its id, or the end of it (default: the latest run of this kernel "
+               "with TensorBoard logs).")
+@argument("--path", action="store_true", help="Return the logs' folder instead.")
+def horovod_tensorboard(magics, line):
+    """Show the TensorBoard logs the ranks of a run wrote, in TensorBoard's notebook view.
+
+    ::
+
+        %%horovod --np -2
+        from torch.utils.tensorboard import SummaryWriter
+        import hvd_magic
+        with SummaryWriter(hvd_magic.tensorboard_dir()) as writer:
+            writer.add_scalar("loss", 0.5, 1)
+
+        %horovod_tensorboard --path
+
+    On the ranks, write to ``hvd_magic.tensorboard_dir()``; each rank's folder comes back
+    when it ends, as ``rank-<k>/`` under the run folder's ``tensorboard/`` (or ``--tensorboard
+    DIR``), so TensorBoard shows the ranks side by side.
+
+    Examples
+    --------
+    ::
+
+        %horovod_tensorboard                 # TensorBoard on the latest run's logs
+        %horovod_tensorboard 3f2a --path     # the folder of the run whose id ends in 3f2a
+    """
     args = parse_argstring(magics.horovod_tensorboard, line)
     path = logs_of(args.run)
     if args.path:

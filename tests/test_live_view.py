@@ -97,6 +97,27 @@ class Widgets:
         return [s["value"] for s in self.of("HTMLModel").values() if text in s["value"]]
 
 
+class CancelOnShow:
+    """An `on_message` that clicks the dashboard's Cancel button as soon as the dashboard is shown
+    (the cell still runs); `widgets` is what the front end saw, `shown` its HTML at the click."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.widgets = Widgets()
+        self.clicked = None
+        self.shown = ""
+
+    def __call__(self, msg):
+        self.widgets.feed(msg)
+        if self.clicked or msg["msg_type"] != "display_data" or WIDGET_VIEW not in msg["content"]["data"]:
+            return
+        buttons = [c for c, s in self.widgets.of("ButtonModel").items() if s["description"] == "Cancel"]
+        assert len(buttons) == 1
+        self.shown = "\n".join(s.get("value", "") for s in self.widgets.of("HTMLModel").values())
+        self.kernel.click(buttons[0])
+        self.clicked = buttons[0]
+
+
 def rows(table_html):
     """{rank: (state, step, total)} from the dashboard's rank table."""
     return {int(r): (state, step, total) for r, state, step, total in ROW.findall(table_html)}
@@ -214,20 +235,10 @@ while True:
 
 def test_cancel_button_stops_a_cell_that_is_running(kernel):
     """The click arrives while the kernel's main thread is inside the cell (it never ends alone)."""
-    widgets = Widgets()
-    clicked = []
-
-    def on_message(msg):
-        widgets.feed(msg)
-        if clicked or msg["msg_type"] != "display_data" or WIDGET_VIEW not in msg["content"]["data"]:
-            return
-        buttons = [cid for cid, s in widgets.of("ButtonModel").items() if s["description"] == "Cancel"]
-        assert len(buttons) == 1
-        kernel.click(buttons[0])
-        clicked.append(buttons[0])
-
-    reply, messages = kernel.execute(CANCEL_CELL, on_message=on_message)
-    assert clicked
+    cancel = CancelOnShow(kernel)
+    reply, messages = kernel.execute(CANCEL_CELL, on_message=cancel)
+    widgets = cancel.widgets
+    assert cancel.clicked
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "RunCancelled"
     assert {state for state, _, _ in widgets.table_rows().values()} == {"cancelled"}

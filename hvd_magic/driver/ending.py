@@ -83,6 +83,12 @@ def _first_failure(run, failures, infos):
             f"calls hvd.init(), that the executors can reach that address and each other "
             f"on interface {first.get('iface', '?')} (HOROVOD_GLOO_IFACE), and that "
             f"HOROVOD_GLOO_TIMEOUT_SECONDS covers the ranks' start-up.")
+    elif first.get("type") in ("ModuleNotFoundError", "ImportError") and run.where != "driver only":
+        # The commonest first failure on a real cluster: a package the driver has and the
+        # executors lack (or have in another version).
+        first["hint"] = (f"Rank {first['rank']} ran on an executor whose Python could not import "
+                         "what the driver can: %horovod_env compares the executors' packages "
+                         "with the driver's.")
     others = {}
     for rank in range(run.np):
         if rank == first["rank"]:

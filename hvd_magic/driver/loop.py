@@ -29,6 +29,8 @@ class Driver:
     def drive(self):
         run = self.run
         try:
+            if run.stop_reason is not None:  # a Cancel between prepare's end and the launch
+                self._send_stop()
             deadline = None if not run.timeout else run.started + run.timeout
             while not run.launcher.done():
                 self._pump(0.1)
@@ -61,9 +63,14 @@ class Driver:
         if run.stop_reason is not None:
             return
         run.stop_reason = reason
-        self._stop_sent = time.monotonic()
-        if run._server is not None:
-            run._server.stop_all(reason)
+        self._send_stop()
+
+    def _send_stop(self):
+        """Tell the tasks to stop (once the event server exists: a Cancel may come earlier)."""
+        run = self.run
+        if run._server is not None and self._stop_sent is None:
+            self._stop_sent = time.monotonic()
+            run._server.stop_all(run.stop_reason)
 
     def _watch_for_stall(self):
         run = self.run

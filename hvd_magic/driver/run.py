@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 
+from ..errors import RunCancelled
 from ..task.settings import TaskSettings
 from . import history
 from .folder import RunFolder
@@ -24,6 +25,7 @@ from .ranks import RankState
 
 DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
 DEFAULT_STALL_TIMEOUT = 60.0
+TASKS_WAIT_SHOWN_AFTER = 3.0  # seconds without a task started before the view says it waits
 DEFAULT_HOROVOD_ENV = {
     # horovodrun exports '(None,)' for these (a 0 ms cycle that spins); we set them ourselves.
     "HOROVOD_CYCLE_TIME": "1",
@@ -44,6 +46,13 @@ DEFAULT_RANK_ENV = {
     # TensorFlow's C++ INFO/WARNING lines (oneDNN, cudart) on every rank drown the user's output.
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
+
+
+def _prepare_into(launcher, np, failure):
+    try:
+        launcher.prepare(np)
+    except BaseException as exc:  # raised in the caller's thread by Run._prepare
+        failure.append(exc)
 
 
 def new_run_id():
@@ -80,7 +89,8 @@ class Run:
         self.exports = {}
         self.error = None
         self.where = None
-        self.started = None
+        self.started = None          # when the ranks were launched (after prepare)
+        self.preparing_since = None  # when the launcher began to prepare
         self.ended = None
         self.background = False
         self.rejected_frames = 0
@@ -104,9 +114,10 @@ class Run:
 
     @property
     def elapsed(self):
-        if self.started is None:
+        begun = self.started or self.preparing_since
+        if begun is None:
             return 0.0
-        return (self.ended or time.time()) - self.started
+        return (self.ended or time.time()) - begun
 
     @property
     def tensorboard_dir(self):
@@ -153,9 +164,9 @@ class Run:
     # -- launching ----------------------------------------------------------------------------
     def launch(self, job, kwargs_pickled, background=False):
         """Start the ranks. `job` is {"fn", "args", "sources", ...} with args already pickled."""
-        self.launcher.prepare(self.np)
+        self.background = background  # a view shows a background run at once (its cell ends now)
+        self._prepare()
         self.folder.create(self.np)
-        self.where = self.launcher.where
         small = {n: d for n, d in kwargs_pickled.items() if len(d) <= self.broadcast_bytes}
         # Large values travel once per executor, not inside every task; the pickled bytes are
         # dropped here as soon as they are shared, to spare driver memory.
@@ -173,11 +184,8 @@ class Run:
             broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline)
         self.started = time.time()
         self.state = "running"
-        self.background = background  # a view shows a background run at once (its cell ends now)
         self.write_meta()
         history.add(self)
-        if self.view is not None:
-            self.view.start(self)
         self.launcher.start(settings, self.np)
         if background:
             self._thread = threading.Thread(target=self._drive_quietly,
@@ -186,6 +194,58 @@ class Run:
             return self
         self._driver.drive()
         return self
+
+    def _prepare(self):
+        """`launcher.prepare` in a helper thread, while the view (shown first) says what it waits
+        on and a Cancel click or an interrupt can stop it (`launcher.cancel`)."""
+        self.state = "preparing"
+        self.preparing_since = time.time()
+        if self.view is not None:
+            self.view.start(self)
+        failure = []
+        thread = threading.Thread(target=_prepare_into, args=(self.launcher, self.np, failure),
+                                  name=f"hvd-magic-prepare-{self.id}", daemon=True)
+        thread.start()
+        cancel_sent = False
+        while thread.is_alive():
+            try:  # an interrupt lands anywhere in here (showing the dashboard, say)
+                thread.join(0.1)
+                if self.stop_reason is not None and not cancel_sent:
+                    cancel_sent = True
+                    self.launcher.cancel()
+                if self.view is not None:
+                    self.view.tick(self)
+            except KeyboardInterrupt:
+                self.stop_reason = self.stop_reason or "cancelled"
+        if failure or self.stop_reason is not None:
+            error = failure[0] if failure else RunCancelled(
+                f"run {self.id} was cancelled before its ranks started.")
+            self.state = "cancelled" if isinstance(error, RunCancelled) else "failed"
+            self.error, self.ended = error, time.time()
+            if self.state == "cancelled":
+                history.add(self)  # `last_run()` says it was cancelled
+            self._done.set()
+            if self.view is not None:
+                self.view.finish(self)
+            raise error
+        self.where = self.launcher.where
+
+    @property
+    def waiting(self):
+        """(what the run waits on before its ranks start, seconds so far), or None: the launcher's
+        phase while it prepares, then Spark's scheduling of the tasks if none has begun a while
+        after the launch (a barrier stage waits until every slot it needs is free)."""
+        if self.state == "preparing":
+            phase = getattr(self.launcher, "phase", None)
+            return (phase, time.monotonic() - self.launcher.phase_since) if phase else None
+        if self.state != "running" or self.stop_reason is not None:
+            return None
+        seconds = time.time() - self.started
+        if seconds < TASKS_WAIT_SHOWN_AFTER or any(r.state != "pending" for r in self.ranks):
+            return None
+        if self.where == "driver only":
+            return "waiting for the ranks to start", seconds
+        return f"waiting for Spark ({self.where}) to start {self.np} tasks at once", seconds
 
     def _drive_quietly(self):
         try:
@@ -197,4 +257,6 @@ class Run:
         self.folder.write_meta({
             "id": self.id, "np": self.np, "state": self.state, "where": self.where,
             "started": self.started, "ended": self.ended, "name": self.name,
+            # what the Spark JVM that this run started printed, if it started one
+            "spark_log": getattr(self.launcher, "log_path", None),
             "ranks": [r.as_dict() for r in self.ranks]})

@@ -6,10 +6,12 @@
 """
 
 
-def make_launcher(np, spark=None, master=None, spark_conf=None):
-    """The launcher for `np` ranks: Spark for N > 0, the driver alone for -N."""
+def make_launcher(np, spark=None, master=None, spark_conf=None, log_dir="hvd_runs", verbose=False):
+    """The launcher for `np` ranks: Spark for N > 0, the driver alone for -N. A Spark JVM it
+    starts writes to log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr too)."""
     if np < 0:
         from .local import LocalLauncher
         return LocalLauncher()
     from .spark import SparkLauncher
-    return SparkLauncher(session=spark, master=master, conf=spark_conf)
+    return SparkLauncher(session=spark, master=master, conf=spark_conf, log_dir=log_dir,
+                         verbose=verbose)

@@ -18,9 +18,15 @@ Calls, in the order the driver makes them::
 
 and, read by the driver: `where` (shown to the user), `driver_host` (how tasks reach the driver's
 event server) and `bind_host` (where that server listens).
+
+`prepare` may be slow (starting Spark, waiting for executors). The driver runs it in a helper
+thread and meanwhile shows `phase` ("starting Spark (local[4])"; None when there is nothing to
+wait on), which a launcher sets with `_set_phase`; a Cancel or an interrupt then calls `cancel()`,
+and `prepare` undoes what it started and raises `RunCancelled`.
 """
 
 import threading
+import time
 
 from ..events import EventServer
 
@@ -30,6 +36,8 @@ class Launcher:
     driver_host = "127.0.0.1"     # the address tasks connect to for the event channel
 
     def __init__(self):
+        self.phase = None         # what prepare() waits on now, in words; None: nothing slow
+        self.phase_since = None   # time.monotonic() when that phase began
         self.outcomes = None      # [(rank, status, payload)] once every task ended
         self.error = None         # an exception that ended the tasks before they could report
         self._threads = []
@@ -43,6 +51,10 @@ class Launcher:
 
     def prepare(self, np):
         """Make sure `np` ranks can run now; raise `UsageError` saying what to do if not."""
+
+    def _set_phase(self, phase):
+        if phase != self.phase:
+            self.phase, self.phase_since = phase, time.monotonic()
 
     def share(self, data):
         """A handle the tasks read a large value from (`.value`, or the bytes themselves)."""
@@ -72,7 +84,9 @@ class Launcher:
             t.join(timeout)
 
     def cancel(self):
-        """End every task now (the driver has already asked the ranks to stop)."""
+        """End every task now (the driver has already asked the ranks to stop). Also called from
+        another thread while `prepare` runs: prepare then stops, undoes what it started and
+        raises `RunCancelled`."""
 
     def job_ids(self):
         """Spark job ids of this launch (tests and the view), if any."""

@@ -20,9 +20,10 @@ import uuid
 
 from IPython.core.error import UsageError
 
-from ..errors import LaunchError
+from ..errors import LaunchError, RunCancelled
 from ..task import spark_task
 from .base import Launcher
+from .sparkstart import SparkStart
 
 EMBEDDED_MARK = "spark.hvd_magic.embedded"
 _LOG4J = os.path.join(os.path.dirname(__file__), "log4j2.properties")
@@ -33,30 +34,35 @@ def _active_context():
     return SparkContext._active_spark_context
 
 
-def embedded_session(np, conf=None, master=None):
-    """The session we run on when the user has none: local[N] with at least N slots."""
-    from pyspark.sql import SparkSession
-
+def embedded_settings(np, conf=None, master=None):
+    """The settings of the session we run on when the user has none: local[N], at least N slots."""
     slots = max(np, os.cpu_count() or 1, 4)
     # PySpark starts its workers with $PYSPARK_PYTHON (default: whatever python3 is on PATH);
     # ours must be this very interpreter, which has torch, horovod and hvd_magic.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder
-               .master(master or f"local[{slots}]")
-               .appName("hvd_magic")
-               .config(EMBEDDED_MARK, "true")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.pyspark.driver.python", sys.executable)
-               .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{_LOG4J}")
-               .config("spark.executor.extraJavaOptions", f"-Dlog4j.configurationFile=file:{_LOG4J}"))
+    settings = {
+        "spark.master": master or f"local[{slots}]",
+        "spark.app.name": "hvd_magic",
+        EMBEDDED_MARK: "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{_LOG4J}",
+        "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile=file:{_LOG4J}",
+    }
     if master is None or master.startswith("local"):
-        builder = (builder.config("spark.driver.host", "127.0.0.1")
-                   .config("spark.driver.bindAddress", "127.0.0.1"))
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, str(value))
-    session = builder.getOrCreate()
+        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+    settings.update({key: str(value) for key, value in (conf or {}).items()})
+    return settings
+
+
+def embedded_session(np, conf=None, master=None, log_dir="hvd_runs", verbose=False):
+    """Start the embedded session now (the JVM's output to log_dir/spark-<time>.log)."""
+    return _quiet(SparkStart(embedded_settings(np, conf, master), log_dir, verbose).session())
+
+
+def _quiet(session):
     session.sparkContext.setLogLevel("ERROR")
     return session
 
@@ -112,22 +118,28 @@ def java_message(exc):
     python = re.findall(r"^(\w+(?:Error|Exception): .*)$", text.split("SQLSTATE")[0], re.M)
     if "PythonException" in text and python:
         return (f"a Spark task failed before its rank started: {python[-1].strip()}. Check that "
-                "the executors have the same Python packages as the driver (torch, horovod, "
-                "hvd_magic).")
+                "the executors have the same Python and packages as the driver (torch, horovod, "
+                "hvd_magic, cloudpickle): %horovod_env compares them, executor by executor.")
     return first
 
 
 class SparkLauncher(Launcher):
     """Runs `hvd_magic.task.spark_task` on N barrier tasks of a SparkSession."""
 
-    def __init__(self, session=None, master=None, conf=None, slot_wait=30.0):
+    def __init__(self, session=None, master=None, conf=None, slot_wait=30.0, log_dir="hvd_runs",
+                 verbose=False):
         super().__init__()
         self.session = session
         self.master = master
         self.conf = conf or {}
         self.slot_wait = slot_wait
+        self.log_dir = log_dir        # where a JVM we start writes its log (spark-<time>.log)
+        self.verbose = verbose        # the JVM's output shown in the cell too
+        self.log_path = None          # that log, when this launcher started the JVM
         self.group = None
         self._cancelled = False
+        self._starting = None         # the SparkStart under way, while prepare() waits on it
+        self._started_here = False    # this launcher started the session (in another thread)
 
     # -- before launch ----------------------------------------------------------------------
     def prepare(self, np):
@@ -139,10 +151,11 @@ class SparkLauncher(Launcher):
                 ours = session.sparkContext.getConf().get(EMBEDDED_MARK) == "true"
                 slots = local_slots(session.sparkContext.master)
                 if ours and slots is not None and slots < np and self.master is None:
+                    self._set_phase(f"stopping Spark ({session.sparkContext.master})")
                     session.stop()  # ours and too small: start a bigger one
-                    session = embedded_session(np, self.conf)
+                    session = self._start_session(np, None)
             else:
-                session = embedded_session(np, self.conf, self.master)
+                session = self._start_session(np, self.master)
             self.session = session
         sc = self.session.sparkContext
         conf = sc.getConf()
@@ -152,7 +165,21 @@ class SparkLauncher(Launcher):
                 "session with spark.dynamicAllocation.enabled=false (and a fixed number of "
                 "executors).")
         self._check_slots(sc, np)
+        self._set_phase(None)
         return self.session
+
+    def _start_session(self, np, master):
+        settings = embedded_settings(np, self.conf, master)
+        self._starting = SparkStart(settings, self.log_dir, self.verbose)
+        if self._cancelled:
+            self._starting.cancel()
+        self._set_phase(f"starting Spark ({settings['spark.master']})")
+        self._started_here = True
+        try:
+            return _quiet(self._starting.session())
+        finally:
+            self.log_path = self._starting.log_path or self.log_path
+            self._starting = None
 
     def _check_slots(self, sc, np):
         slots = local_slots(sc.master)
@@ -167,6 +194,10 @@ class SparkLauncher(Launcher):
             slots = cluster_slots(sc)
             if slots >= np or time.monotonic() > deadline:
                 break
+            if self._cancelled:
+                raise RunCancelled(f"Cancelled while waiting for {np} Spark task slots "
+                                   f"({slots} free); no rank was started.")
+            self._set_phase(f"waiting for {np} Spark task slots ({slots} free)")
             time.sleep(0.25)
         if slots < np:
             summary = _executor_summary(sc)
@@ -197,6 +228,11 @@ class SparkLauncher(Launcher):
 
         sc = self.session.sparkContext
         self.group = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
+        if self._started_here:
+            # The session was started in the driver's helper thread (`Run._prepare`), and Spark's
+            # active session is per thread: make it the notebook's too, as if the user had started
+            # it, so that SparkSession.getActiveSession() in a later cell finds it.
+            sc._jvm.SparkSession.setActiveSession(self.session._jsparkSession)
 
         def collect():
             try:
@@ -217,6 +253,9 @@ class SparkLauncher(Launcher):
 
     def cancel(self):
         self._cancelled = True
+        starting = self._starting
+        if starting is not None:  # prepare() is starting Spark in the driver's helper thread
+            starting.cancel()
         if self.group is not None:
             try:
                 self.session.sparkContext.cancelJobGroup(self.group)

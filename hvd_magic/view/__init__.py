@@ -30,13 +30,14 @@ def widgets_available():
     return True
 
 
-def make_view(quiet=False, widgets=None):
-    """The view for a run: the dashboard where widgets work, else text; `quiet` shows nothing."""
+def make_view(quiet=False, widgets=None, verbose=False):
+    """The view for a run: the dashboard where widgets work, else text; `quiet` shows nothing;
+    `verbose` shows C++ libraries' INFO lines too."""
     if quiet:
         return TextView(quiet=True)
     if widgets is None:
         widgets = widgets_available()
     if widgets:
         from .dashboard import Dashboard  # imports ipywidgets, so only here
-        return Dashboard()
-    return TextView()
+        return Dashboard(verbose=verbose)
+    return TextView(verbose=verbose)

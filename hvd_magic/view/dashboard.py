@@ -9,7 +9,8 @@ How it stays cheap for the notebook:
 - `event` only updates plain Python state (a bounded tail per rank, dirty flags);
 - widgets are written in `tick`/`finish`, one widget message per 0.1 s for the whole dashboard,
   and only for values that changed; the tail of a log is sent only while its panel is open;
-- nothing is shown for the first `SHOW_AFTER` seconds: a run that ends sooner prints its lines as
+- nothing is shown until a wait before the ranks start (Spark starting) or the ranks' run has
+  lasted `SHOW_AFTER` seconds: a run that ends sooner prints its lines as
   plain text, as `TextView` does, so fast cells do not flash a dashboard.
 
 While a cell runs, the kernel's main thread is busy in the driver loop, so it cannot handle a
@@ -27,7 +28,7 @@ import threading
 import time
 
 from .charts import charts_html, picture_svg
-from .text import TextView, visible_text
+from .text import TextView, is_cxx_info, visible_text
 
 SHOW_AFTER = 1.5           # seconds before the dashboard appears (ipyparallel's --progress-after)
 UPDATES_PER_SECOND = 10    # widget messages per second, for the whole dashboard
@@ -38,14 +39,16 @@ LAST_LINE_CHARS = 120
 CHART_INTERVAL = 0.5       # seconds between two drawings of the live charts
 
 _STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
-                 "cancelled": "#757575", "running": "#1565c0", "starting": "#6a1b9a"}
+                 "cancelled": "#757575", "running": "#1565c0", "starting": "#6a1b9a",
+                 "preparing": "#6a1b9a"}
 
 
 class Dashboard:
     """ipywidgets view of a run; `Dashboard(quiet=True)` shows nothing at all."""
 
-    def __init__(self, quiet=False):
+    def __init__(self, quiet=False, verbose=False):
         self.quiet = quiet
+        self.verbose = verbose       # C++ libraries' INFO lines may be a rank's "last line" too
         self.box = None              # the displayed VBox, once shown
         self.header = self.table = self.logs = self.footer = self.cancel_button = None
         self.panels = []
@@ -65,7 +68,7 @@ class Dashboard:
     def start(self, run):
         if self.quiet:
             return
-        self._started = time.monotonic()
+        self._started = None         # when the ranks were launched, as this view saw it
         self._tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(run.np)]
         if getattr(run, "background", False):
             # The launching cell ends at once, and output sent after a cell ended is lost in
@@ -95,8 +98,7 @@ class Dashboard:
         if self.quiet:
             return
         if self.box is None:
-            if (time.monotonic() - self._started < SHOW_AFTER
-                    and self._early_lines <= TEXT_LINES_MAX):
+            if not self._due(run):
                 return
             self._show(run)
         now = time.monotonic()
@@ -109,12 +111,24 @@ class Dashboard:
                 self._pushed_at[widget] = self._last_push = now
                 return
 
+    def _due(self, run):
+        """Shown once a wait before the ranks, or the ranks' run itself, lasts SHOW_AFTER."""
+        waiting = getattr(run, "waiting", None)
+        if waiting is not None:
+            return waiting[1] >= SHOW_AFTER
+        if run.started is None:  # preparing, with nothing slow to say
+            return False
+        if self._started is None:
+            self._started = time.monotonic()
+        return (time.monotonic() - self._started >= SHOW_AFTER
+                or self._early_lines > TEXT_LINES_MAX)
+
     def finish(self, run):
         if self.quiet:
             return
         self._show_picture(run)
         if self.box is None:  # a fast run: its lines as plain text, as the text view prints them
-            text = TextView(summary=False)
+            text = TextView(summary=False, verbose=self.verbose)
             for rank, event in self._early:
                 text.event(run, rank, event)
             self._early = []
@@ -198,13 +212,19 @@ class Dashboard:
     # -- rendering (plain functions of the run's state) --------------------------------------
     def _header_html(self, run):
         state = run.state
-        if self._cancel_clicked and state == "running":
+        if self._cancel_clicked and state in ("running", "preparing"):
             state = "cancelling"
         elapsed = f"{run.elapsed:.1f} s" if run.ended else f"{run.elapsed:.0f} s"
-        where = run.where or "?"
         notices = "".join(f"<div style='color:#c62828'>{_e(n)}</div>" for n in self._notices)
-        return (f"<b>hvd_magic</b> run <code>{_e(run.id)}</code> · {run.np} ranks on "
-                f"<code>{_e(where)}</code> · {_state_html(state)} · {elapsed}{notices}")
+        if run.started is None and run.error is not None:  # ended before its ranks started
+            notices += f"<div>{_e(run.error)}</div>"
+        waiting = getattr(run, "waiting", None)
+        if waiting is not None:  # before the ranks start: what it waits on, and for how long
+            where = f"· {_e(waiting[0])}… {waiting[1]:.0f} s"
+        else:
+            where = f"on <code>{_e(run.where or '?')}</code>"
+        return (f"<b>hvd_magic</b> run <code>{_e(run.id)}</code> · {run.np} ranks {where} · "
+                f"{_state_html(state)} · {elapsed}{notices}")
 
     def _table_html(self, run):
         head = "".join(f"<th style='text-align:left;padding:0 .6em'>{h}</th>" for h in (
@@ -223,7 +243,8 @@ class Dashboard:
 
     def _last_line_html(self, rank):
         tail = self._tails[rank]
-        text = tail[-1][1] if tail else ""
+        text = next((line for _, line in reversed(tail)
+                     if self.verbose or not is_cxx_info(line)), "")
         if len(text) > LAST_LINE_CHARS:
             text = text[:LAST_LINE_CHARS] + "…"
         return f"<code>{_e(text)}</code>"
@@ -242,6 +263,8 @@ class Dashboard:
                 f"<pre style='margin:0;white-space:pre-wrap'>{body}</pre></div>")
 
     def _footer_html(self, run):
+        if run.started is None:  # never launched: no run folder
+            return ""
         links = " · ".join(f"rank {rank}: {_link(run.log_path(rank))}" for rank in range(run.np))
         return f"<div>Logs in {_link(run.run_dir, os.path.relpath(run.run_dir))}: {links}</div>"
 

@@ -1,8 +1,26 @@
-"""The text view of a run (terminals, scripts, ``--text``): ``[rank k] line`` as lines arrive,
-then a summary line per rank."""
+"""The text view of a run (terminals, scripts, ``--text``): what the run waits on before its ranks
+start, ``[rank k] line`` as lines arrive, then a summary line per rank."""
 
 import os
+import re
 import sys
+import time
+
+WAIT_SHOWN_AFTER = 1.0  # seconds a wait lasts before it is worth a line
+
+# The INFO lines of C++ libraries on the ranks (TensorFlow's oneDNN and cudart notes, XLA, Horovod's
+# own log) in the formats of absl/glog ("I0501 10:00:00.123 123 file.cc:12]"), TensorFlow
+# ("2024-05-01 10:00:00.123: I file.cc:12]") and Horovod ("[2024-05-01 10:00:00.123: I file.cc:12]").
+# Kept in the rank's log, but not shown as its latest word unless --verbose.
+_CXX_INFO = re.compile(
+    r"^\s*(?:[ID]\d{4} [\d:.]+\s+\d+ \S+:\d+\]"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [ID] \S+:\d+\]"
+    r"|\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: )?[TDI] \S+:\d+\])")
+
+
+def is_cxx_info(line):
+    """True for a C++ library's INFO (or debug) log line; its warnings and errors are not."""
+    return bool(_CXX_INFO.match(line))
 
 from .charts import summary_text as metrics_summary
 
@@ -19,11 +37,14 @@ def visible_text(line):
 class TextView:
     """``[rank k] line`` as lines arrive, then one summary line per rank."""
 
-    def __init__(self, quiet=False, stdout=None, stderr=None, summary=True):
+    def __init__(self, quiet=False, stdout=None, stderr=None, summary=True, verbose=False):
         self.quiet = quiet
         self.summary = summary
+        self.verbose = verbose
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
+        self._wait_shown = None      # the wait whose line is open ("starting Spark…"), if any
+        self._wait_began = None
 
     def start(self, run):
         pass
@@ -31,6 +52,7 @@ class TextView:
     def event(self, run, rank, event):
         if self.quiet:
             return
+        self._end_wait()
         if rank is None and event.get("message"):  # about the whole run (the stall watchdog)
             self.stderr.write(f"[hvd_magic] {event['message']}\n")
             self.stderr.flush()
@@ -38,15 +60,37 @@ class TextView:
         if event.get("t") != "lines":
             return
         out = self.stderr if event.get("stream") == "stderr" else self.stdout
-        text = "".join(f"[rank {rank}] {visible_text(line)}\n" for line in event.get("lines", ()))
-        out.write(text)
-        out.flush()
+        text = "".join(f"[rank {rank}] {visible_text(line)}\n" for line in event.get("lines", ())
+                       if self.verbose or not is_cxx_info(line))
+        if text:
+            out.write(text)
+            out.flush()
 
     def tick(self, run):
-        pass
+        """A wait before the ranks start gets a line once it lasts; its length ends the line."""
+        if self.quiet:
+            return
+        waiting = getattr(run, "waiting", None)
+        phase = waiting[0] if waiting and waiting[1] >= WAIT_SHOWN_AFTER else None
+        if phase == self._wait_shown or (phase is None and waiting):
+            return
+        self._end_wait()
+        if phase is not None:
+            self._wait_shown, self._wait_began = phase, time.monotonic() - waiting[1]
+            self.stdout.write(f"[hvd_magic] {phase}…")
+            self.stdout.flush()
+
+    def _end_wait(self):
+        if self._wait_shown is not None:
+            self.stdout.write(f" {time.monotonic() - self._wait_began:.1f} s\n")
+            self.stdout.flush()
+            self._wait_shown = None
 
     def finish(self, run):
-        if self.quiet or not self.summary:
+        if self.quiet:
+            return
+        self._end_wait()
+        if not self.summary or run.started is None:  # never launched: its error says it all
             return
         self.stdout.write(summary_text(run) + metrics_summary(run.ranks))
         self.stdout.flush()

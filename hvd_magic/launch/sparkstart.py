@@ -1,0 +1,162 @@
+"""Starting the embedded Spark session: quietly, into a log file, and so that it can be cancelled.
+
+PySpark starts its JVM (`pyspark.java_gateway.launch_gateway`) with the kernel's own stdout and
+stderr, and ipykernel forwards whatever reaches those file descriptors into the running cell: the
+JVM's "WARNING: Using incubator modules", Spark's "Setting default log level" and any later log4j
+output would land under the user's first cell. `launch_gateway` takes ``popen_kwargs`` for exactly
+this ("capturing stdout/stderr", its docstring says) and `SparkContext` takes the ``gateway``, so
+the JVM writes to ``hvd_runs/spark-<time>.log`` instead; with ``verbose`` it is also shown in the
+cell that started it. No PySpark function is patched.
+
+PySpark keeps its JVM for the life of the process (a stopped session leaves it running and the
+next session reuses it), so only the first start in a kernel launches a JVM and picks its log.
+
+Cancelling (`SparkStart.cancel`, from another thread) while a JVM we launched is starting stops
+that JVM, so that nothing is left running. Only that case tears PySpark's gateway down; a session
+started on a JVM that was already there is stopped once it is up, and the JVM stays, as PySpark
+leaves it after any ``spark.stop()``.
+
+Not for: choosing a session or checking its slots (`hvd_magic.launch.spark`).
+"""
+
+import datetime
+import os
+import sys
+import threading
+import warnings
+
+from ..errors import LaunchError, RunCancelled
+
+JVM_STOP_SECONDS = 10  # SIGTERM lets Spark's shutdown hooks remove its temporary folders
+
+
+class SparkStart:
+    """One start of a SparkSession from `settings` (key -> value, the master included)."""
+
+    def __init__(self, settings, log_dir, verbose=False):
+        self.settings = dict(settings)
+        self.log_dir = log_dir
+        self.verbose = verbose
+        self.log_path = None         # where the JVM writes, when this start launched it
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._gateway = None         # the gateway this start launched, while it may be undone
+
+    def session(self):
+        """The started SparkSession; `RunCancelled` if `cancel` was called meanwhile."""
+        from pyspark import SparkConf, SparkContext
+        from pyspark.sql import SparkSession
+
+        conf = SparkConf()
+        for key, value in self.settings.items():
+            conf.set(key, str(value))
+        gateway = None
+        if SparkContext._gateway is None:  # no JVM in this process yet: ours to launch
+            gateway = self._launch_jvm(conf)
+        try:
+            context = SparkContext(conf=conf, gateway=gateway)
+        except Exception:
+            if self._cancelled:  # the JVM was stopped under it: that is the cancel
+                self._undo()
+                raise self._cancelled_error() from None
+            raise
+        with self._lock:
+            if self._cancelled:
+                with warnings.catch_warnings():  # (PySpark warns when the JVM is gone already)
+                    warnings.simplefilter("ignore")
+                    context.stop()
+                self._undo()
+                raise self._cancelled_error()
+            self._gateway = None  # PySpark's own from now on
+        return SparkSession.builder.getOrCreate()
+
+    def cancel(self):
+        """Stop starting: the JVM this start launched is ended now (the waiting call then fails)."""
+        with self._lock:
+            self._cancelled = True
+            gateway = self._gateway
+        if gateway is not None:
+            _end_process(gateway.proc)
+
+    # -- the JVM ----------------------------------------------------------------------------------
+    def _launch_jvm(self, conf):
+        from pyspark.java_gateway import launch_gateway
+
+        os.makedirs(self.log_dir, exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.log_path = os.path.abspath(os.path.join(self.log_dir, f"spark-{stamp}.log"))
+        if self.verbose:
+            # Through a pipe that a thread copies to the log and to this cell's stderr: a child's
+            # own file descriptor 2 reaches the cell only as long as ipykernel attributes that
+            # descriptor's output to it, which it stops doing once a subshell exists (a dashboard).
+            read, write = os.pipe()
+            threading.Thread(target=_copy_lines, args=(read, self.log_path, sys.stderr),
+                             name="hvd-magic-spark-output", daemon=True).start()
+            try:
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": write, "stderr": write})
+            finally:
+                os.close(write)  # the JVM holds its own copy; the thread ends when the JVM does
+        else:
+            # The JVM gets its own descriptor for the file; ours is closed once it has it.
+            try:
+                with open(self.log_path, "ab") as log:
+                    gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+            except Exception as exc:  # (no Java, a bad setting): what it said is in the log
+                raise LaunchError(f"Spark's JVM did not start ({exc}). It said, in "
+                                  f"{self.log_path}:\n{_tail(self.log_path)}") from None
+        with self._lock:
+            self._gateway = gateway
+            cancelled = self._cancelled
+        if cancelled:  # cancelled while the JVM came up (launch_gateway cannot be interrupted)
+            self._undo()
+            raise self._cancelled_error()
+        return gateway
+
+    def _undo(self):
+        """End the JVM this start launched, and let PySpark launch a fresh one next time."""
+        from pyspark import SparkContext
+
+        gateway, self._gateway = self._gateway, None
+        if gateway is None:
+            return
+        try:
+            gateway.shutdown()
+        except Exception:  # the JVM is gone already; its sockets with it
+            pass
+        _end_process(gateway.proc)
+        # PySpark has no call to drop a gateway; left in place, a dead one would make every later
+        # start in this kernel fail. These are the class attributes launch_gateway's caller sets.
+        with SparkContext._lock:
+            if SparkContext._gateway is gateway:
+                SparkContext._gateway = None
+                SparkContext._jvm = None
+
+    def _cancelled_error(self):
+        where = self.settings.get("spark.master", "Spark")
+        return RunCancelled(
+            f"Cancelled while starting Spark ({where}): no rank was started and the Spark it was "
+            "starting was stopped. Run the cell again to start it.")
+
+
+def _tail(path, lines=20):
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:]).rstrip() or "(nothing)"
+
+
+def _copy_lines(fd, log_path, shown):
+    with os.fdopen(fd, "rb") as source, open(log_path, "ab", buffering=0) as log:
+        for line in source:
+            log.write(line)
+            shown.write(line.decode(errors="replace"))
+            shown.flush()
+
+
+def _end_process(proc):
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(JVM_STOP_SECONDS)
+    except Exception:  # subprocess.TimeoutExpired: a JVM that ignores SIGTERM
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,260 @@
+"""The first impression (issue 21): the first %%horovod cell of a fresh kernel shows only what the
+user asked for, says what it waits on while Spark starts, and can be cancelled meanwhile; `make
+demo` prints the notebook's output and no warnings.
+
+Each test that needs a first cell starts its own kernel (the JVM starts once per kernel).
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import cloudpickle
+import psutil
+import pytest
+
+from conftest import ROOT
+from test_live_view import CancelOnShow, Kernel, Widgets, rows, shown_widgets, text_output
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this module
+
+# What a fresh kernel used to show before the cell's own output.
+CHATTER = ("Using incubator modules", "Setting default log level", "sc.setLogLevel",
+           "without encryption")
+
+FIRST_CELL = """\
+%%horovod --np 2
+import horovod.torch as hvd
+hvd.init()
+print(f"rank {hvd.rank()} says hello")
+hvd.rank()
+"""
+
+
+def everything_shown(messages):
+    """Streams, errors and every state the widgets were ever sent, as one text."""
+    parts = [text_output(messages)]
+    for msg in messages:
+        content = msg["content"]
+        if msg["msg_type"] == "error":
+            parts.append("\n".join(content["traceback"]))
+        elif msg["msg_type"] in ("comm_open", "comm_msg"):
+            parts.append(str(content.get("data", {}).get("state", "")))
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def fresh_kernel(tmp_path):
+    k = Kernel(tmp_path)
+    yield k
+    k.close()
+
+
+def kernel_children(kernel):
+    """The processes the kernel started (a JVM, Spark's Python workers, ranks) that still run."""
+    pid = kernel.value("__import__('os').getpid()")
+    return [p for p in psutil.Process(pid).children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_first_cell_shows_no_start_up_chatter_and_says_it_starts_spark(fresh_kernel):
+    widgets = Widgets()
+    order = []  # the first time each thing was shown: "starting Spark", then a rank at work
+
+    def on_message(msg):
+        widgets.feed(msg)
+        html = " ".join(s.get("value", "") for s in widgets.of("HTMLModel").values())
+        if "starting Spark (local[" in html + text_output([msg]) and "spark" not in order:
+            order.append("spark")
+        table = [s["value"] for s in widgets.of("HTMLModel").values() if "data-rank=" in s["value"]]
+        if table and any(state in ("running", "done") for state, _, _ in rows(table[0]).values()):
+            order.append("ranks") if "ranks" not in order else None
+
+    reply, messages = fresh_kernel.execute(FIRST_CELL, on_message=on_message)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert shown_widgets(messages)  # a Spark start lasts longer than the dashboard's delay
+    shown = everything_shown(messages)
+    for chatter in CHATTER:
+        assert chatter not in shown
+    assert "says hello" in shown
+    assert order[:2] == ["spark", "ranks"]
+    # What Spark's JVM said is kept, in a file next to the run folders.
+    [log] = glob.glob(str(fresh_kernel.cwd / "hvd_runs" / "spark-*.log"))
+    assert "Setting default log level" in open(log).read()
+    [run_dir] = [p for p in (fresh_kernel.cwd / "hvd_runs").iterdir() if p.is_dir()]
+    assert json.load(open(run_dir / "run.json"))["spark_log"] == log  # found from the run, too
+    # Started in a helper thread, it is still the notebook's active session, as a user's would be.
+    assert fresh_kernel.value("__import__('pyspark').sql.SparkSession.getActiveSession() is not None")
+
+
+CANCEL_CELL = "%%horovod --np 2\nprint('this never runs')\n"
+
+
+def test_cancel_while_spark_starts_ends_the_cell_and_leaves_no_process(fresh_kernel):
+    cancel = CancelOnShow(fresh_kernel)
+    reply, messages = fresh_kernel.execute(CANCEL_CELL, on_message=cancel)
+    assert "starting Spark (local[" in cancel.shown  # what the user saw when clicking
+    widgets = cancel.widgets
+    assert reply["content"]["ename"] == "RunCancelled"
+    assert "while starting Spark" in reply["content"]["evalue"]
+    assert "this never runs" not in text_output(messages)
+    assert any("cancelled" in h for h in widgets.html_containing("hvd_magic</b> run"))
+    assert fresh_kernel.value("hvd_magic.last_run().state") == "cancelled"
+    assert kernel_children(fresh_kernel) == []  # no JVM, no Python worker, no rank
+    # and the next cell starts Spark afresh
+    reply, messages = fresh_kernel.execute(FIRST_CELL)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "says hello" in everything_shown(messages)
+
+
+def test_interrupt_while_spark_starts_then_verbose_shows_the_jvm(fresh_kernel):
+    """The kernel's interrupt (its stop button) while Spark starts ends the cell as Cancel does."""
+    interrupted = []
+
+    def interrupt_when_shown(msg):
+        if not interrupted and "starting Spark (local[" in everything_shown([msg]):
+            fresh_kernel.km.interrupt_kernel()
+            interrupted.append(msg)
+
+    reply, messages = fresh_kernel.execute(CANCEL_CELL, on_message=interrupt_when_shown)
+    assert interrupted and reply["content"]["ename"] == "RunCancelled"
+    assert "while starting Spark" in reply["content"]["evalue"]
+    assert kernel_children(fresh_kernel) == []
+
+    # The next cell starts Spark afresh; asked to, it shows what the JVM says.
+    reply, messages = fresh_kernel.execute(FIRST_CELL.replace("--np 2", "--np 2 --verbose"))
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "says hello" in everything_shown(messages)
+    assert "Setting default log level" in text_output(messages)
+
+
+def test_make_demo_prints_the_notebook_and_no_warnings(tmp_path):
+    """What `make demo` runs, in a fresh folder: its whole output, stdout and stderr."""
+    shutil.copy(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "hvd_magic.demo", "quickstart.ipynb"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert not [line for line in out.splitlines() if re.search(r"warn", line, re.I)], out
+    for chatter in CHATTER:
+        assert chatter not in out
+    assert re.search(r"^\[hvd_magic\] starting Spark \(local\[\d+\]\)… \d+\.\d s$", out, re.M), out
+    assert out.index("starting Spark") < out.index("[rank 0]")
+    assert "results: [3.0, 3.0]" in out
+    assert not glob.glob(str(tmp_path / "*ipc*"))  # the kernel's IPC sockets were cleaned up
+
+
+CXX_INFO = "2024-05-01 10:00:00.123456: I tensorflow/core/util/port.cc:113] oneDNN custom operations are on."
+CXX_WARNING = "[2024-05-01 10:00:00.123456: W /horovod/common/operations.cc:12] a warning"
+
+
+def test_cxx_info_lines_are_logged_but_not_shown(ip, capsys, tmp_path):
+    cell = (f"import sys\nprint({CXX_WARNING!r}, file=sys.stderr)\n"
+            f"print({CXX_INFO!r}, file=sys.stderr)\nprint('epoch 1')\n")
+    ip.run_cell_magic("horovod", "--np -2", cell)
+    out = capsys.readouterr()
+    assert "a warning" in out.err and "oneDNN" not in out.out + out.err and "epoch 1" in out.out
+    import hvd_magic
+    assert CXX_INFO in open(hvd_magic.last_run().log_path(0)).read()
+    ip.run_cell_magic("horovod", "--np -2 --verbose", cell)
+    assert "oneDNN" in capsys.readouterr().err
+
+
+def test_dashboard_last_line_skips_cxx_info():
+    from hvd_magic.view.dashboard import Dashboard
+
+    class Run:
+        np, background = 1, False
+    dashboard, run = Dashboard(), Run()
+    dashboard.start(run)
+    dashboard.event(run, 0, {"t": "lines", "stream": "stderr", "lines": ["step 3", CXX_INFO]})
+    assert "step 3" in dashboard._last_line_html(0)
+    dashboard.event(run, 0, {"t": "lines", "stream": "stderr", "lines": [CXX_WARNING]})
+    assert "a warning" in dashboard._last_line_html(0)
+
+
+@pytest.mark.parametrize("magic", ["horovod", "horovod_timeline", "horovod_env", "horovod_session",
+                                   "horovod_tensorboard"])
+def test_help_opens_with_a_sentence_and_an_example_that_runs(ip, magic, capsys):
+    from hvd_magic.magics import HorovodMagics
+
+    sentence, intro, first_cell = getattr(HorovodMagics, magic).__doc__.split("\n\n")[:3]
+    assert sentence.endswith(".") and ". " not in sentence and "\n" not in sentence
+    assert intro.endswith("::") and first_cell.startswith("    %")  # an example before all else
+    text = getattr(HorovodMagics, magic).__doc__.split("::\n\n", 1)[1].split("\n\nUsage::")[0]
+    # the example's cells, as a user pastes them: each starts at an unindented magic line
+    cells = re.split(r"\n\n(?=    %)", text)
+    assert any(f"%{magic}" in cell for cell in cells)
+    for cell in cells:
+        result = ip.run_cell(re.sub(r"^    ", "", cell, flags=re.M))
+        assert result.success, (cell, result.error_before_exec or result.error_in_exec)
+
+
+def test_the_first_environment_error_points_to_horovod_env(ip):
+    """A package the executors lack: the rank's ImportError says where to compare them."""
+    import hvd_magic
+
+    with pytest.raises(hvd_magic.RankError) as error:
+        ip.run_cell_magic("horovod", "--np 2", "import no_such_package_of_hvd_magic_tests\n")
+    assert "%horovod_env" in "\n".join(error.value._render_traceback_())
+    # a Spark task that fails before its rank starts (hvd_magic itself missing there) says so too
+    from hvd_magic.launch.spark import java_message
+    text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            "ModuleNotFoundError: No module named 'hvd_magic'\n")
+    assert "%horovod_env" in java_message(RuntimeError(text))
+
+
+def _hold_slots(sc, seconds):
+    """A job that keeps every task slot busy for `seconds` (another user's job, say)."""
+    import time
+    slots = sc.defaultParallelism
+    sc.setJobGroup("slot-holder", "holds every slot")
+    sc.parallelize(range(slots), slots).foreach(lambda _: time.sleep(seconds))
+
+
+def _ranks_hello():
+    import os
+    print("hello from", os.environ["HOROVOD_RANK"])
+
+
+def test_text_view_says_it_waits_for_spark_slots(ip):
+    """While other work holds every slot, the barrier stage waits; the view says so."""
+    import io
+    import threading
+    import time
+
+    import hvd_magic
+    from hvd_magic.launch.spark import SparkLauncher
+    from hvd_magic.view import TextView
+
+    sc = SparkLauncher().prepare(2).sparkContext  # the session the run will use
+    holder = threading.Thread(target=_hold_slots, args=(sc, 8), daemon=True)
+    holder.start()
+    deadline = time.monotonic() + 60
+    while not sc.statusTracker().getActiveStageIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shown = io.StringIO()
+    run = hvd_magic.run(_ranks_hello, np=2, view=TextView(stdout=shown, stderr=shown))
+    holder.join()
+    text = shown.getvalue()
+    assert run.state == "done"
+    assert re.search(r"\[hvd_magic\] waiting for Spark \(local\[\d+\]\) to start 2 tasks at once… \d",
+                     text)
+    assert text.index("waiting for") < text.index("[rank 0] hello")
+
+
+
+def test_a_jvm_that_cannot_start_says_why(tmp_path):
+    """Its output is not shown as it happens, so the error brings what it said."""
+    env = dict(os.environ, JAVA_HOME=str(tmp_path / "no-java"))
+    code = ("import hvd_magic\ntry:\n    hvd_magic.run(abs, np=2, args=(1,))\n"
+            "except hvd_magic.LaunchError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert "Spark's JVM did not start" in proc.stdout, proc.stdout + proc.stderr
+    assert "no-java/bin/java" in proc.stdout  # what spark-class said
+    assert "spark-" in proc.stdout and ".log" in proc.stdout  # and where it is kept
