@@ -215,3 +215,69 @@ def _running(proc):
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+CHARTS_CELL = """\
+%%horovod --np -2
+import math, os, time
+import hvd_magic
+rank = int(os.environ["HOROVOD_RANK"])
+for step in range(80):
+    hvd_magic.report(step=step, total=80, loss=2.3 * math.exp(-step / 25) + 0.05 * rank,
+                     accuracy=1 - math.exp(-step / (20 + 10 * rank)))
+    time.sleep(0.1)
+"""
+
+
+def test_live_charts_in_chromium(tmp_path, chromium):
+    """The charts while the cell runs and after it, as a person sees them (screenshots in
+    test-artifacts/: charts-running.png, charts-finished.png; docs/charts.png is a copy)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=PAGE_TIMEOUT_MS)
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
+                                          "hvd_magic.view.dashboard.SHOW_AFTER = 0"),
+                nbformat.v4.new_code_cell(CHARTS_CELL)]
+    nbformat.write(nb, str(tmp_path / "charts.ipynb"))
+    lab = JupyterLab(str(tmp_path))
+    try:
+        lab.wait_ready()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+                args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1100})
+            page = browser.pages[0] if browser.pages else browser.new_page()
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+            try:
+                page.goto(f"{lab.url}/lab/tree/charts.ipynb?token={lab.token}")
+                expect(page.locator(".jp-StatusBar-Widget")).to_contain_text(
+                    re.compile(r"Python 3.* \| Idle"))
+                page.locator(".jp-Notebook .jp-Cell").first.click()
+                page.get_by_role("menuitem", name="Run", exact=True).click()
+                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+                charts = page.locator(".jp-OutputArea-output .hvd-magic-charts")
+                loss = charts.locator("svg[data-metric='loss'] polyline")
+                expect(loss).to_have_count(2)  # a line per rank, while the ranks still run
+                expect(page.locator("tr[data-rank][data-state='running']")).to_have_count(2)
+                cell = page.locator(".jp-Cell", has=page.locator("tr[data-rank]")).first
+                cell.scroll_into_view_if_needed()
+                cell.screenshot(path=os.path.join(ARTIFACTS, "charts-running.png"))
+
+                expect(page.locator("tr[data-rank][data-state='done']")).to_have_count(2)
+                # the live charts give way to the static picture a saved notebook keeps
+                picture = cell.locator(".jp-RenderedSVG, .jp-RenderedImage")
+                expect(picture).to_have_count(1)
+                expect(charts.locator("svg")).to_have_count(0)
+                cell.scroll_into_view_if_needed()
+                cell.screenshot(path=os.path.join(ARTIFACTS, "charts-finished.png"))
+            except Exception:
+                page.screenshot(path=os.path.join(ARTIFACTS, "browser-charts-failed.png"))
+                raise
+            finally:
+                browser.close()
+    finally:
+        left_by_lab = lab.stop()
+    assert not left_by_lab, f"still running after JupyterLab's shutdown: {left_by_lab}"

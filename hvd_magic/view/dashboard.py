@@ -135,7 +135,7 @@ class Dashboard:
             if getattr(run, "timeline_path", None):
                 text.stdout.write(self._timeline_note(run))
             return
-        self.charts.value = self._charts_html(run, final=True)
+        self.charts.value = ""  # the static picture below the dashboard took its place
         self.header.value = self._header_html(run)
         self.table.value = self._table_html(run)
         for rank in sorted(self._log_dirty):
@@ -189,17 +189,18 @@ class Dashboard:
         items.sort(key=lambda item: self._pushed_at.get(item[0], 0.0))
         return items
 
-    def _charts_html(self, run, final=False):
-        """The charts, redrawn when new points came and half a second has passed (or at the end)."""
+    def _charts_html(self, run):
+        """The charts, redrawn when new points came and half a second has passed."""
         drawn, points, when = self._charts
         now = time.monotonic()
         total = sum(len(r.history) for r in run.ranks)
-        if total != points and (final or now - when >= CHART_INTERVAL):
+        if total != points and now - when >= CHART_INTERVAL:
             self._charts = drawn, points, when = charts_html(run.ranks), total, now
         return drawn
 
     def _show_picture(self, run):
-        """The charts once more as a static SVG output: what a saved notebook keeps."""
+        """The final charts as a static SVG output (it replaces the live ones): what a saved
+        notebook, a rendered page or a binder shows without a kernel."""
         picture = picture_svg(run.ranks)
         if picture:
             from IPython.display import SVG, display
