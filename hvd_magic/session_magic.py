@@ -82,6 +82,8 @@ def horovod_session(magics, line):
     if not options:
         raise UsageError("No session to restart. Start one: %horovod_session start --np 2")
     api.check_np(options["np"])
+    print(f"starting a warm session of {abs(options['np'])} ranks "
+          f"({'on the driver' if options['np'] < 0 else 'on Spark executors'})…", flush=True)
     magics.session = api.start_session(
         options["np"], master=options["master"], spark_conf=dict(magics.spark_conf),
         horovod_env=dict(magics.horovod_settings), env=options["env"],

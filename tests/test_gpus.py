@@ -52,6 +52,16 @@ def test_driver_only_ranks_get_gpus_by_local_rank(ip, monkeypatch):
     assert [r.gpus for r in run.ranks] == [["4"], ["6"], ["4"]]
 
 
+def test_tensorflow_on_a_rank_sees_only_that_ranks_gpu(ip, monkeypatch):
+    """The same pinning reaches TensorFlow: CUDA_VISIBLE_DEVICES is set before the rank's
+    interpreter starts, so TensorFlow's GPU list is the rank's GPU alone (none on this machine)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    ip.run_cell_magic("horovod", "--np -2 --quiet",
+                      "import os\nimport tensorflow as tf\n"
+                      "(os.environ['CUDA_VISIBLE_DEVICES'], len(tf.config.list_physical_devices('GPU')))")
+    assert hvd_magic.last_run().results == [("4", 0), ("6", 0)]
+
+
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu-cluster")
