@@ -12,6 +12,7 @@ Artifacts, in test-artifacts/ (git-ignored): browser-quickstart.png (the page) a
 dashboard.png (the cell's output; docs/dashboard.png for the README is a copy of it).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -152,59 +153,73 @@ def quickstart_copy(folder):
     nbformat.write(nb, os.path.join(folder, "quickstart.ipynb"))
 
 
-def test_quickstart_in_chromium(tmp_path, chromium):
+@contextlib.contextmanager
+def notebook_page(folder, chromium, name, failure_png):
+    """`name` (a notebook in `folder`) open in Chromium on a JupyterLab of its own, its kernel
+    idle and its first cell focused; the page is yielded, and everything is ended afterwards
+    (a screenshot of the page to `failure_png` if the body failed). Yields the page."""
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=PAGE_TIMEOUT_MS)
     os.makedirs(ARTIFACTS, exist_ok=True)
-    quickstart_copy(tmp_path)
-    ours_before = {p.pid for p in psutil.Process().children(recursive=True)}
-    lab = JupyterLab(str(tmp_path))
+    lab = JupyterLab(str(folder))
     try:
         lab.wait_ready()
         with sync_playwright() as pw:
             browser = pw.chromium.launch_persistent_context(
-                str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+                str(folder / "chromium-profile"), executable_path=chromium, headless=True,
                 args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000})
             page = browser.pages[0] if browser.pages else browser.new_page()
             page.set_default_timeout(PAGE_TIMEOUT_MS)
             try:
-                page.goto(f"{lab.url}/lab/tree/quickstart.ipynb?token={lab.token}")
+                page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}")
                 # The notebook's kernel is connected when the status bar says so (the toolbar's
                 # indicator says idle before there is a kernel: cells run then are dropped).
                 expect(page.locator(".jp-StatusBar-Widget")).to_contain_text(
                     re.compile(r"Python 3.* \| Idle"))
                 # Menu commands act on the focused notebook: focus it as a person would.
                 page.locator(".jp-Notebook .jp-Cell").first.click()
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-
-                # The dashboard: one table row per rank, each reaching "done".
-                rows = page.locator(".jp-OutputArea-output tr[data-rank]")
-                expect(rows).to_have_count(2)
-                expect(page.locator(".jp-OutputArea-output tr[data-rank][data-state='done']")
-                       ).to_have_count(2)
-                assert [rows.nth(i).get_attribute("data-rank") for i in range(2)] == ["0", "1"]
-                header = page.locator(".jp-OutputArea-output", has_text="hvd_magic run").first
-                expect(header).to_contain_text("2 ranks")
-                expect(header).to_contain_text("done")
-                # The cell's value (rank 0's allreduce) and every rank's, from the last cell.
-                expect(page.locator(".jp-OutputArea-executeResult", has_text="3.0")).to_have_count(1)
-                expect(page.get_by_text("results: [3.0, 3.0]")).to_be_visible()
-
-                dashboard = page.locator(".jp-Cell", has=page.locator("tr[data-rank]")).first
-                dashboard.scroll_into_view_if_needed()
-                dashboard.screenshot(path=os.path.join(ARTIFACTS, "dashboard.png"))
-                page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart.png"),
-                                full_page=True)
+                yield page
             except Exception:
-                page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart-failed.png"))
+                page.screenshot(path=os.path.join(ARTIFACTS, failure_png))
                 raise
             finally:
                 browser.close()
     finally:
         left_by_lab = lab.stop()
     assert not left_by_lab, f"still running after JupyterLab's shutdown: {left_by_lab}"
+
+
+def run_all_cells(page):
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+
+def test_quickstart_in_chromium(tmp_path, chromium):
+    from playwright.sync_api import expect
+
+    quickstart_copy(tmp_path)
+    ours_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with notebook_page(tmp_path, chromium, "quickstart.ipynb",
+                       "browser-quickstart-failed.png") as page:
+        run_all_cells(page)
+        # The dashboard: one table row per rank, each reaching "done".
+        rows = page.locator(".jp-OutputArea-output tr[data-rank]")
+        expect(rows).to_have_count(2)
+        expect(page.locator(".jp-OutputArea-output tr[data-rank][data-state='done']")
+               ).to_have_count(2)
+        assert [rows.nth(i).get_attribute("data-rank") for i in range(2)] == ["0", "1"]
+        header = page.locator(".jp-OutputArea-output", has_text="hvd_magic run").first
+        expect(header).to_contain_text("2 ranks")
+        expect(header).to_contain_text("done")
+        # The cell's value (rank 0's allreduce) and every rank's, from the last cell.
+        expect(page.locator(".jp-OutputArea-executeResult", has_text="3.0")).to_have_count(1)
+        expect(page.get_by_text("results: [3.0, 3.0]")).to_be_visible()
+
+        dashboard = page.locator(".jp-Cell", has=page.locator("tr[data-rank]")).first
+        dashboard.scroll_into_view_if_needed()
+        dashboard.screenshot(path=os.path.join(ARTIFACTS, "dashboard.png"))
+        page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart.png"), full_page=True)
     left = [p for p in psutil.Process().children(recursive=True)
             if p.pid not in ours_before and _running(p)]
     assert not left, f"processes left behind: {left}"
@@ -232,52 +247,27 @@ for step in range(80):
 def test_live_charts_in_chromium(tmp_path, chromium):
     """The charts while the cell runs and after it, as a person sees them (screenshots in
     test-artifacts/: charts-running.png, charts-finished.png; docs/charts.png is a copy)."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    expect.set_options(timeout=PAGE_TIMEOUT_MS)
-    os.makedirs(ARTIFACTS, exist_ok=True)
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
                                           "hvd_magic.view.dashboard.SHOW_AFTER = 0"),
                 nbformat.v4.new_code_cell(CHARTS_CELL)]
     nbformat.write(nb, str(tmp_path / "charts.ipynb"))
-    lab = JupyterLab(str(tmp_path))
-    try:
-        lab.wait_ready()
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch_persistent_context(
-                str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
-                args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1100})
-            page = browser.pages[0] if browser.pages else browser.new_page()
-            page.set_default_timeout(PAGE_TIMEOUT_MS)
-            try:
-                page.goto(f"{lab.url}/lab/tree/charts.ipynb?token={lab.token}")
-                expect(page.locator(".jp-StatusBar-Widget")).to_contain_text(
-                    re.compile(r"Python 3.* \| Idle"))
-                page.locator(".jp-Notebook .jp-Cell").first.click()
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    with notebook_page(tmp_path, chromium, "charts.ipynb", "browser-charts-failed.png") as page:
+        run_all_cells(page)
+        charts = page.locator(".jp-OutputArea-output .hvd-magic-charts")
+        loss = charts.locator("svg[data-metric='loss'] polyline")
+        expect(loss).to_have_count(2)  # a line per rank, while the ranks still run
+        expect(page.locator("tr[data-rank][data-state='running']")).to_have_count(2)
+        cell = page.locator(".jp-Cell", has=page.locator("tr[data-rank]")).first
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "charts-running.png"))
 
-                charts = page.locator(".jp-OutputArea-output .hvd-magic-charts")
-                loss = charts.locator("svg[data-metric='loss'] polyline")
-                expect(loss).to_have_count(2)  # a line per rank, while the ranks still run
-                expect(page.locator("tr[data-rank][data-state='running']")).to_have_count(2)
-                cell = page.locator(".jp-Cell", has=page.locator("tr[data-rank]")).first
-                cell.scroll_into_view_if_needed()
-                cell.screenshot(path=os.path.join(ARTIFACTS, "charts-running.png"))
-
-                expect(page.locator("tr[data-rank][data-state='done']")).to_have_count(2)
-                # the live charts give way to the static picture a saved notebook keeps
-                picture = cell.locator(".jp-RenderedSVG, .jp-RenderedImage")
-                expect(picture).to_have_count(1)
-                expect(charts.locator("svg")).to_have_count(0)
-                cell.scroll_into_view_if_needed()
-                cell.screenshot(path=os.path.join(ARTIFACTS, "charts-finished.png"))
-            except Exception:
-                page.screenshot(path=os.path.join(ARTIFACTS, "browser-charts-failed.png"))
-                raise
-            finally:
-                browser.close()
-    finally:
-        left_by_lab = lab.stop()
-    assert not left_by_lab, f"still running after JupyterLab's shutdown: {left_by_lab}"
+        expect(page.locator("tr[data-rank][data-state='done']")).to_have_count(2)
+        # the live charts give way to the static picture a saved notebook keeps
+        picture = cell.locator(".jp-RenderedSVG, .jp-RenderedImage")
+        expect(picture).to_have_count(1)
+        expect(charts.locator("svg")).to_have_count(0)
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "charts-finished.png"))
