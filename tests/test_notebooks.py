@@ -94,7 +94,8 @@ def test_quickstart(tmp_path):
         assert sorted(DONE_ROW.findall(shown)) == ["0", "1"]  # a dashboard row per rank, done
     assert "results: [3.0, 3.0]" in view(nb, after)
     assert "state: done" in view(nb, after)
-    assert {"rank-0.log", "rank-1.log"} <= set(os.listdir(next((tmp_path / "hvd_runs").iterdir())))
+    run_dir = next(p for p in (tmp_path / "hvd_runs").iterdir() if p.is_dir())  # (beside spark-*.log)
+    assert {"rank-0.log", "rank-1.log"} <= set(os.listdir(run_dir))
 
 
 def test_pytorch_training(tmp_path):
