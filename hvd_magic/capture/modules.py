@@ -13,8 +13,11 @@ on its ``sys.path`` (`hvd_magic.rank.__main__.install_modules`).
 
 import ast
 import dis
+import io
 import os
 import pickletools
+import re
+import struct
 import site
 import sys
 import sysconfig
@@ -74,17 +77,34 @@ def _imported_names(source):
     return names
 
 
+# Opcodes whose argument is a length and then that many bytes: skipped without reading them, so
+# that scanning a pickle of a 200 MB array costs no copy of it.
+_SIZED = {b"B": "<I", b"X": "<I", b"\x8e": "<Q", b"\x96": "<Q", b"\x8d": "<Q", b"T": "<i", b"C": "<B"}
+_CODES = {op.code.encode("latin-1"): op for op in pickletools.opcodes}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def names_in_pickle(data):
-    """Modules whose globals a pickle refers to (what unpickling it will import)."""
-    names, strings = set(), []
-    for opcode, arg, _ in pickletools.genops(data):
-        if opcode.name in ("GLOBAL", "INST"):
+    """Names of modules a pickle may import: the module of every global it refers to, and every
+    short string in it that reads like a module name (a global's module can be memoized, so it
+    is not always next to the lookup; a name too many only costs a check)."""
+    stream = io.BytesIO(data)
+    names = set()
+    while True:
+        code = stream.read(1)
+        op = _CODES.get(code)
+        if op is None or op.name == "STOP":
+            return names
+        if code in _SIZED:
+            fmt = _SIZED[code]
+            (size,) = struct.unpack(fmt, stream.read(struct.calcsize(fmt)))
+            stream.seek(size, io.SEEK_CUR)
+            continue
+        arg = op.arg.reader(stream) if op.arg is not None else None
+        if op.name in ("GLOBAL", "INST"):
             names.add(str(arg).split(" ")[0])
-        elif opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
-            strings.append(arg)
-        elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
-            names.add(strings[-2])
-    return names
+        elif isinstance(arg, str) and len(arg) < 256 and _NAME.fullmatch(arg):
+            names.add(arg)
 
 
 def names_in_code(code):
