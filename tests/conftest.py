@@ -77,7 +77,7 @@ def _wait_for_workers(ui_port, n, timeout=90, host="127.0.0.1"):
             alive = [w for w in state.get("workers", []) if w.get("state") == "ALIVE"]
             if len(alive) >= n:
                 return state
-        except OSError:
+        except (OSError, ValueError):  # not up yet; or, while starting, the UI's HTML page
             pass
         time.sleep(0.3)
     raise RuntimeError(f"the standalone cluster did not get {n} workers in {timeout} s")
