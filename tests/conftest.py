@@ -134,7 +134,11 @@ class StandaloneCluster:
                                "--webui-port", str(free_port()),
                                "--work-dir", os.path.join(self.tmp, f"work{i}")], env=env,
                 prefix=self.worker_prefixes.get(i, ())))
-        _wait_for_workers(self.ui_port, len(self.worker_hosts), host=self.master_host)
+        try:
+            _wait_for_workers(self.ui_port, len(self.worker_hosts), host=self.master_host)
+        except BaseException:  # the fixture never yields: stop what was started here
+            self.stop()
+            raise
         return self
 
     def session(self, python=None, **conf):
