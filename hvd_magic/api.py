@@ -41,12 +41,14 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
         broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
-        verbose=False):
+        verbose=False, data=None, equal_shards=False):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
     ``local[N]`` one); `np` < 0 runs -np ranks as processes of this machine, without Spark.
     Raises `RankError` with the first failing rank's traceback; `UsageError` for bad arguments.
+    `data`: a Spark DataFrame; each rank gets a disjoint shard of its rows, read on the rank with
+    `hvd_magic.shard()` (`equal_shards`: as many rows on every rank, the rest dropped).
 
     Examples
     --------
@@ -70,7 +72,8 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
                   timeout=timeout, run_dir=run_dir, view=view, background=background,
                   horovod_env=horovod_env, env=env, broadcast_bytes=broadcast_bytes,
                   retries=retries, name=name, timeline=timeline, stall_timeout=stall_timeout,
-                  on_stall=on_stall, tensorboard=tensorboard, verbose=verbose)
+                  on_stall=on_stall, tensorboard=tensorboard, verbose=verbose, data=data,
+                  equal_shards=equal_shards)
 
 
 def run_cell(cell_fn, np, **options):
@@ -88,16 +91,25 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
            run_dir=None, view=None, background=False, horovod_env=None, env=None,
            broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
            timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn",
-           run_root="hvd_runs", tensorboard=None, verbose=False):
+           run_root="hvd_runs", tensorboard=None, verbose=False, data=None, equal_shards=False):
     """Start a pickled job on `np` ranks with the launcher `np` asks for; return the `Run`.
     A Spark JVM started now writes to run_root/spark-<time>.log (and to stderr if `verbose`)."""
+    if data is not None:
+        from .launch.frames import is_dataframe
+        if not is_dataframe(data):
+            raise UsageError(f"data= takes a Spark DataFrame, not a {type(data).__name__}; pass "
+                             "other values as arguments (or name them in the cell).")
+        if np < 0:
+            raise UsageError("data= needs Spark: the shards are made by Spark's executors. Use "
+                             f"np={-np} (a Spark barrier stage) instead of np={np}.")
     launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
                              log_dir=run_root, verbose=verbose)
     run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
                horovod_env=horovod_env, extra_env=env, broadcast_bytes=broadcast_bytes,
                allow_retry=retries > 0, name=name, timeline=timeline,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root,
-               tensorboard=tensorboard and os.path.abspath(tensorboard))
+               tensorboard=tensorboard and os.path.abspath(tensorboard), data=data,
+               equal_shards=equal_shards)
     return run_.launch(job, kwargs_pickled, background=background)
 
 

@@ -23,6 +23,7 @@ def run_cell(magics, args, cell):
     timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
     stall_timeout = positive("--stall-timeout", args.stall_timeout or magics.stall_timeout)
     shell = magics.shell
+    data = data_option(shell.user_ns, args.data, args.equal_shards)
     cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                            hidden=set(shell.user_ns_hidden))
     verbose = args.verbose or magics.verbose
@@ -35,7 +36,8 @@ def run_cell(magics, args, cell):
         horovod_env=dict(magics.horovod_settings), env=env_option(args.env),
         broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
         name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
-        tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose)
+        tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
+        equal_shards=args.equal_shards)
     if args.background:
         return run
     if run.exports:
@@ -43,8 +45,20 @@ def run_cell(magics, args, cell):
     return None if cell_fn.quiet else run.value
 
 
+def data_option(user_ns, name, equal_shards):
+    """The DataFrame that ``--data NAME`` names, or None."""
+    if name is None:
+        if equal_shards:
+            raise UsageError("--equal-shards evens the shards of --data: add --data NAME.")
+        return None
+    if name not in user_ns:
+        raise UsageError(f"--data {name}: the notebook has no variable {name!r}. Name a Spark "
+                         "DataFrame, e.g. df = spark.read.parquet(...), then --data df.")
+    return user_ns[name]
+
+
 def run_in_session(magics, session, args, cell):
-    placement = [flag for flag, given in (("--np", args.np is not None),
+    placement = [flag for flag, given in (("--np", args.np is not None), ("--data", args.data),
                                           ("--master", args.master), ("--env", args.env),
                                           ("--retries", args.retries),
                                           ("--timeline", args.timeline),

@@ -43,6 +43,15 @@ class HorovodMagics(Magics):
               help="Number of ranks. N > 0: a Spark barrier stage of N tasks (the active "
                    "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
                    "only, no Spark. Default: HorovodMagics.np (2).")
+    @argument("--data", type=str, default=None, metavar="DF",
+              help="A Spark DataFrame of the notebook: each rank gets a disjoint shard of its "
+                   "rows, made by Spark on the executors (never through the notebook), and "
+                   "reads it with hvd_magic.shard() (a memory-mapped pyarrow.Table; "
+                   "hvd_magic.torch_batches / tf_dataset make batches of it).")
+    @argument("--equal-shards", action="store_true",
+              help="With --data: every rank keeps as many rows as the smallest shard has (the "
+                   "rest are dropped, and the count is shown), so no rank runs out of batches "
+                   "before the others.")
     @argument("--timeout", type=float, default=None,
               help="Stop every rank after this many seconds.")
     @argument("--export", type=str, default="",

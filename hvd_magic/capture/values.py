@@ -10,8 +10,9 @@ _ADVICE = {
     "SparkSession": "Spark objects live on the driver only; read the data inside {inside} "
                     "(or pass a pandas/numpy copy)",
     "SparkContext": "Spark objects live on the driver only; create what you need inside {inside}",
-    "DataFrame": "a Spark DataFrame lives on the driver; pass df.toPandas() or read the data "
-                 "inside {inside}",
+    "DataFrame": "a Spark DataFrame lives on the driver; give it to the ranks as shards with "
+                 "--data NAME (each rank reads its rows with hvd_magic.shard()), pass "
+                 "df.toPandas() if it is small, or read the data inside {inside}",
     "SummaryWriter": "create it inside {inside}",
     "TextIOWrapper": "open the file inside {inside}",
     "BufferedReader": "open the file inside {inside}",

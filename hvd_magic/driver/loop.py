@@ -2,7 +2,8 @@
 
 It reads the run's `EventServer` queue until the launcher says every task ended, and:
 - writes each rank's lines to its log, applies state/progress/exit events to its `RankState`;
-- relays task 0's rendezvous port to the other tasks;
+- relays task 0's rendezvous port to the other tasks, and (``--data``) every task's row count
+  to all of them once each task has its shard;
 - stops every rank as soon as one fails, on interrupt, timeout or a stall (``--on-stall fail``),
   and cancels the launcher's tasks if they do not end after the stop request;
 - at the end, gathers the values or the error (`hvd_magic.driver.ending`) and tells the view.
@@ -16,6 +17,25 @@ from .ending import collect, run_error
 from .folder import FILE_KINDS, FOLDER_KINDS
 from .ranks import LIVE_STATES
 from .watchdog import stall_message
+
+
+def shards_message(counts, equal):
+    """What the user reads about the shards of a ``--data`` run."""
+    total, np = sum(counts), len(counts)
+    if min(counts) == 0:
+        empty = [rank for rank, n in enumerate(counts) if n == 0]
+        return (f"--data: rank {empty[0]}'s shard is empty ({total:,} rows in {np} shards: "
+                f"{', '.join(f'{n:,}' for n in counts)}), and a rank with no rows would leave the "
+                f"others waiting in their collectives. Use fewer ranks, or a DataFrame with more "
+                f"rows (df.repartition({np}) first spreads a small one evenly).")
+    if equal:
+        dropped = total - np * min(counts)
+        return (f"--data: {np} shards of {min(counts):,} rows each (--equal-shards dropped "
+                f"{dropped:,} of {total:,} rows)")
+    low, high = min(counts), max(counts)
+    size = f"{low:,}" if low == high else f"{low:,} to {high:,}"
+    hint = "" if low == high else " (--equal-shards gives every rank the same number)"
+    return f"--data: {total:,} rows in {np} shards of {size} rows{hint}"
 
 
 class Driver:
@@ -184,6 +204,11 @@ class Driver:
         elif kind == "rendezvous" and rank == 0:
             # task 0's rendezvous server is up: every other task needs its port
             run._server.announce({"t": "rendezvous", "port": int(event["port"])})
+        elif kind == "shard":
+            r.shard_rows = int(event["rows"])
+            counts = [x.shard_rows for x in run.ranks]
+            if None not in counts:
+                self._shards_known(counts)
         elif kind == "file" and event.get("kind") in FILE_KINDS:
             run.folder.receive(event)
         elif kind == "file" and event.get("kind") in FOLDER_KINDS:
@@ -208,6 +233,19 @@ class Driver:
                 self._meta_due = time.monotonic() + self.META_EVERY
         if run.view is not None:
             run.view.event(run, rank, event)
+
+    def _shards_known(self, counts):
+        """Every task has its shard: tell them all the sizes (or stop: a shard is empty)."""
+        run = self.run
+        run.shards = counts
+        message = shards_message(counts, run.equal_shards)
+        if min(counts) == 0:
+            run.data_error = message
+            self.request_stop("data")
+            return
+        run._server.announce({"t": "shards", "rows": counts})
+        if run.view is not None:
+            run.view.event(run, None, {"t": "shards", "message": message})
 
     def _retried(self, rank):
         """A second start of a rank: Spark re-attempted the barrier stage after a failure."""

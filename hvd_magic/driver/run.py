@@ -48,9 +48,11 @@ DEFAULT_RANK_ENV = {
 }
 
 
-def _prepare_into(launcher, np, failure):
+def _prepare_into(launcher, np, failure, data=None):
     try:
         launcher.prepare(np)
+        if data is not None:
+            launcher.use_data(data, np)  # UsageError for a DataFrame the ranks cannot get
     except BaseException as exc:  # raised in the caller's thread by Run._prepare
         failure.append(exc)
 
@@ -65,7 +67,8 @@ class Run:
     def __init__(self, np, run_dir=None, launcher=None, view=None, timeout=None, cell=None,
                  horovod_env=None, extra_env=None, broadcast_bytes=DEFAULT_BROADCAST_BYTES,
                  allow_retry=False, name=None, timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                 on_stall="warn", run_root="hvd_runs", tensorboard=None):
+                 on_stall="warn", run_root="hvd_runs", tensorboard=None, data=None,
+                 equal_shards=False):
         self.id = new_run_id()
         self.np = np
         self.name = name
@@ -101,6 +104,10 @@ class Run:
         self.failures = []           # exit events of failed ranks, in arrival order
         self.retry = None            # set when Spark re-attempted the stage (and we refused)
         self.stop_reason = None
+        self.data = data             # a Spark DataFrame whose rows the ranks get (--data)
+        self.equal_shards = equal_shards
+        self.shards = None           # rows per rank's shard, once every task had its own
+        self.data_error = None       # why the shards cannot be trained on (an empty one)
         self._done = threading.Event()
         self._server = None
         self._driver = Driver(self)
@@ -166,6 +173,7 @@ class Run:
         """Start the ranks. `job` is {"fn", "args", "sources", ...} with args already pickled."""
         self.background = background  # a view shows a background run at once (its cell ends now)
         self._prepare()
+        self.data = None  # the launcher holds it now
         self.folder.create(self.np)
         small = {n: d for n, d in kwargs_pickled.items() if len(d) <= self.broadcast_bytes}
         # Large values travel once per executor, not inside every task; the pickled bytes are
@@ -181,7 +189,8 @@ class Run:
             events_address=f"{self.launcher.driver_host}:{self._server.port}",
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
-            broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline)
+            broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
+            data=self.launcher.data is not None, equal_shards=self.equal_shards)
         self.started = time.time()
         self.state = "running"
         self.write_meta()
@@ -203,7 +212,8 @@ class Run:
         if self.view is not None:
             self.view.start(self)
         failure = []
-        thread = threading.Thread(target=_prepare_into, args=(self.launcher, self.np, failure),
+        thread = threading.Thread(target=_prepare_into,
+                                  args=(self.launcher, self.np, failure, self.data),
                                   name=f"hvd-magic-prepare-{self.id}", daemon=True)
         thread.start()
         cancel_sent = False
@@ -257,6 +267,7 @@ class Run:
         self.folder.write_meta({
             "id": self.id, "np": self.np, "state": self.state, "where": self.where,
             "started": self.started, "ended": self.ended, "name": self.name,
+            "shards": self.shards,
             # what the Spark JVM that this run started printed, if it started one
             "spark_log": getattr(self.launcher, "log_path", None),
             "ranks": [r.as_dict() for r in self.ranks]})

@@ -23,6 +23,7 @@ from IPython.core.error import UsageError
 from ..errors import LaunchError, RunCancelled
 from ..task import spark_task
 from .base import Launcher
+from .frames import barrier_stage, check_data, collect_outcomes
 from .sparkstart import SparkStart
 
 EMBEDDED_MARK = "spark.hvd_magic.embedded"
@@ -222,6 +223,21 @@ class SparkLauncher(Launcher):
     def share(self, data):
         return self.session.sparkContext.broadcast(data)
 
+    def use_data(self, df, np):
+        self._set_phase("checking the --data DataFrame")
+        try:
+            df = check_data(df, np, self.where, self._same_session)
+            # The stage runs over the DataFrame's own partitions when there are N of them (no
+            # shuffle); otherwise Spark repartitions it, on the executors, into N even parts.
+            self.data = df if df.rdd.getNumPartitions() == np else df.repartition(np)
+        finally:
+            self._set_phase(None)
+
+    def _same_session(self, df):
+        """`df` runs on our SparkContext (a stopped session's DataFrame, or a Spark Connect
+        one, does not)."""
+        return getattr(getattr(df, "sparkSession", None), "_sc", None) is self.session.sparkContext
+
     # -- launch -------------------------------------------------------------------------------
     def start(self, settings, np):
         from pyspark import InheritableThread
@@ -238,9 +254,12 @@ class SparkLauncher(Launcher):
             try:
                 sc.setJobGroup(self.group, f"hvd_magic run {settings.run_id} (np={np})",
                                interruptOnCancel=True)
-                rdd = sc.parallelize(range(np), np).barrier().mapPartitions(
-                    functools.partial(spark_task, settings))
-                self.outcomes = rdd.collect()
+                if self.data is not None:  # --data: the stage runs over the DataFrame
+                    self.outcomes = collect_outcomes(barrier_stage(self.data, settings))
+                else:
+                    rdd = sc.parallelize(range(np), np).barrier().mapPartitions(
+                        functools.partial(spark_task, settings))
+                    self.outcomes = rdd.collect()
             except BaseException as exc:  # reported by the driver loop, never lost
                 self.error = exc if self._cancelled else LaunchError(java_message(exc))
             finally:

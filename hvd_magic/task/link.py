@@ -104,6 +104,8 @@ class DriverLink:
         self.session = None          # a warm session's `SessionRank`, which takes cells
         self.stopping = threading.Event()
         self._rendezvous = threading.Event()
+        self._answers = {}           # kind -> what the driver answered ("shards": row counts)
+        self._answered = threading.Condition()
         self.client = EventClient(settings.events_address, settings.token,
                                   on_message=self._on_message)
         self.forward = Forwarder(self.client, rank)
@@ -113,11 +115,17 @@ class DriverLink:
         if kind in ("stop", "closed"):
             self.stopping.set()
             self._rendezvous.set()
+            with self._answered:
+                self._answered.notify_all()
             if self.proc is not None:
                 threading.Thread(target=stop_group, args=(self.proc,), daemon=True).start()
         elif kind == "rendezvous":
             self.port = int(msg["port"])
             self._rendezvous.set()
+        elif kind == "shards":
+            with self._answered:
+                self._answers[kind] = [int(n) for n in msg["rows"]]
+                self._answered.notify_all()
         elif kind == "dump" and self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGUSR1)
         elif kind in ("cell", "interrupt") and self.session is not None:
@@ -128,6 +136,13 @@ class DriverLink:
         if not self._rendezvous.wait(timeout) or self.stopping.is_set():
             return None
         return self.port
+
+    def wait_answer(self, kind, timeout):
+        """The driver's answer of this kind (once every task asked); None if the run stopped."""
+        with self._answered:
+            self._answered.wait_for(lambda: kind in self._answers or self.stopping.is_set(),
+                                    timeout)
+            return None if self.stopping.is_set() else self._answers.get(kind)
 
     def close(self):
         self.client.close()

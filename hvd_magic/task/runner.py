@@ -41,7 +41,9 @@ def spark_task(settings, _iterator):
     yield run_task(settings, SparkCoordinator())
 
 
-def run_task(settings: TaskSettings, coord: Coordinator):
+def run_task(settings: TaskSettings, coord: Coordinator, shard=None):
+    """Run this task's rank to its end; its ``(rank, status, payload)``. `shard`: the task's rows
+    of a ``--data`` DataFrame (`hvd_magic.task.shard.ShardFile`), for `hvd_magic.shard()`."""
     if coord.attempt > 0 and not settings.allow_retry:
         return (None, "retried", {
             "partition": coord.partition_id, "attempt": coord.attempt,
@@ -63,7 +65,12 @@ def run_task(settings: TaskSettings, coord: Coordinator):
             rendezvous = Rendezvous()
             link.forward.send({"t": "rendezvous", "port": rendezvous.port})
         timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
-        port = link.wait_rendezvous(timeout)
+        rows = None
+        if shard is not None:
+            # Every task's row count, through the driver: --equal-shards keeps the smallest.
+            link.forward.send({"t": "shard", "rows": shard.rows})
+            rows = link.wait_answer("shards", timeout)
+        port = link.wait_rendezvous(timeout) if rows is not None or shard is None else None
         if port is None:
             link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
             return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
@@ -73,6 +80,9 @@ def run_task(settings: TaskSettings, coord: Coordinator):
         env.update(settings.extra_env)
         env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, port,
                                     _iface_of(_local_ip_towards(rendezvous_ip))))
+        if shard is not None:
+            env["HVD_MAGIC_SHARD"] = shard.path or ""
+            env["HVD_MAGIC_SHARD_ROWS"] = str(min(rows) if settings.equal_shards else shard.rows)
         gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

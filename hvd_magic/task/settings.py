@@ -18,6 +18,8 @@ class TaskSettings:
     extra_env: dict = dataclasses.field(default_factory=dict)
     timeline: bool = False          # record a Horovod timeline on rank 0 for the whole run
     session: bool = False           # a warm session: the rank takes cells until stopped
+    data: bool = False              # tasks get rows of a DataFrame (--data): `hvd_magic.shard()`
+    equal_shards: bool = False      # every rank keeps as many rows as the smallest shard has
 
 
 class Coordinator:

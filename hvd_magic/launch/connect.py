@@ -1,0 +1,121 @@
+"""Launch through a Spark Connect session (pyspark 4's ``SparkSession.builder.remote(...)``;
+Databricks shared and serverless compute), which has no SparkContext to run an RDD from.
+
+The ranks' stage is a DataFrame's: ``mapInArrow(frame_task, barrier=True)`` over
+``spark.range(N)`` with N partitions, or over the ``--data`` DataFrame (`hvd_magic.launch.frames`),
+so every task runs the same `run_task` as a classic barrier task. Outcomes come back as rows of at
+most 1 MiB (under the gRPC message limit); the stage carries a tag of its own, which `cancel`
+interrupts. Large values travel inside the stage's plan (Connect has no broadcast).
+
+Not for: anything the classic launcher does with a SparkContext (`hvd_magic.launch.spark`).
+"""
+
+import uuid
+
+from IPython.core.error import UsageError
+
+from ..errors import LaunchError
+from ..task.plan import _local_ip_towards, _resolve
+from .base import Launcher
+from .frames import barrier_stage, check_data, collect_outcomes
+
+
+def connect_session(spark=None):
+    """The Spark Connect session to launch through: `spark` if it is one, else the active
+    Connect session when no classic SparkContext is running; None otherwise."""
+    if spark is not None:
+        return spark if is_connect(spark) else None
+    from pyspark import SparkContext
+    if SparkContext._active_spark_context is not None:
+        return None
+    try:
+        from pyspark.sql.connect.session import SparkSession
+    except ImportError:  # the Connect client's packages (grpcio...) are not installed
+        return None
+    return SparkSession.getActiveSession()
+
+
+def is_connect(spark):
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class ConnectLauncher(Launcher):
+    """Runs `hvd_magic.task.shard.frame_task` on N barrier tasks of a Spark Connect session."""
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+        self.tag = None
+        self.master = None
+
+    def prepare(self, np):
+        from .spark import local_slots
+
+        conf = self.session.conf
+        self.master = conf.get("spark.master", None)
+        if (conf.get("spark.dynamicAllocation.enabled", "false") or "").lower() == "true":
+            raise UsageError(
+                "The Spark Connect server runs with dynamic allocation, and barrier stages cannot "
+                "run with it: start the server with spark.dynamicAllocation.enabled=false.")
+        slots = local_slots(self.master) if self.master else None
+        if slots is not None and slots < np:
+            raise UsageError(f"np={np} but the Spark Connect server ({self.master}) has {slots} "
+                             f"task slots; use --np {slots} or start it with local[{np}].")
+        return self.session
+
+    @property
+    def host(self):
+        return getattr(self.session.client, "host", None) or "localhost"
+
+    @property
+    def where(self):
+        port = getattr(getattr(self.session.client, "_builder", None), "_port", None)
+        address = f"{self.host}:{port}" if port else self.host
+        return f"Spark Connect {address}" + (f" ({self.master})" if self.master else "")
+
+    @property
+    def driver_host(self):
+        """This machine's address as the Connect server's executors would reach it."""
+        host = self.host.strip("[]")
+        if host in ("localhost", "::1") or host.startswith("127."):
+            return "127.0.0.1"
+        return _local_ip_towards(_resolve(host))
+
+    def use_data(self, df, np):
+        self._set_phase("checking the --data DataFrame")
+        try:
+            # Connect cannot tell a DataFrame's partition count without running it: always
+            # repartition into N even parts (on the executors).
+            self.data = check_data(df, np, self.where, self._same_session).repartition(np)
+        finally:
+            self._set_phase(None)
+
+    def _same_session(self, df):
+        session = getattr(df, "sparkSession", None)
+        return is_connect(session) and session.session_id == self.session.session_id
+
+    def start(self, settings, np):
+        self.tag = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
+        frame = self.data if self.data is not None else self.session.range(0, np, 1, np)
+        self._in_background(self._collect, "hvd-magic-connect", frame, settings)
+
+    def _collect(self, frame, settings):
+        from .spark import java_message
+
+        self.session.addTag(self.tag)  # tags are per thread: this one's operations carry it
+        try:
+            self.outcomes = collect_outcomes(barrier_stage(frame, settings))
+        except BaseException as exc:  # reported by the driver loop, never lost
+            self.error = exc if self._cancelled else LaunchError(java_message(exc))
+        finally:
+            self.session.removeTag(self.tag)
+
+    _cancelled = False
+
+    def cancel(self):
+        self._cancelled = True
+        if self.tag is not None:
+            try:
+                self.session.interruptTag(self.tag)
+            except Exception:
+                pass

@@ -1,0 +1,81 @@
+"""DataFrames on the driver's side: checking a ``--data`` DataFrame, and the barrier stage over
+a DataFrame that both Spark launchers run (`hvd_magic.task.shard.frame_task` on each task).
+
+Nothing here collects rows: the checks read the schema and count at most N rows, and the stage
+runs where the DataFrame's partitions are.
+"""
+
+import functools
+
+from IPython.core.error import UsageError
+
+from ..task.shard import OUTCOME_SCHEMA, frame_task, outcomes
+
+
+def is_dataframe(value):
+    """A classic or a Spark Connect DataFrame (without importing Connect's client)."""
+    return any(f"{k.__module__}.{k.__name__}" in ("pyspark.sql.dataframe.DataFrame",
+                                                   "pyspark.sql.connect.dataframe.DataFrame",
+                                                   "pyspark.sql.classic.dataframe.DataFrame")
+               for k in type(value).__mro__)
+
+
+def _unsupported_columns(df):
+    """(columns to turn into arrays: ML vectors, columns Arrow cannot carry, as 'name (type)')."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import UserDefinedType
+
+    vectors, bad = [], []
+    for field in df.schema.fields:
+        kind = field.dataType
+        if isinstance(kind, UserDefinedType) and type(kind).__name__ == "VectorUDT":
+            vectors.append(field.name)
+            continue
+        try:
+            if isinstance(kind, UserDefinedType):
+                raise TypeError(type(kind).__name__)
+            to_arrow_type(kind, timezone="UTC")
+        except Exception:
+            bad.append(f"{field.name} ({kind.simpleString()})")
+    return vectors, bad
+
+
+def check_data(df, np, session, same_session):
+    """The DataFrame the stage will run over (ML vectors as arrays), or a UsageError that says
+    what is wrong with `df` and what to do."""
+    if not is_dataframe(df):
+        raise UsageError(f"--data takes a Spark DataFrame, not a {type(df).__name__}. For pandas "
+                         "or numpy data, name the variable in the cell instead; for a file, "
+                         "spark.read it first.")
+    if not same_session(df):
+        raise UsageError(
+            "--data: this DataFrame belongs to another SparkSession than the one the ranks run "
+            f"on ({session}), perhaps one that was stopped since. Create it again from the "
+            "active session (e.g. spark.read / spark.createDataFrame).")
+    vectors, bad = _unsupported_columns(df)
+    if bad:
+        raise UsageError(
+            f"--data: Spark cannot send column{'s' if len(bad) > 1 else ''} {', '.join(bad)} "
+            "as Arrow. Drop or convert them first, e.g. df.drop(...) or "
+            "df.withColumn(name, df[name].cast('string')).")
+    if vectors:
+        from pyspark.ml.functions import vector_to_array
+        df = df.withColumns({name: vector_to_array(df[name]) for name in vectors})
+    rows = df.limit(np).count()
+    if rows == 0:
+        raise UsageError("--data: the DataFrame is empty; there is nothing to train on.")
+    if rows < np:
+        raise UsageError(f"--data: the DataFrame has {rows} row{'s' if rows > 1 else ''}, fewer "
+                         f"than the {np} ranks; every rank needs rows of its own. Use --np {rows} "
+                         "or more data.")
+    return df
+
+
+def barrier_stage(frame, settings):
+    """The barrier stage of `frame_task` over `frame`'s partitions, as a DataFrame to collect."""
+    return frame.mapInArrow(functools.partial(frame_task, settings), OUTCOME_SCHEMA, barrier=True)
+
+
+def collect_outcomes(stage):
+    """Run the stage; the tasks' outcomes in task order."""
+    return outcomes(stage.collect())
