@@ -8,6 +8,7 @@ from IPython.core.error import UsageError
 from . import api
 from .capture import capture_cell
 from .capture.session import capture_session_cell
+from .launch.frames import is_dataframe
 from .options import env_option, names, positive
 from .timelines.show import TimelineNote
 from .view import TextView, make_view
@@ -54,7 +55,12 @@ def data_option(user_ns, name, equal_shards):
     if name not in user_ns:
         raise UsageError(f"--data {name}: the notebook has no variable {name!r}. Name a Spark "
                          "DataFrame, e.g. df = spark.read.parquet(...), then --data df.")
-    return user_ns[name]
+    value = user_ns[name]
+    if not is_dataframe(value):
+        raise UsageError(f"--data {name}: {name} is a {type(value).__name__}, not a Spark "
+                         "DataFrame. For pandas or numpy data, name the variable in the cell "
+                         "instead (it is sent to every rank); for files, spark.read them first.")
+    return value
 
 
 def run_in_session(magics, session, args, cell):

@@ -22,6 +22,11 @@ from .watchdog import stall_message
 def shards_message(counts, equal):
     """What the user reads about the shards of a ``--data`` run."""
     total, np = sum(counts), len(counts)
+    if total == 0:
+        return "--data: the DataFrame is empty; there is nothing to train on."
+    if total < np:
+        return (f"--data: the DataFrame has {total} row{'s' if total > 1 else ''}, fewer than the "
+                f"{np} ranks; every rank needs rows of its own. Use --np {total} or more data.")
     if min(counts) == 0:
         empty = [rank for rank, n in enumerate(counts) if n == 0]
         return (f"--data: rank {empty[0]}'s shard is empty ({total:,} rows in {np} shards: "

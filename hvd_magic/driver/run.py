@@ -251,10 +251,14 @@ class Run:
         if self.state != "running" or self.stop_reason is not None:
             return None
         seconds = time.time() - self.started
-        if seconds < TASKS_WAIT_SHOWN_AFTER or any(r.state != "pending" for r in self.ranks):
+        if seconds < TASKS_WAIT_SHOWN_AFTER or any(r.state != "pending" or r.shard_rows is not None
+                                                   for r in self.ranks):
             return None
         if self.where == "driver only":
             return "waiting for the ranks to start", seconds
+        if getattr(self.launcher, "data", None) is not None:
+            return (f"waiting for Spark ({self.where}) to compute the --data DataFrame and start "
+                    f"{self.np} tasks at once", seconds)
         return f"waiting for Spark ({self.where}) to start {self.np} tasks at once", seconds
 
     def _drive_quietly(self):

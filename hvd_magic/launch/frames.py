@@ -1,8 +1,10 @@
 """DataFrames on the driver's side: checking a ``--data`` DataFrame, and the barrier stage over
 a DataFrame that both Spark launchers run (`hvd_magic.task.shard.frame_task` on each task).
 
-Nothing here collects rows: the checks read the schema and count at most N rows, and the stage
-runs where the DataFrame's partitions are.
+Nothing here collects or counts rows: the checks read the schema, and the stage runs where the
+DataFrame's partitions are. An empty DataFrame, or one with fewer rows than ranks, is found by the
+tasks themselves, which tell the driver their row counts before any rank starts
+(`hvd_magic.driver.loop.shards_message` says what is wrong).
 """
 
 import functools
@@ -61,13 +63,6 @@ def check_data(df, np, session, same_session):
     if vectors:
         from pyspark.ml.functions import vector_to_array
         df = df.withColumns({name: vector_to_array(df[name]) for name in vectors})
-    rows = df.limit(np).count()
-    if rows == 0:
-        raise UsageError("--data: the DataFrame is empty; there is nothing to train on.")
-    if rows < np:
-        raise UsageError(f"--data: the DataFrame has {rows} row{'s' if rows > 1 else ''}, fewer "
-                         f"than the {np} ranks; every rank needs rows of its own. Use --np {rows} "
-                         "or more data.")
     return df
 
 

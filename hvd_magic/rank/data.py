@@ -119,7 +119,8 @@ def torch_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_
     import torch
 
     def tensor(a):
-        return torch.from_numpy(np.ascontiguousarray(a)) if a.dtype != object else a
+        # (a batch is read-only Arrow memory: torch wants its own writable copy)
+        return torch.from_numpy(np.require(a, requirements=["C", "W"])) if a.dtype != object else a
 
     for batch in numpy_batches(batch_size, columns, epoch, seed, shuffle, drop_last, table):
         yield tuple(tensor(a) for a in batch) if isinstance(batch, tuple) else tensor(batch)
