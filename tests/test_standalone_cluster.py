@@ -31,3 +31,19 @@ def test_allreduce_on_two_workers(ip, standalone):
             assert all(s[1] == len(slots) for s in slots)
     finally:
         session.stop()
+
+
+def test_data_shards_on_two_workers(ip, fresh_ns, standalone):
+    session = standalone.session()
+    try:
+        fresh_ns["df"] = session.range(0, 2000, 1, 5).selectExpr("id", "id * 0.5 as x")
+        ip.run_cell_magic("horovod", "--np 4 --data df --text",
+                          "import hvd_magic\nt = hvd_magic.shard()\n"
+                          "(t.column('id').to_pylist(), sum(t.column('x').to_pylist()))")
+        run = hvd_magic.last_run()
+        ids = [i for chunk, _ in run.results for i in chunk]
+        assert sorted(ids) == list(range(2000))          # disjoint, and all of them
+        assert sum(x for _, x in run.results) == sum(range(2000)) * 0.5
+        assert len({r.executor for r in run.ranks}) == 2  # shards made on both workers
+    finally:
+        session.stop()

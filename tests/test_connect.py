@@ -1,0 +1,117 @@
+"""The same cells through a Spark Connect session: a real Connect server (started from the pyspark
+wheel's jars, local[4]) and this process as its client, with no SparkContext of its own."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import hvd_magic
+from conftest import ALLREDUCE_CELL, _stop_spark, free_port
+from hvd_magic.errors import RankError
+
+
+def _wait_for_port(port, proc, log, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the Connect server exited:\n{open(log).read()[-3000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the Connect server did not listen within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory):
+    import pyspark
+
+    _stop_spark()  # this process is a pure Connect client from here on
+    home = os.path.dirname(pyspark.__file__)
+    port = free_port()
+    log = str(tmp_path_factory.mktemp("connect") / "server.log")
+    env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.Popen(
+        [os.path.join(home, "bin", "spark-submit"), "--class",
+         "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[4]",
+         "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_for_port(port, proc, log)
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+        spark.test_url = f"sc://127.0.0.1:{port}"
+        yield spark
+        spark.stop()
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+
+
+def test_a_cell_runs_through_the_active_connect_session(ip, connect):
+    value = ip.run_cell_magic("horovod", "--np 2 --text", ALLREDUCE_CELL)
+    run = hvd_magic.last_run()
+    assert value == 3.0 and run.results == [3.0, 3.0]
+    assert run.where.startswith("Spark Connect 127.0.0.1:") and "(local[4])" in run.where
+    assert all("rank" in open(run.log_path(r)).read() for r in range(2))  # lines came live
+
+
+def test_a_rank_error_comes_back_through_connect(ip, connect):
+    with pytest.raises(RankError) as info:
+        ip.run_cell_magic("horovod", "--np 2 --text",
+                          "import horovod.torch as hvd\nhvd.init()\n"
+                          "if hvd.rank() == 1:\n    raise KeyError('no such column')\n")
+    assert "rank 1" in str(info.value) and "KeyError: 'no such column'" in str(info.value)
+
+
+def test_data_shards_through_connect(ip, fresh_ns, connect):
+    fresh_ns["df"] = connect.range(0, 1003, 1, 3).selectExpr("id", "id * 2.0 as x")
+    ip.run_cell_magic("horovod", "--np 4 --data df --equal-shards --text",
+                      "import hvd_magic\nt = hvd_magic.shard()\n"
+                      "(t.num_rows, t.column('id').to_pylist())")
+    run = hvd_magic.last_run()
+    counts = {n for n, _ in run.results}
+    assert len(counts) == 1 and counts == {min(run.shards)} and sum(run.shards) == 1003
+    ids = [i for _, chunk in run.results for i in chunk]
+    assert len(set(ids)) == 4 * min(run.shards) and set(ids) <= set(range(1003))
+
+
+def test_a_large_value_and_result_are_chunked_under_the_grpc_limit(ip, fresh_ns, connect):
+    import numpy as np
+
+    fresh_ns["big"] = np.arange(3_000_000, dtype=np.float64)  # 24 MB each way
+    value = ip.run_cell_magic("horovod", "--np 2 --text", "big * 2")
+    assert value.shape == (3_000_000,) and value[-1] == 5_999_998.0
+
+
+def test_horovod_runner_through_connect(connect):
+    from hvd_magic import HorovodRunner
+
+    def train(scale):
+        import horovod.torch as hvd
+        import torch
+        hvd.init()
+        return hvd.allreduce(torch.tensor([scale * (hvd.rank() + 1)]), op=hvd.Sum).item()
+
+    assert HorovodRunner(np=2).run(train, scale=2.0) == 6.0
+
+
+def test_a_dataframe_of_another_session_is_refused(ip, fresh_ns, connect):
+    from IPython.core.error import UsageError
+    from pyspark.sql import SparkSession
+
+    other = SparkSession.builder.remote(connect.test_url).create()
+    try:
+        fresh_ns["df"] = other.range(10)
+        with pytest.raises(UsageError, match="belongs to another SparkSession"):
+            ip.run_cell_magic("horovod", "--np 2 --data df --text", "1")
+    finally:
+        other.stop()
