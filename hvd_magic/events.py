@@ -191,9 +191,13 @@ class EventClient:
         self._sock.sendall(encode_frame({"token": token}))
         self._reader = None
         if on_message is not None:
-            self._reader = threading.Thread(
-                target=self._read_loop, args=(on_message,), name="hvd-magic-client", daemon=True)
-            self._reader.start()
+            self.start_reading(on_message)
+
+    def start_reading(self, on_message):
+        """Hand every message from the driver to `on_message`, in a thread of its own."""
+        self._reader = threading.Thread(
+            target=self._read_loop, args=(on_message,), name="hvd-magic-client", daemon=True)
+        self._reader.start()
 
     def _read_loop(self, on_message):
         while True:

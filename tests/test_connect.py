@@ -92,6 +92,22 @@ def test_a_large_value_and_result_are_chunked_under_the_grpc_limit(ip, fresh_ns,
     assert value.shape == (3_000_000,) and value[-1] == 5_999_998.0
 
 
+def test_executors_that_cannot_reach_the_notebook_still_run_the_cell(ip, connect, monkeypatch,
+                                                                     capsys):
+    # An address the executors cannot connect to (TEST-NET-1): the tasks find out within
+    # seconds, run offline, and everything comes back through Spark at the end.
+    monkeypatch.setenv("HVD_MAGIC_DRIVER_HOST", "192.0.2.1")
+    value = ip.run_cell_magic("horovod", "--np 2 --text", ALLREDUCE_CELL)
+    run = hvd_magic.last_run()
+    assert value == 3.0 and run.results == [3.0, 3.0]
+    assert "rank 1 of 2: 3.0" in open(run.log_path(1)).read()    # the log came back, all of it
+    assert [r.state for r in run.ranks] == ["done", "done"]
+    err = capsys.readouterr().err
+    assert "not shown live: the Spark executors could not reach this notebook at 192.0.2.1:" in err
+    with pytest.raises(RankError, match="ZeroDivisionError"):
+        ip.run_cell_magic("horovod", "--np 2 --text", "1 / 0")
+
+
 def test_horovod_runner_through_connect(connect):
     from hvd_magic import HorovodRunner
 

@@ -33,6 +33,22 @@ def collect(outcomes, np, cell):
     return results, exports, infos, retried
 
 
+def offline_message(events):
+    """Why a run was not shown live (its tasks ran offline), or None."""
+    offline = next((e for e in events if e.get("t") == "offline"), None)
+    if offline is None:
+        return None
+    return (f"This run was not shown live: the Spark executors could not reach this notebook at "
+            f"{offline.get('address')} ({offline.get('why')}). Their logs and results came back "
+            f"through Spark at the end. If this machine has an address they can reach, set "
+            f"HVD_MAGIC_DRIVER_HOST to it.")
+
+
+def data_error(infos):
+    """What tasks that ran offline found wrong with the shards (an empty one), if anything."""
+    return next((info["data_error"] for info in infos.values() if info.get("data_error")), None)
+
+
 def run_error(run, infos, retried):
     """The error `run` ends with, or None when every rank finished."""
     failures = [dict(infos.get(f["rank"], {}), **{k: v for k, v in f.items() if v is not None})
@@ -42,9 +58,9 @@ def run_error(run, infos, retried):
     launcher = run.launcher
     if run.retry is not None:
         return _retry_error(run)
-    if run.data_error is not None:
+    if (run.data_error or data_error(infos)) is not None:
         from IPython.core.error import UsageError
-        return UsageError(run.data_error)
+        return UsageError(run.data_error or data_error(infos))
     if run.stop_reason == "stalled":
         return RankError({"rank": None, "type": "Stall", "message": run.stall},
                          {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state

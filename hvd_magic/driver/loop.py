@@ -12,35 +12,12 @@ It reads the run's `EventServer` queue until the launcher says every task ended,
 import queue
 import time
 
+from ..task.shard import shards_message
 from ..task.stopping import STOP_GRACE_SECONDS
-from .ending import collect, run_error
+from .ending import collect, offline_message, run_error
 from .folder import FILE_KINDS, FOLDER_KINDS
 from .ranks import LIVE_STATES
 from .watchdog import stall_message
-
-
-def shards_message(counts, equal):
-    """What the user reads about the shards of a ``--data`` run."""
-    total, np = sum(counts), len(counts)
-    if total == 0:
-        return "--data: the DataFrame is empty; there is nothing to train on."
-    if total < np:
-        return (f"--data: the DataFrame has {total} row{'s' if total > 1 else ''}, fewer than the "
-                f"{np} ranks; every rank needs rows of its own. Use --np {total} or more data.")
-    if min(counts) == 0:
-        empty = [rank for rank, n in enumerate(counts) if n == 0]
-        return (f"--data: rank {empty[0]}'s shard is empty ({total:,} rows in {np} shards: "
-                f"{', '.join(f'{n:,}' for n in counts)}), and a rank with no rows would leave the "
-                f"others waiting in their collectives. Use fewer ranks, or a DataFrame with more "
-                f"rows (df.repartition({np}) first spreads a small one evenly).")
-    if equal:
-        dropped = total - np * min(counts)
-        return (f"--data: {np} shards of {min(counts):,} rows each (--equal-shards dropped "
-                f"{dropped:,} of {total:,} rows)")
-    low, high = min(counts), max(counts)
-    size = f"{low:,}" if low == high else f"{low:,} to {high:,}"
-    hint = "" if low == high else " (--equal-shards gives every rank the same number)"
-    return f"--data: {total:,} rows in {np} shards of {size} rows{hint}"
 
 
 class Driver:
@@ -213,7 +190,7 @@ class Driver:
             r.shard_rows = int(event["rows"])
             counts = [x.shard_rows for x in run.ranks]
             if None not in counts:
-                self._shards_known(counts)
+                _shards_known(self, counts)
         elif kind == "file" and event.get("kind") in FILE_KINDS:
             run.folder.receive(event)
         elif kind == "file" and event.get("kind") in FOLDER_KINDS:
@@ -239,19 +216,6 @@ class Driver:
         if run.view is not None:
             run.view.event(run, rank, event)
 
-    def _shards_known(self, counts):
-        """Every task has its shard: tell them all the sizes (or stop: a shard is empty)."""
-        run = self.run
-        run.shards = counts
-        message = shards_message(counts, run.equal_shards)
-        if min(counts) == 0:
-            run.data_error = message
-            self.request_stop("data")
-            return
-        run._server.announce({"t": "shards", "rows": counts})
-        if run.view is not None:
-            run.view.event(run, None, {"t": "shards", "message": message})
-
     def _retried(self, rank):
         """A second start of a rank: Spark re-attempted the barrier stage after a failure."""
         run = self.run
@@ -262,8 +226,18 @@ class Driver:
         self.request_stop("retried")
 
     # -- the end ------------------------------------------------------------------------------
+    def _apply_late_events(self):
+        """Events of tasks that could not reach the driver: they came back with the outcomes."""
+        events = list(getattr(self.run.launcher, "late_events", None) or ())
+        message = offline_message(events)
+        if message and self.run.view is not None:
+            self.run.view.event(self.run, None, {"t": "offline", "message": message})
+        for event in events:
+            self._handle(event)
+
     def _finish(self):
         run = self.run
+        self._apply_late_events()
         run.folder.close()
         if run.folder.has_partial("timeline"):
             from ..timelines.trace import finalize
@@ -290,3 +264,15 @@ class Driver:
         run.write_meta()
         if run.view is not None:
             run.view.finish(run)
+
+
+def _shards_known(driver, counts):
+    """Every task has its shard: tell them all the sizes (or stop: a shard is empty)."""
+    run = driver.run
+    run.shards, message = counts, shards_message(counts, run.equal_shards)
+    if min(counts) == 0:
+        run.data_error = message
+        return driver.request_stop("data")
+    run._server.announce({"t": "shards", "rows": counts})
+    if run.view is not None:
+        run.view.event(run, None, {"t": "shards", "message": message})

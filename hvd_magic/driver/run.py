@@ -25,6 +25,7 @@ from .ranks import RankState
 
 DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
 DEFAULT_STALL_TIMEOUT = 60.0
+OFFLINE_HINT_AFTER = 10.0    # seconds without a Spark Connect task heard before the view says so
 TASKS_WAIT_SHOWN_AFTER = 3.0  # seconds without a task started before the view says it waits
 DEFAULT_HOROVOD_ENV = {
     # horovodrun exports '(None,)' for these (a 0 ms cycle that spins); we set them ourselves.
@@ -256,6 +257,10 @@ class Run:
             return None
         if self.where == "driver only":
             return "waiting for the ranks to start", seconds
+        if getattr(self.launcher, "offline_possible", False) and seconds > OFFLINE_HINT_AFTER:
+            return (f"waiting for the tasks on {self.where}: none has reached this notebook "
+                    f"(if the executors cannot, the run goes on and its logs come back at the "
+                    f"end)", seconds)
         if getattr(self.launcher, "data", None) is not None:
             return (f"waiting for Spark ({self.where}) to compute the --data DataFrame and start "
                     f"{self.np} tasks at once", seconds)

@@ -16,6 +16,7 @@ Calls, in the order the driver makes them::
     launcher.done() / join(t)       # have all tasks ended?
     launcher.cancel()               # last resort when tasks ignore the driver's stop message
     launcher.outcomes, .error       # how it ended: [(rank, status, payload)] or an exception
+    launcher.late_events            # what tasks that could not reach the driver would have sent
 
 and, read by the driver: `where` (shown to the user), `driver_host` (how tasks reach the driver's
 event server) and `bind_host` (where that server listens).
@@ -42,6 +43,7 @@ class Launcher:
         self.phase_since = None   # time.monotonic() when that phase began
         self.outcomes = None      # [(rank, status, payload)] once every task ended
         self.error = None         # an exception that ended the tasks before they could report
+        self.late_events = []     # events of tasks that could not reach the driver live
         self._threads = []
 
     @property

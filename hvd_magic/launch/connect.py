@@ -7,9 +7,16 @@ so every task runs the same `run_task` as a classic barrier task. Outcomes come 
 most 1 MiB (under the gRPC message limit); the stage carries a tag of its own, which `cancel`
 interrupts. Large values travel inside the stage's plan (Connect has no broadcast).
 
+The executors of a remote Connect server may not be able to reach this notebook: the tasks find
+out within seconds and then run offline (`hvd_magic.task.offline`); their events come back with
+the outcomes (`late_events`), and the view says why the run was not live. The address the tasks
+try is this machine's towards the server, or ``HVD_MAGIC_DRIVER_HOST`` when that is set.
+
 Not for: anything the classic launcher does with a SparkContext (`hvd_magic.launch.spark`).
 """
 
+import dataclasses
+import os
 import uuid
 
 from IPython.core.error import UsageError
@@ -41,6 +48,8 @@ def is_connect(spark):
 
 class ConnectLauncher(Launcher):
     """Runs `hvd_magic.task.shard.frame_task` on N barrier tasks of a Spark Connect session."""
+
+    offline_possible = True   # its tasks may not reach the notebook (the view says so)
 
     def __init__(self, session):
         super().__init__()
@@ -76,6 +85,8 @@ class ConnectLauncher(Launcher):
     @property
     def driver_host(self):
         """This machine's address as the Connect server's executors would reach it."""
+        if os.environ.get("HVD_MAGIC_DRIVER_HOST"):
+            return os.environ["HVD_MAGIC_DRIVER_HOST"]
         host = self.host.strip("[]")
         if host in ("localhost", "::1") or host.startswith("127."):
             return "127.0.0.1"
@@ -97,6 +108,8 @@ class ConnectLauncher(Launcher):
     def start(self, settings, np):
         self.tag = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
         frame = self.data if self.data is not None else self.session.range(0, np, 1, np)
+        # The tasks check that they can reach this notebook, and run offline if not.
+        settings = dataclasses.replace(settings, connect=True)
         self._in_background(self._collect, "hvd-magic-connect", frame, settings)
 
     def _collect(self, frame, settings):
@@ -104,7 +117,7 @@ class ConnectLauncher(Launcher):
 
         self.session.addTag(self.tag)  # tags are per thread: this one's operations carry it
         try:
-            self.outcomes = collect_outcomes(barrier_stage(frame, settings))
+            self.outcomes, self.late_events = collect_outcomes(barrier_stage(frame, settings))
         except BaseException as exc:  # reported by the driver loop, never lost
             self.error = exc if self._cancelled else LaunchError(java_message(exc))
         finally:

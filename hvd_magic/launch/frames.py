@@ -72,5 +72,6 @@ def barrier_stage(frame, settings):
 
 
 def collect_outcomes(stage):
-    """Run the stage; the tasks' outcomes in task order."""
+    """Run the stage; (the tasks' outcomes in task order, the events of tasks that could not
+    reach the driver, to be applied now)."""
     return outcomes(stage.collect())

@@ -255,7 +255,7 @@ class SparkLauncher(Launcher):
                 sc.setJobGroup(self.group, f"hvd_magic run {settings.run_id} (np={np})",
                                interruptOnCancel=True)
                 if self.data is not None:  # --data: the stage runs over the DataFrame
-                    self.outcomes = collect_outcomes(barrier_stage(self.data, settings))
+                    self.outcomes, _ = collect_outcomes(barrier_stage(self.data, settings))
                 else:
                     rdd = sc.parallelize(range(np), np).barrier().mapPartitions(
                         functools.partial(spark_task, settings))

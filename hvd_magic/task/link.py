@@ -98,7 +98,7 @@ class DriverLink:
     """The task's connection to the driver: events out; ``stop``, ``dump`` and the rendezvous
     port in. Losing the connection counts as ``stop``: nobody is left to use the rank's work."""
 
-    def __init__(self, settings, rank):
+    def __init__(self, settings, rank, client=None):
         self.proc = None
         self.port = None
         self.session = None          # a warm session's `SessionRank`, which takes cells
@@ -106,8 +106,10 @@ class DriverLink:
         self._rendezvous = threading.Event()
         self._answers = {}           # kind -> what the driver answered ("shards": row counts)
         self._answered = threading.Condition()
-        self.client = EventClient(settings.events_address, settings.token,
-                                  on_message=self._on_message)
+        if client is None:
+            client = EventClient(settings.events_address, settings.token)
+        client.start_reading(self._on_message)
+        self.client = client
         self.forward = Forwarder(self.client, rank)
 
     def _on_message(self, msg):

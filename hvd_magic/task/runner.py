@@ -41,9 +41,10 @@ def spark_task(settings, _iterator):
     yield run_task(settings, SparkCoordinator())
 
 
-def run_task(settings: TaskSettings, coord: Coordinator, shard=None):
+def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=None):
     """Run this task's rank to its end; its ``(rank, status, payload)``. `shard`: the task's rows
-    of a ``--data`` DataFrame (`hvd_magic.task.shard.ShardFile`), for `hvd_magic.shard()`."""
+    of a ``--data`` DataFrame (`hvd_magic.task.shard.ShardFile`), for `hvd_magic.shard()`;
+    `make_link(rank)`: the link to the driver (default: a `DriverLink` of its own)."""
     if coord.attempt > 0 and not settings.allow_retry:
         return (None, "retried", {
             "partition": coord.partition_id, "attempt": coord.attempt,
@@ -56,7 +57,7 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None):
     _, slots = host_plan(hosts, settings.np)
     slot = slots[coord.partition_id]
     host = socket.gethostname()
-    link = DriverLink(settings, slot.rank)
+    link = make_link(slot.rank) if make_link is not None else DriverLink(settings, slot.rank)
     rendezvous = None
     try:
         if coord.partition_id == 0:
@@ -73,7 +74,10 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None):
         port = link.wait_rendezvous(timeout) if rows is not None or shard is None else None
         if port is None:
             link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
-            return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
+            info = {"rank": slot.rank, "host": host, "code": None}
+            if getattr(link, "data_error", None):  # offline: no driver to say it
+                info["data_error"] = link.data_error
+            return (slot.rank, "stopped", info)
         rendezvous_ip = _resolve(hosts[0])
         env = dict(os.environ)
         env.update(settings.horovod_env)

@@ -20,6 +20,7 @@ class TaskSettings:
     session: bool = False           # a warm session: the rank takes cells until stopped
     data: bool = False              # tasks get rows of a DataFrame (--data): `hvd_magic.shard()`
     equal_shards: bool = False      # every rank keeps as many rows as the smallest shard has
+    connect: bool = False           # Spark Connect: the executors may not reach the driver
 
 
 class Coordinator:

@@ -17,10 +17,12 @@ import pickle
 import shutil
 import tempfile
 
+from .link import DriverLink
+from .offline import OfflineLink, reach_driver
 from .runner import run_task
 from .settings import SparkCoordinator
 
-OUTCOME_SCHEMA = "task long, seq long, chunk binary"
+OUTCOME_SCHEMA = "task long, kind string, seq long, chunk binary"
 CHUNK = 1 << 20
 
 
@@ -30,6 +32,30 @@ class ShardFile:
     def __init__(self, path, rows):
         self.path = path
         self.rows = rows
+
+
+def shards_message(counts, equal):
+    """What the user reads about the shards of a ``--data`` run."""
+    total, np = sum(counts), len(counts)
+    if total == 0:
+        return "--data: the DataFrame is empty; there is nothing to train on."
+    if total < np:
+        return (f"--data: the DataFrame has {total} row{'s' if total > 1 else ''}, fewer than the "
+                f"{np} ranks; every rank needs rows of its own. Use --np {total} or more data.")
+    if min(counts) == 0:
+        empty = [rank for rank, n in enumerate(counts) if n == 0]
+        return (f"--data: rank {empty[0]}'s shard is empty ({total:,} rows in {np} shards: "
+                f"{', '.join(f'{n:,}' for n in counts)}), and a rank with no rows would leave the "
+                f"others waiting in their collectives. Use fewer ranks, or a DataFrame with more "
+                f"rows (df.repartition({np}) first spreads a small one evenly).")
+    if equal:
+        dropped = total - np * min(counts)
+        return (f"--data: {np} shards of {min(counts):,} rows each (--equal-shards dropped "
+                f"{dropped:,} of {total:,} rows)")
+    low, high = min(counts), max(counts)
+    size = f"{low:,}" if low == high else f"{low:,} to {high:,}"
+    hint = "" if low == high else " (--equal-shards gives every rank the same number)"
+    return f"--data: {total:,} rows in {np} shards of {size} rows{hint}"
 
 
 def write_shard(batches, folder):
@@ -50,11 +76,12 @@ def write_shard(batches, folder):
 
 
 def frame_task(settings, batches):
-    """mapInArrow's function: this task's shard, its rank's run, its outcome in chunks."""
-    import pyarrow as pa
-
+    """mapInArrow's function: this task's shard, its rank's run, its outcome in chunks (and,
+    when the driver could not be reached, every event the rank would have sent it live)."""
     coord = SparkCoordinator()
     folder = tempfile.mkdtemp(prefix=f"hvd_magic-{settings.run_id}-shard{coord.partition_id}-")
+    events_path = os.path.join(folder, "events.jsonl")
+    offline = False
     try:
         if settings.data:
             shard = write_shard(batches, folder)
@@ -62,21 +89,43 @@ def frame_task(settings, batches):
             for _ in batches:  # spark.range(N)'s one row per task: nothing to keep
                 pass
             shard = None
-        outcome = run_task(settings, coord, shard=shard)
+        make_link = None
+        if settings.connect:  # the executors may not reach the notebook: all live, or none
+            client, why = reach_driver(settings, coord)
+            offline = client is None
+            make_link = ((lambda rank: OfflineLink(settings, rank, coord, events_path, why,
+                                                      shards_message))
+                         if offline else (lambda rank: DriverLink(settings, rank, client)))
+        outcome = run_task(settings, coord, shard=shard, make_link=make_link)
+        yield from _rows(coord.partition_id, "outcome",
+                         pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL))
+        if offline:
+            with open(events_path, "rb") as f:
+                yield from _rows(coord.partition_id, "events", f.read())
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
-    schema = pa.schema([("task", pa.int64()), ("seq", pa.int64()), ("chunk", pa.binary())])
+
+
+def _rows(task, kind, data):
+    import pyarrow as pa
+
+    schema = pa.schema([("task", pa.int64()), ("kind", pa.string()), ("seq", pa.int64()),
+                        ("chunk", pa.binary())])
     for seq, start in enumerate(range(0, max(len(data), 1), CHUNK)):
-        yield pa.RecordBatch.from_pydict(
-            {"task": [coord.partition_id], "seq": [seq], "chunk": [data[start:start + CHUNK]]},
-            schema=schema)
+        yield pa.RecordBatch.from_pydict({"task": [task], "kind": [kind], "seq": [seq],
+                                          "chunk": [data[start:start + CHUNK]]}, schema=schema)
 
 
 def outcomes(rows):
-    """The tasks' ``(rank, status, payload)`` outcomes from the stage's collected rows."""
+    """(the tasks' ``(rank, status, payload)`` outcomes, the events of tasks that could not
+    reach the driver) from the stage's collected rows."""
+    import json
+
     pieces = {}
     for row in rows:
-        pieces.setdefault(row["task"], []).append((row["seq"], bytes(row["chunk"])))
-    return [pickle.loads(b"".join(chunk for _, chunk in sorted(parts)))
-            for _, parts in sorted(pieces.items())]
+        pieces.setdefault((row["kind"], row["task"]), []).append((row["seq"], bytes(row["chunk"])))
+    joined = {key: b"".join(chunk for _, chunk in sorted(parts)) for key, parts in pieces.items()}
+    results = [pickle.loads(data) for (kind, _), data in sorted(joined.items()) if kind == "outcome"]
+    events = [json.loads(line) for (kind, _), data in sorted(joined.items()) if kind == "events"
+              for line in data.splitlines() if line.strip()]
+    return results, events
