@@ -206,3 +206,14 @@ def test_interactive_session(tmp_path):
     assert "80 steps" in view(nb, plot)
     assert any("image/png" in o.get("data", {}) for o in plot.outputs)
     assert "stopped" in view(nb, stop)
+
+
+def test_spark_data(tmp_path):
+    nb = execute("spark_data.ipynb", tmp_path)
+    read, train, after = code_cells(nb)
+    assert re.search(r"^569 rows, 31 columns; malignant: 212", view(nb, read), re.M)
+    shown = view(nb, train)
+    assert "--data: 2 shards of 284 rows each (--equal-shards dropped 1 of 569 rows)" in shown
+    assert "rank 0: 284 rows" in shown and "rank 1: 284 rows" in shown
+    assert not errors(train) and float(results(train)[0]) > 0.95  # a trained model, not chance
+    assert "rows per shard: [28" in view(nb, after) and not errors(after)
