@@ -202,8 +202,12 @@ class HorovodMagics(Magics):
             report.mismatches               # [Mismatch(where='10.0.0.7:41234', what='cloudpickle', ...)]
             %horovod_env --text             # plain text, to paste into an issue
         """
+        from .launch.connect import connect_session
         from .launch.envcheck import check
         args = parse_argstring(self.horovod_env, line)
+        if connect_session() is not None:
+            raise UsageError("%horovod_env needs a classic SparkSession (it asks every executor "
+                             "through the SparkContext), and the active one is Spark Connect.")
         if args.timeout <= 0:
             raise UsageError("--timeout takes a positive number of seconds.")
         report = check(timeout=args.timeout)

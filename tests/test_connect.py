@@ -106,6 +106,9 @@ def test_executors_that_cannot_reach_the_notebook_still_run_the_cell(ip, connect
     assert "not shown live: the Spark executors could not reach this notebook at 192.0.2.1:" in err
     with pytest.raises(RankError, match="ZeroDivisionError"):
         ip.run_cell_magic("horovod", "--np 2 --text", "1 / 0")
+    from hvd_magic.errors import LaunchError
+    with pytest.raises(LaunchError, match="a warm session needs its ranks to reach this notebook"):
+        ip.run_line_magic("horovod_session", "start --np 2")
 
 
 def test_horovod_runner_through_connect(connect):
@@ -131,3 +134,17 @@ def test_a_dataframe_of_another_session_is_refused(ip, fresh_ns, connect):
             ip.run_cell_magic("horovod", "--np 2 --data df --text", "1")
     finally:
         other.stop()
+
+
+def test_a_warm_session_and_horovod_env_through_connect(ip, connect):
+    from IPython.core.error import UsageError
+
+    ip.run_line_magic("horovod_session", "start --np 2")
+    try:
+        ip.run_cell_magic("horovod", "--text", "import horovod.torch as hvd\nhvd.init()\nw = hvd.rank() * 10")
+        assert ip.run_cell_magic("horovod", "--text", "w + 1") == 1
+        assert hvd_magic.last_run().results == [1, 11]
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+    with pytest.raises(UsageError, match="needs a classic SparkSession"):
+        ip.run_line_magic("horovod_env", "")

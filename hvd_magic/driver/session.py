@@ -72,7 +72,9 @@ class Session:
                 progress(self)
             time.sleep(0.05)
         if len(self.ready) < self.np:
-            error = self.broken or str(self.launcher.error or "the launch ended")
+            failed = [p for _, status, p in self.launcher.outcomes or () if status == "error"]
+            error = self.broken or str(self.launcher.error or (failed and failed[0].get("message"))
+                                       or "the launch ended")
             self.stop()
             raise LaunchError(f"the session did not start: {error}")
         if self.idle_timeout:

@@ -96,10 +96,17 @@ def frame_task(settings, batches):
             make_link = ((lambda rank: OfflineLink(settings, rank, coord, events_path, why,
                                                       shards_message))
                          if offline else (lambda rank: DriverLink(settings, rank, client)))
-        outcome = run_task(settings, coord, shard=shard, make_link=make_link)
+        if offline and settings.session:  # its cells come over the link: none without it
+            outcome = (coord.partition_id, "error", {
+                "rank": coord.partition_id, "type": "ConnectionError", "message": (
+                    f"a warm session needs its ranks to reach this notebook, and the Spark "
+                    f"executors could not reach it at {settings.events_address} ({why}). Set "
+                    f"HVD_MAGIC_DRIVER_HOST to an address of this machine that they can reach.")})
+        else:
+            outcome = run_task(settings, coord, shard=shard, make_link=make_link)
         yield from _rows(coord.partition_id, "outcome",
                          pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL))
-        if offline:
+        if offline and os.path.exists(events_path):
             with open(events_path, "rb") as f:
                 yield from _rows(coord.partition_id, "events", f.read())
     finally:
