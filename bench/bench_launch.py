@@ -44,6 +44,8 @@ import sys
 import tempfile
 import time
 
+from rows import row, rows_against, write
+
 HERE = os.path.abspath(__file__)
 BIN = os.path.dirname(sys.executable)
 CHILD_TIMEOUT = 180  # seconds; a launch that takes longer is stopped and recorded as failed
@@ -423,13 +425,6 @@ def profile(np, reps, run_root):
 
 # --- main -----------------------------------------------------------------------------------
 
-def machine():
-    import platform
-    import psutil
-    return {"cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version()}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -514,13 +509,20 @@ def main():
             print(f"  {name}")
             for step, t in steps.items():
                 print(f"    {t:6.2f}  {step}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"np": args.np, "reps": args.reps, "times": times, "medians": medians,
-                       "errors": {str(k): v for k, v in errors.items()}, "loads": loads,
-                       "spark_start": _Spark.start_seconds, "profile": prof,
-                       "machine": machine()}, f, indent=1)
-
+    rows = rows_against("launch", times, "floor", reps=args.reps,
+                        loads=[round(la[0], 2) for la in loads])
+    for r in rows:
+        if r["name"] in skip or f"{r['name']}@{r['np']}" in skip:
+            r["skipped"] = True
+    rows += [{"bench": "launch", "name": str(k), "np": None, "median": None, "best": None,
+              "ratio": None, "error": v} for k, v in errors.items()]
+    if _Spark.start_seconds is not None:
+        rows.append(row("launch-spark-start", f"embedded Spark session start, local[{max(args.np)}]",
+                        None, [_Spark.start_seconds]))
+    for column, steps in (prof or {}).items():
+        rows += [row("launch-profile", step, 2, [t], column=column, reps=args.profile)
+                 for step, t in steps.items()]
+    write(args.json, rows)
 
 if __name__ == "__main__":
     sys.exit(main())
