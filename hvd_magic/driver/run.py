@@ -103,6 +103,7 @@ class Run:
         self.stop_reason = None
         self._done = threading.Event()
         self._server = None
+        self._shared = {}
         self._driver = Driver(self)
         self._thread = None
 
@@ -174,6 +175,7 @@ class Run:
         for name in [n for n in kwargs_pickled if n not in small]:
             shared[name] = self.launcher.share(kwargs_pickled.pop(name))
         self.broadcast_names = sorted(shared)
+        self._shared = shared  # released when the run ends (driver/loop.py)
         job = dict(job, kwargs=small)
         self._server = self.launcher.open_channel()
         settings = TaskSettings(
