@@ -35,7 +35,7 @@ import time
 import tracemalloc
 
 from bench_launch import descendants, end_processes, leftovers, stop_spark
-from rows import row, write
+from rows import row as make_row, write
 
 CELL = "import time\n(time.time(), float(arr[-1]), arr.nbytes)\n"
 MB = 1024 * 1024
@@ -155,12 +155,13 @@ def main():
     out = []
     for size, r in zip(sizes, rows):
         label = "8 B" if size == 0 else f"{size // MB} MB"
-        out.append(row("payload", label, args.np, [x["to_rank"] for x in results[size]],
-                       ref=base, extra=r["extra"], driver=r["driver"], cell=r["cell"],
-                       rss_peak_mb=r["rss_peak_mb"], traced_peak_mb=r["traced_peak_mb"],
-                       broadcast=r["broadcast"], mb=r["mb"], reps=args.reps,
-                       loads=[round(la[0], 2) for la in loads]))
+        out.append(make_row("payload", label, args.np, [x["to_rank"] for x in results[size]],
+                            ref=base, reference="8 B", extra=r["extra"], driver=r["driver"],
+                            cell=r["cell"], rss_peak_mb=r["rss_peak_mb"],
+                            traced_peak_mb=r["traced_peak_mb"], broadcast=r["broadcast"],
+                            mb=r["mb"], reps=args.reps, loads=[round(la[0], 2) for la in loads]))
     write(args.json, out)
+
 
 if __name__ == "__main__":
     main()
