@@ -13,6 +13,10 @@ it. Launchers, interleaved per repetition (their order rotates from one repetiti
   floor 2-4x slower than the launchers). The server is stopped after the clock stops: Horovod's
   `RendezvousServer.stop` waits up to 0.5 s for its HTTP loop;
 - ``floor-torch``: the same with ``torch.distributed`` (gloo, env:// init): TorchDistributor's floor;
+- ``spark-floor``: the floor's ranks, each spawned by one task of a Spark barrier stage and
+  nothing else (Spark's worker-only PYTHONPATH entries dropped, as hvd_magic does): what Spark
+  itself adds, which no launcher on Spark can remove;
+- ``spark-empty-job``: a barrier stage of N tasks that do nothing: Spark's fixed cost alone;
 - ``hvd_magic-spark`` / ``hvd_magic-driver``: ``hvd_magic.run(cell, np=N)`` / ``np=-N``;
 - ``horovodrun`` (default knobs, hence its 0 ms cycle), ``horovodrun-H`` (``-H localhost:N``),
   ``horovodrun-c5`` (``--cycle-time-ms 5``): the same code as a script;
@@ -218,6 +222,68 @@ def floor(np, marks=None):
     return seconds
 
 
+def _rank_env(slot, np, port):
+    return dict(KNOBS, HOROVOD_RANK=str(slot.rank), HOROVOD_SIZE=str(np),
+                HOROVOD_LOCAL_RANK=str(slot.local_rank), HOROVOD_LOCAL_SIZE=str(slot.local_size),
+                HOROVOD_CROSS_RANK=str(slot.cross_rank), HOROVOD_CROSS_SIZE=str(slot.cross_size),
+                HOROVOD_HOSTNAME=slot.hostname, HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
+                HOROVOD_GLOO_RENDEZVOUS_PORT=str(port), HOROVOD_GLOO_IFACE="lo",
+                HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
+
+
+def _spark_floor_task(envs, script, iterator):
+    """A barrier task that does only what the floor does for its rank: spawn it, wait."""
+    import os
+    import subprocess
+    import sys
+    from pyspark import BarrierTaskContext
+    from hvd_magic.task.environ import rank_base_env
+    partition = BarrierTaskContext.get().partitionId()
+    env = dict(rank_base_env(), PYTHONUNBUFFERED="1", **envs[partition])
+    env = {k: v for k, v in env.items() if not k.startswith("HOROVOD_") or k in envs[partition]}
+    proc = subprocess.run([sys.executable, script, "--child", "hvd"], env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+    yield (proc.returncode, proc.stdout[-2000:])
+
+
+def spark_floor(np):
+    """The floor's ranks, each spawned by a task of one Spark barrier stage (nothing of
+    hvd_magic's: no event channel, no forwarding): what Spark alone adds to the floor."""
+    import functools
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    sc = _Spark.get(np).sparkContext
+    start = time.perf_counter()
+    server = RendezvousServer()
+    port = server.start()
+    try:
+        plan = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
+        server.init(plan)
+        envs = [_rank_env(slot, np, port) for slot in plan]
+        task = functools.partial(_spark_floor_task, envs, HERE)
+        outs = sc.parallelize(range(np), np).barrier().mapPartitions(task).collect()
+        seconds = time.perf_counter() - start
+    finally:
+        server.stop()
+    bad = [out for code, out in outs if code != 0]
+    if bad:
+        raise RuntimeError(f"a spark-floor rank failed: {bad[0]}")
+    return seconds
+
+
+def _empty_task(iterator):
+    yield 0
+
+
+def spark_empty(np):
+    """A barrier stage of N tasks that do nothing: Spark's fixed cost per launch, alone."""
+    sc = _Spark.get(np).sparkContext
+    start = time.perf_counter()
+    sc.parallelize(range(np), np).barrier().mapPartitions(_empty_task).collect()
+    return time.perf_counter() - start
+
+
 def floor_torch(np):
     """N bare processes with torch.distributed's env:// variables; rank 0 holds the store."""
     start = time.perf_counter()
@@ -293,6 +359,8 @@ def launchers(run_root, max_np):
     return {
         "floor": floor,
         "floor-torch": floor_torch,
+        "spark-floor": spark_floor,
+        "spark-empty-job": spark_empty,
         "hvd_magic-spark": spark_then(lambda np: hvd_magic_run(np, run_root)[0]),
         "hvd_magic-driver": lambda np: hvd_magic_run(-np, run_root)[0],
         "horovodrun": lambda np: horovodrun(np),

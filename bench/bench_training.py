@@ -34,13 +34,16 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 LAUNCHERS = ("hvd_magic-spark", "hvd_magic-driver", "horovodrun", "horovodrun-knobs")
 
 
-def train(steps, warmup):
+def train(steps, warmup, timeline=True):
     """One rank's training loop, timed; returns its steps/s and the CPU it used per step."""
+    import os
     import resource
     import time
     import torch
     import horovod.torch as hvd
 
+    if not timeline:  # an experiment: no HOROVOD_TIMELINE=DYNAMIC (read by hvd.init())
+        os.environ.pop("HOROVOD_TIMELINE", None)
     hvd.init()
     torch.manual_seed(hvd.rank())
     torch.set_num_threads(1)  # ranks share 2 cores: no intra-op threads fighting them
@@ -66,7 +69,7 @@ def train(steps, warmup):
     return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
 
 
-def train_keras(steps, warmup):
+def train_keras(steps, warmup, timeline=True):
     """The same MLP, batch and loop with tf.keras (Keras 2) and horovod.tensorflow.keras."""
     import os
     import resource
@@ -80,6 +83,8 @@ def train_keras(steps, warmup):
     # One thread each, as the torch loop's set_num_threads(1): ranks share the cores.
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    if not timeline:
+        os.environ.pop("HOROVOD_TIMELINE", None)
     hvd.init()
     tf.random.set_seed(hvd.rank())
     model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(256, activation="relu"),
@@ -109,9 +114,9 @@ def _cpu(resource):
     return usage.ru_utime + usage.ru_stime
 
 
-def under_hvd_magic(fw, np, steps, warmup, run_root):
+def under_hvd_magic(fw, np, steps, warmup, run_root, horovod_env=None, timeline=True):
     import hvd_magic
-    run = hvd_magic.run(TRAIN[fw], np=np, args=(steps, warmup),
+    run = hvd_magic.run(TRAIN[fw], np=np, args=(steps, warmup, timeline), horovod_env=horovod_env,
                         run_dir=tempfile.mkdtemp(dir=run_root))
     return run.results[0]
 
@@ -126,6 +131,11 @@ def under_horovodrun(fw, np, steps, warmup, *knobs):
 
 
 def measure(name, fw, np, steps, warmup, run_root):
+    if ":" in name:  # an experiment: "LAUNCHER:MS[:notl]", HOROVOD_CYCLE_TIME=MS, no timeline
+        base, cycle, *flags = name.split(":")
+        return under_hvd_magic(fw, np if base == "hvd_magic-spark" else -np, steps, warmup,
+                               run_root, horovod_env={"HOROVOD_CYCLE_TIME": cycle},
+                               timeline="notl" not in flags)
     if name == "hvd_magic-spark":
         return under_hvd_magic(fw, np, steps, warmup, run_root)
     if name == "hvd_magic-driver":
@@ -143,7 +153,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--frameworks", nargs="+", choices=list(TRAIN), default=["torch"])
-    parser.add_argument("--only", nargs="+", choices=LAUNCHERS, default=list(LAUNCHERS))
+    parser.add_argument("--only", nargs="+", default=list(LAUNCHERS),
+                        help=f"of {', '.join(LAUNCHERS)}; or LAUNCHER:MS[:notl], hvd_magic with that "
+                             f"HOROVOD_CYCLE_TIME (and no DYNAMIC timeline): an experiment")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
