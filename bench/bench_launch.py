@@ -13,6 +13,10 @@ it. Launchers, interleaved per repetition (their order rotates from one repetiti
   floor 2-4x slower than the launchers). The server is stopped after the clock stops: Horovod's
   `RendezvousServer.stop` waits up to 0.5 s for its HTTP loop;
 - ``floor-torch``: the same with ``torch.distributed`` (gloo, env:// init): TorchDistributor's floor;
+- ``spark-floor``: the floor's ranks, each spawned by one task of a Spark barrier stage and
+  nothing else (Spark's worker-only PYTHONPATH entries dropped, as hvd_magic does): what Spark
+  itself adds, which no launcher on Spark can remove;
+- ``spark-empty-job``: a barrier stage of N tasks that do nothing: Spark's fixed cost alone;
 - ``hvd_magic-spark`` / ``hvd_magic-driver``: ``hvd_magic.run(cell, np=N)`` / ``np=-N``;
 - ``horovodrun`` (default knobs, hence its 0 ms cycle), ``horovodrun-H`` (``-H localhost:N``),
   ``horovodrun-c5`` (``--cycle-time-ms 5``): the same code as a script;
@@ -43,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from rows import row, rows_against, write
 
 HERE = os.path.abspath(__file__)
 BIN = os.path.dirname(sys.executable)
@@ -216,6 +222,68 @@ def floor(np, marks=None):
     return seconds
 
 
+def _rank_env(slot, np, port):
+    return dict(KNOBS, HOROVOD_RANK=str(slot.rank), HOROVOD_SIZE=str(np),
+                HOROVOD_LOCAL_RANK=str(slot.local_rank), HOROVOD_LOCAL_SIZE=str(slot.local_size),
+                HOROVOD_CROSS_RANK=str(slot.cross_rank), HOROVOD_CROSS_SIZE=str(slot.cross_size),
+                HOROVOD_HOSTNAME=slot.hostname, HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
+                HOROVOD_GLOO_RENDEZVOUS_PORT=str(port), HOROVOD_GLOO_IFACE="lo",
+                HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
+
+
+def _spark_floor_task(envs, script, iterator):
+    """A barrier task that does only what the floor does for its rank: spawn it, wait."""
+    import os
+    import subprocess
+    import sys
+    from pyspark import BarrierTaskContext
+    from hvd_magic.task.environ import rank_base_env
+    partition = BarrierTaskContext.get().partitionId()
+    env = dict(rank_base_env(), PYTHONUNBUFFERED="1", **envs[partition])
+    env = {k: v for k, v in env.items() if not k.startswith("HOROVOD_") or k in envs[partition]}
+    proc = subprocess.run([sys.executable, script, "--child", "hvd"], env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+    yield (proc.returncode, proc.stdout[-2000:])
+
+
+def spark_floor(np):
+    """The floor's ranks, each spawned by a task of one Spark barrier stage (nothing of
+    hvd_magic's: no event channel, no forwarding): what Spark alone adds to the floor."""
+    import functools
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    sc = _Spark.get(np).sparkContext
+    start = time.perf_counter()
+    server = RendezvousServer()
+    port = server.start()
+    try:
+        plan = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
+        server.init(plan)
+        envs = [_rank_env(slot, np, port) for slot in plan]
+        task = functools.partial(_spark_floor_task, envs, HERE)
+        outs = sc.parallelize(range(np), np).barrier().mapPartitions(task).collect()
+        seconds = time.perf_counter() - start
+    finally:
+        server.stop()
+    bad = [out for code, out in outs if code != 0]
+    if bad:
+        raise RuntimeError(f"a spark-floor rank failed: {bad[0]}")
+    return seconds
+
+
+def _empty_task(iterator):
+    yield 0
+
+
+def spark_empty(np):
+    """A barrier stage of N tasks that do nothing: Spark's fixed cost per launch, alone."""
+    sc = _Spark.get(np).sparkContext
+    start = time.perf_counter()
+    sc.parallelize(range(np), np).barrier().mapPartitions(_empty_task).collect()
+    return time.perf_counter() - start
+
+
 def floor_torch(np):
     """N bare processes with torch.distributed's env:// variables; rank 0 holds the store."""
     start = time.perf_counter()
@@ -291,6 +359,8 @@ def launchers(run_root, max_np):
     return {
         "floor": floor,
         "floor-torch": floor_torch,
+        "spark-floor": spark_floor,
+        "spark-empty-job": spark_empty,
         "hvd_magic-spark": spark_then(lambda np: hvd_magic_run(np, run_root)[0]),
         "hvd_magic-driver": lambda np: hvd_magic_run(-np, run_root)[0],
         "horovodrun": lambda np: horovodrun(np),
@@ -423,13 +493,6 @@ def profile(np, reps, run_root):
 
 # --- main -----------------------------------------------------------------------------------
 
-def machine():
-    import platform
-    import psutil
-    return {"cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version()}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -514,13 +577,20 @@ def main():
             print(f"  {name}")
             for step, t in steps.items():
                 print(f"    {t:6.2f}  {step}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"np": args.np, "reps": args.reps, "times": times, "medians": medians,
-                       "errors": {str(k): v for k, v in errors.items()}, "loads": loads,
-                       "spark_start": _Spark.start_seconds, "profile": prof,
-                       "machine": machine()}, f, indent=1)
-
+    rows = rows_against("launch", times, "floor", reps=args.reps,
+                        loads=[round(la[0], 2) for la in loads])
+    for r in rows:
+        if r["name"] in skip or f"{r['name']}@{r['np']}" in skip:
+            r["skipped"] = True
+    rows += [{"bench": "launch", "name": str(k), "np": None, "median": None, "best": None,
+              "ratio": None, "error": v} for k, v in errors.items()]
+    if _Spark.start_seconds is not None:
+        rows.append(row("launch-spark-start", f"embedded Spark session start, local[{max(args.np)}]",
+                        None, [_Spark.start_seconds]))
+    for column, steps in (prof or {}).items():
+        rows += [row("launch-profile", step, 2, [t], column=column, reps=args.profile)
+                 for step, t in steps.items()]
+    write(args.json, rows)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from rows import row, write
+
 
 def emit(lines):
     """The rank's work: print `lines` lines; return the seconds the loop took."""
@@ -77,12 +79,14 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="write the rows here (bench/rows.py)")
     args = parser.parse_args()
     if args.child is not None:
         sys.stderr.write(f"{emit(args.child)}\n")
         return
 
     root = tempfile.mkdtemp(prefix="bench_logs-")
+    rows = []
     try:
         print(f"{args.lines} lines per rank, {args.reps} interleaved repetitions, medians; "
               f"{os.cpu_count()} cores")
@@ -98,10 +102,16 @@ def main():
             print(f"{ranks} rank{'s' if ranks > 1 else ''} at once: print loop {h:.3f} s under "
                   f"hvd_magic vs {b:.3f} s to /dev/null (x{h / b:.2f}); whole run "
                   f"{statistics.median(walls):.2f} s; lines lost: {lost}")
+            rows.append(row("logs", "print loop to /dev/null", ranks, base, ref=b,
+                            reps=args.reps, lines=args.lines))
+            rows.append(row("logs", "print loop under hvd_magic", ranks, inside, ref=b,
+                            reps=args.reps, lines=args.lines, lost=lost,
+                            whole_run=statistics.median(walls)))
             if lost:
                 raise SystemExit(f"{lost} lines were lost")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        write(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 A real IPython shell (`IPython.testing.globalipapp`) with the extension loaded holds ``arr``, a
 float64 numpy array of 10, 100 or 200 MB, and runs::
 
-    %%horovod --np 2 --quiet --text
+    %%horovod --np 4 --quiet --text      (--np N)
     import time
     (time.time(), float(arr[-1]), arr.nbytes)
 
@@ -35,6 +35,7 @@ import time
 import tracemalloc
 
 from bench_launch import descendants, end_processes, leftovers, stop_spark
+from rows import row as make_row, write
 
 CELL = "import time\n(time.time(), float(arr[-1]), arr.nbytes)\n"
 MB = 1024 * 1024
@@ -66,7 +67,7 @@ class PeakRSS:
         self._thread.join()
 
 
-def one_cell(ip, size_bytes, traced=False):
+def one_cell(ip, size_bytes, np, traced=False):
     import numpy
     import hvd_magic
 
@@ -76,7 +77,7 @@ def one_cell(ip, size_bytes, traced=False):
         tracemalloc.reset_peak()
     with PeakRSS() as rss:
         t0 = time.time()
-        began, last, nbytes = ip.run_cell_magic("horovod", "--np 2 --quiet --text", CELL)
+        began, last, nbytes = ip.run_cell_magic("horovod", f"--np {np} --quiet --text", CELL)
         t1 = time.time()
     traced_peak = None
     if traced:
@@ -94,7 +95,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, nargs="+", default=[10, 100, 200])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--np", type=int, default=4, help="ranks (Spark tasks) of each cell")
+    parser.add_argument("--json", help="write the rows here (bench/rows.py)")
     args = parser.parse_args()
 
     from IPython.testing.globalipapp import start_ipython
@@ -111,18 +113,18 @@ def main():
         ip = start_ipython()
         ip.run_line_magic("load_ext", "hvd_magic")
         print("warm-up: the Spark session and a first cell", flush=True)
-        one_cell(ip, 0)
+        one_cell(ip, 0, args.np)
         for rep in range(args.reps):
             order = sizes[rep % len(sizes):] + sizes[:rep % len(sizes)]
             for size in order:
-                r = one_cell(ip, size)
+                r = one_cell(ip, size, args.np)
                 results[size].append(r)
                 print(f"  rep {rep} {size // MB:4d} MB: driver {r['driver']:.2f} s, to rank "
                       f"{r['to_rank']:.2f} s, cell {r['cell']:.2f} s, peak RSS "
                       f"+{r['rss_peak'] / MB:.0f} MB", flush=True)
             loads.append(os.getloadavg())
         for size in sizes:
-            traced[size] = one_cell(ip, size, traced=True)["traced_peak"]
+            traced[size] = one_cell(ip, size, args.np, traced=True)["traced_peak"]
     finally:
         os.chdir(here)
         shutil.rmtree(work, ignore_errors=True)
@@ -137,7 +139,7 @@ def main():
 
     base = med(0, "to_rank")
     rows = []
-    print(f"\nnp=2 on embedded Spark, median of {args.reps}")
+    print(f"\nnp={args.np} on embedded Spark, median of {args.reps}")
     print(f"{'value':>8s} {'driver s':>9s} {'to rank s':>10s} {'extra s':>8s} {'cell s':>7s} "
           f"{'peak RSS MB':>12s} {'tracemalloc MB':>15s}")
     for size in sizes:
@@ -150,10 +152,15 @@ def main():
         print(f"{label:>8s} {row['driver']:9.2f} {row['to_rank']:10.2f} {row['extra']:8.2f} "
               f"{row['cell']:7.2f} {row['rss_peak_mb']:12.0f} {row['traced_peak_mb']:15.0f}")
     print(f"load average seen: {', '.join('%.1f' % la[0] for la in loads)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"reps": args.reps, "rows": rows, "loads": loads,
-                       "raw": {str(k): v for k, v in results.items()}}, f, indent=1)
+    out = []
+    for size, r in zip(sizes, rows):
+        label = "8 B" if size == 0 else f"{size // MB} MB"
+        out.append(make_row("payload", label, args.np, [x["to_rank"] for x in results[size]],
+                            ref=base, reference="8 B", extra=r["extra"], driver=r["driver"],
+                            cell=r["cell"], rss_peak_mb=r["rss_peak_mb"],
+                            traced_peak_mb=r["traced_peak_mb"], broadcast=r["broadcast"],
+                            mb=r["mb"], reps=args.reps, loads=[round(la[0], 2) for la in loads]))
+    write(args.json, out)
 
 
 if __name__ == "__main__":

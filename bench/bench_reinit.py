@@ -21,6 +21,7 @@ import time
 
 import hvd_magic
 from hvd_magic.view import TextView
+from rows import row, write
 
 
 def cycles(n):
@@ -71,9 +72,8 @@ def main():
                     failures += 1
                     print(f"{launcher}: failed: {str(exc).splitlines()[0]}", flush=True)
                 seconds.append(time.perf_counter() - start)
-            rows.append({"bench": "reinit", "name": f"init/shutdown cycles, {launcher}",
-                         "np": abs(np), "loops": args.loops, "cycles": done, "failures": failures,
-                         "median": statistics.median(seconds), "best": min(seconds)})
+            rows.append(row("reinit", f"init/shutdown cycles, {launcher}", abs(np), seconds,
+                            loops=args.loops, cycles=done, failures=failures))
             print(json.dumps(rows[-1]), flush=True)
         for np in args.np:
             for launcher, sign in (("driver-only", -1), ("spark", 1)):
@@ -81,16 +81,13 @@ def main():
                 for _ in range(args.skew_runs):
                     run = hvd_magic.run(entered_init, np=sign * np, view=TextView(quiet=True))
                     skews.append(max(run.results) - min(run.results))
-                rows.append({"bench": "reinit", "name": f"hvd.init() skew, {launcher}", "np": np,
-                             "median": statistics.median(skews), "best": min(skews),
-                             "worst": max(skews)})
+                rows.append(row("reinit", f"hvd.init() skew, {launcher}", np, skews,
+                                worst=max(skews)))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         for hog in busy:
             hog.kill()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import statistics
 
 import hvd_magic
 from hvd_magic.view import TextView
+from rows import row as make_row, write
 
 
 def loop(calls, with_report):
@@ -43,15 +44,13 @@ def main():
             if with_report:
                 assert len(run.metrics) == 2 * args.calls  # every point arrived
     per_call = [a - b for a, b in zip(timed[True], timed[False])]
-    row = {"bench": "report", "name": "report(step, 2 metrics) per call", "np": 1,
-           "median": statistics.median(per_call), "best": min(per_call),
-           "ratio": statistics.median(per_call) / 0.005}  # share of a 5 ms step
+    # Its ratio is to a 5 ms training step: the share of such a step one call takes.
+    row = make_row("report", "report(step, 2 metrics) per call", 1, per_call, ref=0.005,
+                   reps=args.reps, calls=args.calls)
     print(json.dumps(row))
     print(f"report(): {row['median'] * 1e6:.2f} us per call (best {row['best'] * 1e6:.2f}), "
           f"{row['ratio'] * 100:.3f}% of a 5 ms step")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([row], f, indent=1)
+    write(args.json, [row])
 
 
 if __name__ == "__main__":

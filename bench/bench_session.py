@@ -12,10 +12,11 @@ Not a test: timings live here only.
 """
 
 import argparse
-import json
 import os
 import statistics
 import time
+
+from rows import row, write
 
 
 def timed(fn, reps):
@@ -59,17 +60,16 @@ def main():
                     px += timed(lambda: ip.run_cell_magic("px", "--block", "1 + 1"),
                                 args.reps // 5)
                 ip.run_line_magic("horovod_session", "stop")
-                for name, times, ref in ((f"%%horovod in a session ({where})", ours, px),
-                                         ("%%px (ipyparallel)", px, px)):
-                    rows.append({"bench": "session", "name": name, "np": np,
-                                 "median": statistics.median(times), "best": min(times),
-                                 "ratio": statistics.median(times) / statistics.median(ref)})
-                    print(json.dumps(rows[-1]), flush=True)
+                for name, times in ((f"%%horovod in a session ({where})", ours),
+                                    ("%%px (ipyparallel)", px)):
+                    rows.append(row("session", name, np, times, ref=statistics.median(px),
+                                    reps=len(times)))
+                    print(f"np={np} {name}: median {rows[-1]['median'] * 1000:.1f} ms, best "
+                          f"{rows[-1]['best'] * 1000:.1f} ms ({rows[-1]['ratio']:.2f}x %%px)",
+                          flush=True)
         finally:
             cluster.stop_cluster_sync()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import sys
 import tempfile
 
 import hvd_magic
+from rows import row, write
 
 SETTINGS = ("off", "dynamic", "full")
 
@@ -98,6 +99,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--idle", type=float, default=1.0,
                         help="seconds each rank then sleeps, to measure what idling costs")
+    parser.add_argument("--json", help="write the rows here (bench/rows.py)")
     args = parser.parse_args()
 
     print(f"python {sys.executable}\nhorovod {horovod_build()}")
@@ -120,6 +122,7 @@ def main():
     base = statistics.median(r["steps_per_s"] for r in results["off"])
     print(f"\n{'setting':8s} {'median steps/s':>15s} {'min':>8s} {'max':>8s} {'vs off':>7s} "
           f"{'rank 0 CPU s/s':>15s} {'idle CPU s/s':>13s}")
+    rows = []
     for setting in SETTINGS:
         rates = [r["steps_per_s"] for r in results[setting]]
         cpu = statistics.median(r["cpu_per_s"] for r in results[setting])
@@ -127,6 +130,9 @@ def main():
         median = statistics.median(rates)
         print(f"{setting:8s} {median:15.1f} {min(rates):8.1f} {max(rates):8.1f} "
               f"{median / base:7.2f} {cpu:15.2f} {idle:13.2f}")
+        rows.append(row("timeline", setting, 2, rates, unit="steps/s", better="higher", ref=base,
+                        cpu_per_s=cpu, idle_cpu_per_s=idle, steps=args.steps, reps=args.reps))
+    write(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Training throughput: steps/s of a small MLP with hvd.DistributedOptimizer, hvd_magic vs horovodrun.
 
-The same function trains a 64-256-256-10 MLP on one synthetic batch (32 rows) per step, on every
+The same function trains a 64-256-256-10 MLP (PyTorch, or tf.keras with ``--frameworks keras``) on one synthetic batch (32 rows) per step, on every
 rank, for `--steps` steps after `--warmup` (inside the rank: start-up is not counted; every rank
 starts the clock after a common allreduce). Its figure is rank 0's steps/s. Launchers, interleaved
 per repetition:
@@ -11,7 +11,8 @@ per repetition:
 - ``horovodrun-knobs``: the same with hvd_magic's knobs (``--cycle-time-ms 1 --cache-capacity 1024``),
   which tells the launcher's cost apart from the knobs'.
 
-    .venv/bin/python bench/bench_training.py [--np 2 4] [--reps 3] [--steps 500] [--json PATH]
+    .venv/bin/python bench/bench_training.py [--np 2 4] [--reps 3] [--steps 500]
+        [--frameworks torch keras] [--only LAUNCHER ...] [--json PATH]
 
 Not a test: timings live here only.
 """
@@ -26,19 +27,23 @@ import sys
 import tempfile
 
 from bench_launch import base_env, descendants, end_processes, leftovers, run_cmd, stop_spark
+from rows import rows_against, write
 
 HERE = os.path.abspath(__file__)
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 LAUNCHERS = ("hvd_magic-spark", "hvd_magic-driver", "horovodrun", "horovodrun-knobs")
 
 
-def train(steps, warmup):
+def train(steps, warmup, timeline=True):
     """One rank's training loop, timed; returns its steps/s and the CPU it used per step."""
+    import os
     import resource
     import time
     import torch
     import horovod.torch as hvd
 
+    if not timeline:  # an experiment: no HOROVOD_TIMELINE=DYNAMIC (read by hvd.init())
+        os.environ.pop("HOROVOD_TIMELINE", None)
     hvd.init()
     torch.manual_seed(hvd.rank())
     torch.set_num_threads(1)  # ranks share 2 cores: no intra-op threads fighting them
@@ -64,33 +69,80 @@ def train(steps, warmup):
     return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
 
 
+def train_keras(steps, warmup, timeline=True):
+    """The same MLP, batch and loop with tf.keras (Keras 2) and horovod.tensorflow.keras."""
+    import os
+    import resource
+    import time
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow as htf
+    import horovod.tensorflow.keras as hvd
+
+    # One thread each, as the torch loop's set_num_threads(1): ranks share the cores.
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if not timeline:
+        os.environ.pop("HOROVOD_TIMELINE", None)
+    hvd.init()
+    tf.random.set_seed(hvd.rank())
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(256, activation="relu"),
+                                 tf.keras.layers.Dense(256, activation="relu"), tf.keras.layers.Dense(10)])
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(hvd.rank())
+    x, y = rng.standard_normal((32, 64), dtype=np.float32), rng.integers(0, 10, 32)
+    model.train_on_batch(x, y)
+    htf.broadcast_variables(model.variables, root_rank=0)
+    for _ in range(warmup):
+        model.train_on_batch(x, y)
+    htf.allreduce(tf.zeros(1), name="start")  # every rank starts the clock together
+    cpu0, start = _cpu(resource), time.perf_counter()
+    for _ in range(steps):
+        model.train_on_batch(x, y)
+    wall, cpu = time.perf_counter() - start, _cpu(resource) - cpu0
+    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
+
+
+TRAIN = {"torch": train, "keras": train_keras}
+
+
 def _cpu(resource):
     """CPU seconds of this process, all its threads (Horovod's background loop included)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
-def under_hvd_magic(np, steps, warmup, run_root):
+def under_hvd_magic(fw, np, steps, warmup, run_root, horovod_env=None, timeline=True):
     import hvd_magic
-    run = hvd_magic.run(train, np=np, args=(steps, warmup), run_dir=tempfile.mkdtemp(dir=run_root))
+    run = hvd_magic.run(TRAIN[fw], np=np, args=(steps, warmup, timeline), horovod_env=horovod_env,
+                        run_dir=tempfile.mkdtemp(dir=run_root))
     return run.results[0]
 
 
-def under_horovodrun(np, steps, warmup, *knobs):
+def under_horovodrun(fw, np, steps, warmup, *knobs):
+    # Keras 2 and quiet TensorFlow, as every hvd_magic rank gets (driver/run.py DEFAULT_RANK_ENV).
+    env = dict(base_env(), TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     out = run_cmd([HOROVODRUN, "--gloo", "-np", str(np), *knobs, sys.executable, HERE,
-                   "--child", str(steps), str(warmup)], env=base_env())
+                   "--child", fw, str(steps), str(warmup)], env=env)
     results = [json.loads(m) for m in re.findall(r"BENCH (\{.*\})", out)]
     return next(r for r in results if r["rank"] == 0)
 
 
-def measure(name, np, steps, warmup, run_root):
+def measure(name, fw, np, steps, warmup, run_root):
+    if ":" in name:  # an experiment: "LAUNCHER:MS[:notl]", HOROVOD_CYCLE_TIME=MS, no timeline
+        base, cycle, *flags = name.split(":")
+        return under_hvd_magic(fw, np if base == "hvd_magic-spark" else -np, steps, warmup,
+                               run_root, horovod_env={"HOROVOD_CYCLE_TIME": cycle},
+                               timeline="notl" not in flags)
     if name == "hvd_magic-spark":
-        return under_hvd_magic(np, steps, warmup, run_root)
+        return under_hvd_magic(fw, np, steps, warmup, run_root)
     if name == "hvd_magic-driver":
-        return under_hvd_magic(-np, steps, warmup, run_root)
+        return under_hvd_magic(fw, -np, steps, warmup, run_root)
     if name == "horovodrun":
-        return under_horovodrun(np, steps, warmup)
-    return under_horovodrun(np, steps, warmup, "--cycle-time-ms", "1", "--cache-capacity", "1024")
+        return under_horovodrun(fw, np, steps, warmup)
+    return under_horovodrun(fw, np, steps, warmup, "--cycle-time-ms", "1", "--cache-capacity", "1024")
 
 
 def main():
@@ -100,26 +152,41 @@ def main():
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--json", help="write the raw results here")
-    parser.add_argument("--child", type=int, nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--frameworks", nargs="+", choices=list(TRAIN), default=["torch"])
+    parser.add_argument("--only", nargs="+", default=list(LAUNCHERS),
+                        help=f"of {', '.join(LAUNCHERS)}; or LAUNCHER:MS[:notl], hvd_magic with that "
+                             f"HOROVOD_CYCLE_TIME (and no DYNAMIC timeline): an experiment")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("BENCH " + json.dumps(train(*args.child)), flush=True)
+        fw, steps, warmup = args.child
+        print("BENCH " + json.dumps(TRAIN[fw](int(steps), int(warmup))), flush=True)
         return
+    launchers = tuple(args.only)
+    rows = []
+    for fw in args.frameworks:
+        rows += bench(fw, launchers, args)
+    write(args.json, rows)
+
+
+def bench(fw, launchers, args):
+    """One framework's rows: every launcher at every np, interleaved."""
+    print(f"\n== {fw}", flush=True)
 
     run_root = tempfile.mkdtemp(prefix="bench_training-")
     before = set(descendants())
-    rates = {n: {np: [] for np in args.np} for n in LAUNCHERS}
-    cpu = {n: {np: [] for np in args.np} for n in LAUNCHERS}
+    rates = {n: {np: [] for np in args.np} for n in launchers}
+    cpu = {n: {np: [] for np in args.np} for n in launchers}
     loads = [os.getloadavg()]
     try:
         print(f"warm-up (Spark session, first runs): np={min(args.np)}, 20 steps", flush=True)
-        for name in LAUNCHERS:
-            measure(name, min(args.np), 20, 5, run_root)
+        for name in launchers:
+            measure(name, fw, min(args.np), 20, 5, run_root)
         for rep in range(args.reps):
-            order = LAUNCHERS[rep % len(LAUNCHERS):] + LAUNCHERS[:rep % len(LAUNCHERS)]
+            order = launchers[rep % len(launchers):] + launchers[:rep % len(launchers)]
             for np in args.np:
                 for name in order:
-                    rank0 = measure(name, np, args.steps, args.warmup, run_root)
+                    rank0 = measure(name, fw, np, args.steps, args.warmup, run_root)
                     rates[name][np].append(rank0["steps_per_s"])
                     cpu[name][np].append(rank0["cpu_ms_per_step"])
                     print(f"  rep {rep} np={np} {name:17s} {rank0['steps_per_s']:8.1f} steps/s, "
@@ -138,17 +205,20 @@ def main():
     print(f"\nrank 0 steps/s, median of {args.reps} ({args.steps} steps after {args.warmup}); "
           "ratio to horovodrun; min-max; rank 0 CPU ms/step")
     print(f"{'launcher':18s}" + "".join(f"{'np=' + str(np):>36s}" for np in args.np))
-    for name in LAUNCHERS:
-        cells = [f"{medians[name][np]:.1f} ({medians[name][np] / medians['horovodrun'][np]:.2f}x) "
+    for name in launchers:
+        ref = medians.get("horovodrun", medians[name])
+        cells = [f"{medians[name][np]:.1f} ({medians[name][np] / ref[np]:.2f}x) "
                  f"{min(rates[name][np]):.0f}-{max(rates[name][np]):.0f} {cpu_medians[name][np]:.2f}"
                  for np in args.np]
         print(f"{name:18s}" + "".join(f"{c:>36s}" for c in cells))
     print(f"load average seen: {', '.join('%.1f' % la[0] for la in loads)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"np": args.np, "reps": args.reps, "steps": args.steps, "warmup": args.warmup,
-                       "rates": rates, "medians": medians, "cpu_ms_per_step": cpu,
-                       "cpu_medians": cpu_medians, "loads": loads}, f, indent=1)
+    rows = rows_against("training" if fw == "torch" else f"training-{fw}", rates, "horovodrun",
+                        unit="steps/s", better="higher",
+                        steps=args.steps, warmup=args.warmup, reps=args.reps,
+                        loads=[round(la[0], 2) for la in loads])
+    for r in rows:
+        r["cpu_ms_per_step"] = cpu_medians[r["name"]][r["np"]]
+    return rows
 
 
 if __name__ == "__main__":

@@ -111,6 +111,7 @@ class Run:
         self.data_error = None       # why the shards cannot be trained on (an empty one)
         self._done = threading.Event()
         self._server = None
+        self._shared = {}
         self._driver = Driver(self)
         self._thread = None
 
@@ -183,6 +184,7 @@ class Run:
         for name in [n for n in kwargs_pickled if n not in small]:
             shared[name] = self.launcher.share(kwargs_pickled.pop(name))
         self.broadcast_names = sorted(shared)
+        self._shared = shared  # released when the run ends (driver/loop.py)
         job = dict(job, kwargs=small)
         self._server = self.launcher.open_channel()
         settings = TaskSettings(

@@ -8,6 +8,7 @@ runs.
 
 import os
 
+from .. import payload
 from ..task import run_task
 from ..task.settings import Coordinator
 from .base import Launcher
@@ -42,6 +43,9 @@ class LocalLauncher(Launcher):
     """Runs N tasks as threads of the driver; each spawns its rank process."""
 
     where = "driver only"
+
+    def share(self, data):
+        return payload.LocalFile(data)  # written once; each rank reads it (not a copy per rank)
 
     def start(self, settings, np):
         gpus = visible_gpus()

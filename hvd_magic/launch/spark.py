@@ -20,6 +20,7 @@ import uuid
 
 from IPython.core.error import UsageError
 
+from .. import payload
 from ..errors import LaunchError, RunCancelled
 from ..task import spark_task
 from .base import Launcher
@@ -221,6 +222,8 @@ class SparkLauncher(Launcher):
         return self.session.sparkContext.master
 
     def share(self, data):
+        if local_slots(self.session.sparkContext.master) is not None:
+            return payload.LocalFile(data)  # tasks on this machine: no broadcast file on disk
         return self.session.sparkContext.broadcast(data)
 
     def use_data(self, df, np):

@@ -17,6 +17,7 @@ import signal
 import sys
 import traceback
 
+from .. import payload
 from . import keras_alias, reporting, stall
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
@@ -118,7 +119,7 @@ def main(workdir):
     try:
         fn = pickle.loads(job["fn"])
         args = [pickle.loads(b) for b in job["args"]]
-        kwargs = {name: pickle.loads(b) for name, b in job["kwargs"].items()}
+        kwargs = {name: payload.load(b) for name, b in job["kwargs"].items()}
         global MODULES_BEFORE_CALL  # what was loaded before the cell's own imports ran (tests)
         MODULES_BEFORE_CALL = frozenset(sys.modules)
         value = fn(*args, **kwargs)

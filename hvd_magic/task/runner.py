@@ -27,6 +27,8 @@ import sys
 import tempfile
 import threading
 
+from .. import payload
+from .environ import rank_base_env
 from .link import DriverLink, FileStream, send_folder
 from .plan import (_iface_of, _local_ip_towards, _resolve, horovod_rank_env, host_plan,
                    visible_devices)
@@ -79,7 +81,7 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=N
                 info["data_error"] = link.data_error
             return (slot.rank, "stopped", info)
         rendezvous_ip = _resolve(hosts[0])
-        env = dict(os.environ)
+        env = rank_base_env()  # without what only a Spark worker needs (environ.py)
         env.update(settings.horovod_env)
         env.update(settings.extra_env)
         env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, port,
@@ -99,11 +101,11 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=N
 
 
 def _write_job(workdir, settings):
-    """The job file for the rank: small values inline, large ones fetched from their broadcast."""
+    """The job file for the rank: small values inline, large ones as where the rank reads them."""
     import pickle
     job = pickle.loads(settings.job)
     for name, ref in settings.broadcast_kwargs.items():
-        job["kwargs"][name] = ref.value if hasattr(ref, "value") else ref
+        job["kwargs"][name] = payload.for_rank(ref)  # the executor's one file, not a copy per rank
     with open(os.path.join(workdir, "job.pkl"), "wb") as f:
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
 

@@ -1,0 +1,206 @@
+"""BENCHMARKS.md from the record `bench/run_all.py` keeps (BENCHMARKS.json): rows in, markdown out.
+
+Every table is built from the rows of `bench/rows.py` alone, so a new benchmark that writes
+rows gets its section with no code here; only the targets at the top know row names.
+
+Not for: running or timing anything.
+"""
+
+STANDARD = {"bench", "name", "np", "median", "best", "ratio", "unit", "better", "values",
+            "reference", "column", "loads", "reps", "skipped", "error"}
+
+TITLES = {
+    "launch": "Launch: a trivial cell (`hvd.init()` + one allreduce), wall seconds of the call",
+    "launch-profile": "Where a launch goes (np=2, seconds since the call)",
+    "launch-spark-start": "The embedded Spark session's start (once, before the timings)",
+    "training": "Training throughput, PyTorch: rank 0's steps/s",
+    "training-keras": "Training throughput, Keras: rank 0's steps/s",
+    "timeline": "Timeline cost: steps/s with Horovod's timeline off, DYNAMIC, full",
+    "logs": "Log cost: a rank's print loop, and lines lost",
+    "payload": "Payload: call → the cell began on rank 0, for a value of each size",
+    "session": "Warm session round trip beside ipyparallel `%%px`",
+    "report": "`hvd_magic.report()` per call (ratio: share of a 5 ms step)",
+    "reinit": "hvd.init()/shutdown cycles under load; hvd.init() skew",
+    "shards": "DataFrame shards beside `toPandas()`",
+}
+REFERENCES = {
+    "launch": "the floor (N bare rank processes rendezvousing directly)",
+    "training": "`horovodrun` on the same script", "training-keras": "`horovodrun` on the same script",
+    "timeline": "no timeline", "logs": "the same loop printing to /dev/null",
+    "payload": "the 8-byte value", "session": "`%%px`",
+}
+
+
+def fmt(value, unit="s"):
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if unit == "s" and 0 < abs(value) < 0.01:
+        return f"{value * 1e6:.1f} µs" if abs(value) < 1e-3 else f"{value * 1e3:.2f} ms"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2f}"
+
+
+def _cell(r, key="median"):
+    if r is None or r.get(key) is None:
+        return "–"
+    text = fmt(r[key], r.get("unit", "s"))
+    ratio = r.get("ratio") if key == "median" else r.get("best_ratio")
+    if ratio is None:
+        return text
+    return f"{text} ({ratio:.2f}×)" if ratio >= 0.01 else f"{text} ({ratio:.2g}×)"
+
+
+def _with_best_ratios(rows):
+    """Each row's best over its reference row's best (same bench and np), where there is one."""
+    refs = {(r["np"], r["name"]): r for r in rows}
+    for r in rows:
+        ref = refs.get((r["np"], r.get("reference")))
+        if ref and ref.get("best") and r.get("best") is not None:
+            r["best_ratio"] = r["best"] / ref["best"]
+    return rows
+
+
+def pivot(rows, key="median", across="np"):
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    cols = list(dict.fromkeys(r.get(across) for r in rows))
+    by = {(r["name"], r.get(across)): r for r in rows}
+    label = (lambda c: f"np={c}") if across == "np" else str
+    out = ["| | " + " | ".join(label(c) for c in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name in names:
+        out.append(f"| {name} | " + " | ".join(_cell(by.get((name, c)), key) for c in cols) + " |")
+    return out
+
+
+def details(rows):
+    """The rows' own extra fields, one line per row."""
+    extras = [k for k in dict.fromkeys(k for r in rows for k in r)
+              if k not in STANDARD and k != "best_ratio"
+              and all(not isinstance(r.get(k), (list, dict)) for r in rows)]
+    if not extras:
+        return []
+    out = ["| name | np | " + " | ".join(extras) + " |", "|---|---:|" + "---:|" * len(extras)]
+    for r in rows:
+        out.append(f"| {r['name']} | {fmt(r.get('np'))} | "
+                   + " | ".join(fmt(r.get(k), "s" if k in ("extra", "driver", "cell") else "")
+                                for k in extras) + " |")
+    return out
+
+
+def section(bench, rows):
+    rows = [r for r in _with_best_ratios(rows) if r.get("median") is not None or r.get("error")]
+    errors = [r for r in rows if r.get("error")]
+    rows = [r for r in rows if r.get("median") is not None]
+    out = []
+    if bench == "launch-profile":
+        return pivot(rows, across="column")
+    unit, better = rows[0].get("unit", "s") if rows else "s", rows[0].get("better") if rows else None
+    reps = rows[0].get("reps") if rows else None
+    note = f"Median of {reps} interleaved repetitions" if reps else "Median"
+    if bench in REFERENCES:
+        note += f"; in brackets the ratio to {REFERENCES[bench]}"
+    out += [f"{note} ({unit}, {better or 'lower'} is better).", "", *pivot(rows)]
+    if any(r.get("best") != r.get("median") for r in rows):
+        out += ["", "Best of the repetitions (load on a shared machine only ever makes a run slower: "
+                    "the best is the steadier estimate of the cost):", "",
+                *pivot(rows, key="best")]
+    extra = details(rows)
+    if extra:
+        out += ["", *extra]
+    if errors:
+        out += ["", "Failures: " + "; ".join(f"{r['name']}: {str(r['error'])[:200]}" for r in errors)]
+    return out
+
+
+def _rows(record, bench):
+    return [r for b in record["benchmarks"].values() for r in b.get("rows", [])
+            if r.get("bench") == bench and r.get("median") is not None]
+
+
+def targets(record):
+    out = ["| target | measured (median; best in brackets) | met? |", "|---|---|---|"]
+
+    def line(target, measured, ok):
+        out.append(f"| {target} | {measured} | "
+                   f"{'yes' if ok else '**no**' if ok is not None else '–'} |")
+
+    launch = _with_best_ratios(_rows(record, "launch"))
+    for name in ("hvd_magic-spark", "hvd_magic-driver"):
+        mine = [r for r in launch if r["name"] == name and r.get("ratio") is not None]
+        if mine:
+            line(f"{name} launch ≤ 1.2× the floor",
+                 ", ".join(f"np={r['np']}: {r['ratio']:.2f}× ({r.get('best_ratio', 0):.2f}×)"
+                           for r in mine), all(r["ratio"] <= 1.2 for r in mine))
+        for rival in ("horovodrun", "TD-barrier"):
+            theirs = {r["np"]: r for r in launch if r["name"] == rival}
+            pairs = [(r, theirs[r["np"]]) for r in mine if r["np"] in theirs]
+            if pairs:
+                line(f"{name} faster than {rival}",
+                     ", ".join(f"np={a['np']}: {a['median']:.2f} vs {b['median']:.2f} s"
+                               for a, b in pairs), all(a["median"] < b["median"] for a, b in pairs))
+    for bench, framework in (("training", "PyTorch"), ("training-keras", "Keras")):
+        rows = _with_best_ratios(_rows(record, bench))
+        for name in ("hvd_magic-spark", "hvd_magic-driver"):
+            mine = [r for r in rows if r["name"] == name and r.get("ratio") is not None]
+            if mine:
+                line(f"{name} training ≥ 1.0× horovodrun ({framework})",
+                     ", ".join(f"np={r['np']}: {r['ratio']:.2f}× ({r.get('best_ratio', 0):.2f}×)"
+                               for r in mine), all(r["ratio"] >= 1.0 for r in mine))
+    for r in _rows(record, "payload"):
+        if r["name"] != "8 B" and r.get("mb", 0) >= 200:
+            line(f"a {r['name']} value ≤ 0.5 s over an 8-byte one (np={r['np']})",
+                 f"+{r['extra']:.2f} s", r["extra"] <= 0.5)
+    for r in _rows(record, "timeline"):
+        if r["name"] != "off":
+            line(f"timeline ({r['name']}) ≤ 5% cost", f"{r['ratio']:.2f}× the steps/s without one",
+                 r["ratio"] >= 0.95)
+    logs = [r for r in _rows(record, "logs") if "lost" in r]
+    if logs:
+        line("zero lines lost", ", ".join(f"{r['np']} rank(s): {r['lost']} lost" for r in logs),
+             all(r["lost"] == 0 for r in logs))
+    for r in _rows(record, "session"):
+        if r["name"].startswith("%%horovod"):
+            line(f"{r['name']} round trip vs `%%px`",
+                 f"np={r['np']}: {r['median'] * 1e3:.1f} vs {r['median'] / r['ratio'] * 1e3:.1f} ms",
+                 None)
+    return out
+
+
+def render(record, reading):
+    benches = record["benchmarks"]
+    minutes = sum(b.get("seconds", 0) for b in benches.values()) / 60
+    loads = [record.get("load_before")] + [b.get("load_after") for b in benches.values()]
+    out = ["# Benchmarks", "",
+           f"Generated by `make bench` (`.venv/bin/python bench/run_all.py "
+           f"{' '.join(record.get('argv', []))}`) on {record.get('started')}; {minutes:.0f} min in "
+           "all; every row is also in BENCHMARKS.json (bench/rows.py says its shape). Timings live "
+           "here, never in tests. Every comparison runs in one script, interleaved (the order "
+           "rotates each repetition), and reports medians and best-of.", "",
+           "**Machine**: " + "; ".join(f"{k} {v}" for k, v in record.get("machine", {}).items()) + ".",
+           "", "**Load average** (1 min) before the run and after each benchmark: "
+           + ", ".join(fmt(x) for x in loads if x is not None)
+           + ". The machine is shared (other engineers run test suites on it), so single numbers "
+           "are noisy; compare ratios within a table rather than across tables.", "",
+           *targets(record), "", "<!-- reading -->",
+           reading.strip() or "_(no reading written yet)_", "<!-- /reading -->", ""]
+    for name, b in benches.items():
+        by_bench = {}
+        for r in b.get("rows", []):
+            by_bench.setdefault(r.get("bench", name), []).append(r)
+        out += [f"## {name}", ""]
+        if b.get("missing"):
+            out += [f"_Not run: {b['output']}._", ""]
+            continue
+        if not b["ok"]:
+            tail = b.get("output", "").rstrip().splitlines()[-25:]
+            out += ["**It failed**; its last output:", "", "```", *tail, "```", ""]
+        for bench, rows in by_bench.items():
+            out += [f"### {TITLES.get(bench, bench)}", "", *section(bench, rows), ""]
+        out += [f"_`{b.get('command')}` took {b.get('seconds', 0):.0f} s._", ""]
+    return "\n".join(out) + "\n"

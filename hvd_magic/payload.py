@@ -1,0 +1,109 @@
+"""Large values of a job: each rank reads them from one file its machine holds, not from a copy.
+
+The driver shares a large value (its pickled bytes) with `Launcher.share`. Where every task runs
+on the driver's machine (driver-only ranks, a ``local[N]`` Spark), that is a `LocalFile`: the
+bytes written once to shared memory (``/dev/shm`` when it has room, else the temp folder),
+removed when the run ends. On a cluster it is a Spark broadcast, which Spark writes to one file
+per executor. Either way a task puts in its rank's job a reference to the file, not the value:
+the rank opens it and unpickles the value itself. Before, every task unpickled the broadcast, pickled the whole job again with
+the value in it into its own ``job.pkl``, and the rank read that back: four copies of the value
+per rank, and a write of it per rank (+1.5 s for 200 MB at np 2, bench/bench_payload.py).
+
+A Spark broadcast is not used on one machine because its file is written to ``spark.local.dir``
+on disk (1.1 s for 200 MB on this 2-core VM under load; /dev/shm: ~0.1 s). Where Spark keeps no
+file (broadcast encryption on: the JVM streams the value to the worker) or a launcher shares the
+bytes themselves (warm sessions), the bytes go in the job as before.
+
+Shared by both sides: the task calls `for_rank`, the rank `load`. Not for: small values, which
+travel inside the job.
+"""
+
+import os
+import pickle
+import shutil
+import tempfile
+import weakref
+
+FILE_KEY = "hvd_magic.shared_file"  # {FILE_KEY: path}: the value is in that file
+RAW_KEY = "raw"                     # the file holds the value's pickle (not a pickle of those bytes)
+
+
+def _roomy_folder(size):
+    """/dev/shm when it can hold `size` bytes with room to spare, else the temp folder."""
+    try:
+        if shutil.disk_usage("/dev/shm").free > 2 * size + (256 << 20):
+            return "/dev/shm"
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+class LocalFile:
+    """A large value's pickled bytes in one file of this machine, for tasks that run here.
+
+    Pickles as its path only. `release()` (at the run's end; else when garbage collected or at
+    exit) removes the file."""
+
+    def __init__(self, data):
+        fd, self.path = tempfile.mkstemp(prefix="hvd_magic-value-", dir=_roomy_folder(len(data)))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        self._remove = weakref.finalize(self, _unlink, self.path)
+
+    def release(self):
+        self._remove()
+
+    def __getstate__(self):
+        return {"path": self.path}
+
+    def __setstate__(self, state):  # the task's copy: the path, never the right to remove it
+        self.path = state["path"]
+        self._remove = lambda: None
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def release(ref):
+    """The run is over: remove what `ref` holds (a LocalFile's file; nothing for the others)."""
+    if isinstance(ref, LocalFile):
+        ref.release()
+
+
+def _spark_file(ref):
+    """The file a PySpark broadcast was left in on this executor, if it looks like one."""
+    path = getattr(ref, "_path", None)  # PySpark's executor-side Broadcast(path=...)
+    if not isinstance(path, str) or getattr(ref, "_value", None) is not None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1)
+    except OSError:
+        return None
+    return path if head == pickle.PROTO else None
+
+
+def for_rank(ref):
+    """What the rank's job holds for a shared value `ref` (a LocalFile, a broadcast, the bytes)."""
+    if isinstance(ref, LocalFile):
+        return {FILE_KEY: ref.path, RAW_KEY: True}
+    path = _spark_file(ref)
+    if path is not None:
+        return {FILE_KEY: path}
+    return ref.value if hasattr(ref, "value") else ref
+
+
+def load(data):
+    """The value itself, from what `for_rank` gave: pickled bytes, or a file holding them (a
+    LocalFile), or a file holding a pickle of them (what a Spark broadcast of them writes)."""
+    if isinstance(data, dict) and FILE_KEY in data:
+        with open(data[FILE_KEY], "rb") as f:
+            if data.get(RAW_KEY):
+                return pickle.load(f)  # one copy: straight from the file into the value
+            data = pickle.load(f)
+    return pickle.loads(data)
+

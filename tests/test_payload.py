@@ -1,0 +1,73 @@
+"""A large value reaches a rank from its executor's one broadcast file (hvd_magic/payload.py);
+the end-to-end check is test_capture's test_large_value_travels_by_broadcast_..."""
+
+import pickle
+
+from hvd_magic import payload
+
+
+class ExecutorBroadcast:
+    """What PySpark's worker holds for a broadcast: the file Spark left on the executor."""
+
+    def __init__(self, path):
+        self._path = path
+
+    @property
+    def value(self):
+        raise AssertionError("the task must not unpickle the value itself")
+
+
+def test_a_broadcast_file_is_referred_to_not_copied(tmp_path):
+    data = pickle.dumps(list(range(1000)))
+    path = tmp_path / "broadcast1"
+    with open(path, "wb") as f:
+        pickle.dump(data, f, pickle.HIGHEST_PROTOCOL)  # as PySpark's Broadcast.dump writes it
+    for_rank = payload.for_rank(ExecutorBroadcast(str(path)))
+    assert for_rank == {payload.FILE_KEY: str(path)}
+    assert len(pickle.dumps(for_rank)) < 200
+    assert payload.load(for_rank) == list(range(1000))
+
+
+def test_bytes_and_values_without_a_file_travel_as_bytes(tmp_path):
+    data = pickle.dumps({"a": 1})
+    assert payload.for_rank(data) == data  # driver-only ranks: `share` kept the bytes
+    assert payload.load(data) == {"a": 1}
+
+    class Streamed:  # broadcast encryption on: no file, the value came over a socket
+        _path = None
+        value = data
+    assert payload.for_rank(Streamed()) == data
+
+    class Gone:  # the file is not there (any more): the value as Spark gives it
+        _path = str(tmp_path / "gone")
+        value = data
+    assert payload.for_rank(Gone()) == data
+
+
+def test_a_local_file_is_written_once_and_removed_at_release():
+    import os
+    data = pickle.dumps(bytearray(b"x" * 100_000), protocol=5)
+    shared = payload.LocalFile(data)
+    task_copy = pickle.loads(pickle.dumps(shared))  # what a task gets: the path only
+    assert len(pickle.dumps(shared)) < 300
+    for_rank = payload.for_rank(task_copy)
+    assert payload.load(for_rank) == bytearray(b"x" * 100_000)
+    task_copy.release()  # a task's copy never removes it
+    assert os.path.exists(shared.path)
+    payload.release(shared)
+    assert not os.path.exists(shared.path)
+
+
+def test_driver_only_ranks_read_a_large_value_from_one_file():
+    import os
+    import hvd_magic
+    big = bytes(range(256)) * 40_000  # 10 MB: above the broadcast threshold
+
+    def check(value):
+        return len(value), value[:3]
+
+    run = hvd_magic.run(check, np=-2, kwargs={"value": big})
+    assert run.broadcast_names == ["value"]
+    assert run.results == [(len(big), big[:3])] * 2
+    assert isinstance(run._shared["value"], payload.LocalFile)
+    assert not os.path.exists(run._shared["value"].path)  # removed when the run ended

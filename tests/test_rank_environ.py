@@ -1,0 +1,30 @@
+"""The environment a rank starts from: Spark's worker-only PYTHONPATH entries are dropped, the
+user's own entries kept (hvd_magic/task/environ.py)."""
+
+import os
+
+from hvd_magic.task import environ
+
+
+def test_spark_entries_go_and_the_users_stay(monkeypatch, tmp_path):
+    spark = tmp_path / "pyspark"
+    path = os.pathsep.join([f"{spark}/python/lib/pyspark.zip", f"{spark}/python/lib/py4j-0.10.9.9-src.zip",
+                            f"{spark}/jars/spark-core_2.13-4.3.0.jar", "/home/me/lib", "/opt/x.zip"])
+    monkeypatch.setattr(environ, "_pyspark_installed", lambda: True)
+    env = environ.rank_base_env({"PYTHONPATH": path, "SPARK_HOME": str(spark), "OTHER": "1"})
+    assert env["PYTHONPATH"] == os.pathsep.join(["/home/me/lib", "/opt/x.zip"])
+    assert env["OTHER"] == "1"
+
+
+def test_zips_stay_where_pyspark_is_only_in_them(monkeypatch):
+    monkeypatch.setattr(environ, "_pyspark_installed", lambda: False)
+    path = "/spark/python/lib/pyspark.zip:/spark/python/lib/py4j-0.10.9.9-src.zip:/spark/jars/core.jar"
+    env = environ.rank_base_env({"PYTHONPATH": path, "SPARK_HOME": "/spark"})
+    assert env["PYTHONPATH"] == "/spark/python/lib/pyspark.zip:/spark/python/lib/py4j-0.10.9.9-src.zip"
+
+
+def test_nothing_changes_outside_spark():
+    env = {"PYTHONPATH": "/a:/b.zip", "HOME": "/root"}
+    assert environ.rank_base_env(env) == env
+    assert "PYTHONPATH" not in environ.rank_base_env({"PYTHONPATH": "/s/core.jar", "SPARK_HOME": "/s"})
+    assert environ._pyspark_installed()  # this venv has pip's pyspark
