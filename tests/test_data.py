@@ -140,7 +140,8 @@ def test_batches_cover_the_shard_once_per_epoch_in_a_seeded_order(tmp_path, monk
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     monkeypatch.setenv("HVD_MAGIC_SHARD", str(path))
-    monkeypatch.setenv("HVD_MAGIC_SHARD_ROWS", "9")   # --equal-shards kept 9 of 10 rows
+    (tmp_path / "shard.rows").write_text("9")        # --equal-shards kept 9 of 10 rows
+    monkeypatch.setenv("HVD_MAGIC_SHARD_READY", str(tmp_path / "shard.rows"))
     shard = hvd_magic.shard()
     assert shard.num_rows == 9 and hvd_magic.shard() is shard
 

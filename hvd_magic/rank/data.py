@@ -1,8 +1,8 @@
 """A rank's share of the ``--data`` DataFrame: `shard()`, and batches of it for PyTorch and
 TensorFlow.
 
-The task wrote this rank's rows to a local Arrow IPC file before the rank started
-(`hvd_magic.task.shard`); `shard()` memory-maps it, so the table costs no copy, a second call is
+The task writes this rank's rows to a local Arrow IPC file while the rank starts
+(`hvd_magic.task.shard`); `shard()` waits until they are all there, then memory-maps the file, so the table costs no copy, a second call is
 free, and pages the rank does not touch are never read. Batches are gathered from it one at a
 time (`Table.take`), so a rank holds its shard once plus one batch.
 
@@ -37,10 +37,24 @@ def shard():
     if path not in _SHARD:
         import pyarrow as pa
 
+        rows = _wait_for_rows(os.environ.get("HVD_MAGIC_SHARD_READY"))
         table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
-        rows = int(os.environ.get("HVD_MAGIC_SHARD_ROWS", table.num_rows))
-        _SHARD[path] = table.slice(0, rows) if rows < table.num_rows else table
+        _SHARD[path] = table.slice(0, rows) if rows is not None and rows < table.num_rows else table
     return _SHARD[path]
+
+
+def _wait_for_rows(ready):
+    """The rows this rank may read, once its task wrote them all and every task agreed on the
+    shards' sizes (the rank starts while Spark still sends them). If the run stops meanwhile,
+    the task ends this process."""
+    if not ready:
+        return None
+    import time
+
+    while not os.path.exists(ready):
+        time.sleep(0.005)
+    with open(ready) as f:
+        return int(f.read())
 
 
 def batch_indices(rows, batch_size, epoch=0, seed=0, shuffle=True, drop_last=False):

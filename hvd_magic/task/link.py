@@ -115,12 +115,7 @@ class DriverLink:
     def _on_message(self, msg):
         kind = msg.get("t")
         if kind in ("stop", "closed"):
-            self.stopping.set()
-            self._rendezvous.set()
-            with self._answered:
-                self._answered.notify_all()
-            if self.proc is not None:
-                threading.Thread(target=stop_group, args=(self.proc,), daemon=True).start()
+            self.stop_rank()
         elif kind == "rendezvous":
             self.port = int(msg["port"])
             self._rendezvous.set()
@@ -132,6 +127,15 @@ class DriverLink:
             os.kill(self.proc.pid, signal.SIGUSR1)
         elif kind in ("cell", "interrupt") and self.session is not None:
             self.session.on_message(msg)
+
+    def stop_rank(self):
+        """Stop the rank (now, or as soon as it is started) and every wait of this task."""
+        self.stopping.set()
+        self._rendezvous.set()
+        with self._answered:
+            self._answered.notify_all()
+        if self.proc is not None:
+            threading.Thread(target=stop_group, args=(self.proc,), daemon=True).start()
 
     def wait_rendezvous(self, timeout):
         """Task 0's rendezvous port, relayed by the driver; None if the run stopped first."""

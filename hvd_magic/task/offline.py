@@ -61,6 +61,8 @@ class OfflineLink(DriverLink):
         self.port = None
         self.session = None
         self.stopping = threading.Event()
+        self._rendezvous = threading.Event()
+        self._answered = threading.Condition()
         self.coord = coord
         self.np = settings.np
         self.data_error = None

@@ -68,18 +68,10 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=N
             rendezvous = Rendezvous()
             link.forward.send({"t": "rendezvous", "port": rendezvous.port})
         timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
-        rows = None
-        if shard is not None:
-            # Every task's row count, through the driver: --equal-shards keeps the smallest.
-            link.forward.send({"t": "shard", "rows": shard.rows})
-            rows = link.wait_answer("shards", timeout)
-        port = link.wait_rendezvous(timeout) if rows is not None or shard is None else None
+        port = link.wait_rendezvous(timeout)
         if port is None:
             link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
-            info = {"rank": slot.rank, "host": host, "code": None}
-            if getattr(link, "data_error", None):  # offline: no driver to say it
-                info["data_error"] = link.data_error
-            return (slot.rank, "stopped", info)
+            return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
         rendezvous_ip = _resolve(hosts[0])
         env = rank_base_env()  # without what only a Spark worker needs (environ.py)
         env.update(settings.horovod_env)
@@ -87,17 +79,40 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=N
         env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, port,
                                     _iface_of(_local_ip_towards(rendezvous_ip))))
         if shard is not None:
-            env["HVD_MAGIC_SHARD"] = shard.path or ""
-            env["HVD_MAGIC_SHARD_ROWS"] = str(min(rows) if settings.equal_shards else shard.rows)
+            # The rank starts while Spark still sends the rows; hvd_magic.shard() waits for them.
+            env["HVD_MAGIC_SHARD"], env["HVD_MAGIC_SHARD_READY"] = shard.path, shard.ready
+            threading.Thread(target=_agree_on_shards, args=(link, shard, settings.equal_shards),
+                             name="hvd-magic-shards", daemon=True).start()
         gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        return _run_rank(settings, slot, env, host, gpus, link, executor=coord.executor(),
-                         partition=coord.partition_id)
+        outcome = _run_rank(settings, slot, env, host, gpus, link, executor=coord.executor(),
+                            partition=coord.partition_id)
+        if getattr(link, "data_error", None) and outcome[1] != "ok":  # offline: no driver to say it
+            outcome = (outcome[0], outcome[1], dict(outcome[2], data_error=link.data_error))
+        return outcome
     finally:
         link.close()
         if rendezvous is not None:
             rendezvous.stop()
+
+
+def _agree_on_shards(link, shard, equal):
+    """Once this task's rows are written: every task's row count (through the driver), then the
+    rows the rank may read (all of them, or the smallest count with --equal-shards), in the file
+    its `hvd_magic.shard()` waits for. A run that stops meanwhile (an empty shard) stops the rank."""
+    shard.written.wait()
+    if shard.error:
+        link.forward.send({"t": "lines", "stream": "stderr",
+                           "lines": [f"hvd_magic: this rank's shard could not be written: {shard.error}"]})
+    link.forward.send({"t": "shard", "rows": shard.rows})
+    rows = link.wait_answer("shards", None)
+    if rows is None:
+        link.stop_rank()
+        return
+    with open(shard.ready + ".tmp", "w") as f:
+        f.write(str(min(rows) if equal else shard.rows))
+    os.replace(shard.ready + ".tmp", shard.ready)
 
 
 def _write_job(workdir, settings):

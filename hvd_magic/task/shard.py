@@ -5,9 +5,10 @@ come from Spark on its executor, never through the driver) and for every launch 
 Connect (over ``spark.range(N)``, whose rows are ignored: Connect can only run DataFrames).
 
 1. The task writes the rows Spark feeds it to a local Arrow IPC file, batch by batch (a task
-   holds one batch at a time);
-2. it runs its rank exactly as an RDD barrier task does (`runner.run_task`), with the file's path
-   for `hvd_magic.shard()`; the tasks agree on the shards' sizes through the driver first;
+   holds one batch at a time), in a thread;
+2. meanwhile it runs its rank exactly as an RDD barrier task does (`runner.run_task`), with the
+   file's path for `hvd_magic.shard()`, which waits until the rows are written and the tasks have
+   agreed on the shards' sizes through the driver;
 3. it yields its outcome, pickled and cut into rows of at most `CHUNK` bytes, so that results
    of any size stay under Spark Connect's gRPC message limit (`outcomes` joins them again).
 """
@@ -16,6 +17,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 
 from .link import DriverLink
 from .offline import OfflineLink, reach_driver
@@ -24,14 +26,6 @@ from .settings import SparkCoordinator
 
 OUTCOME_SCHEMA = "task long, kind string, seq long, chunk binary"
 CHUNK = 1 << 20
-
-
-class ShardFile:
-    """This task's rows, written to `path` (None when Spark gave it none)."""
-
-    def __init__(self, path, rows):
-        self.path = path
-        self.rows = rows
 
 
 def shards_message(counts, equal):
@@ -58,21 +52,36 @@ def shards_message(counts, equal):
     return f"--data: {total:,} rows in {np} shards of {size} rows{hint}"
 
 
-def write_shard(batches, folder):
-    """Write Arrow record batches to folder/shard.arrow; a `ShardFile`."""
-    import pyarrow as pa
+class ShardFile:
+    """This task's rows, written to `path` by `write` (in a thread of its own, while the rank
+    starts); `written` is set when all are there (`rows` of them, or `error`). The rank reads
+    them once the task has written to `ready` how many it may use."""
 
-    path = os.path.join(folder, "shard.arrow")
-    rows, writer = 0, None
-    with pa.OSFile(path, "wb") as sink:
-        for batch in batches:
-            if writer is None:
-                writer = pa.ipc.new_file(sink, batch.schema)
-            writer.write_batch(batch)
-            rows += batch.num_rows
-        if writer is not None:
-            writer.close()
-    return ShardFile(path if writer is not None else None, rows)
+    def __init__(self, folder):
+        self.path = os.path.join(folder, "shard.arrow")
+        self.ready = os.path.join(folder, "shard.rows")
+        self.rows = 0
+        self.error = None
+        self.written = threading.Event()
+
+    def write(self, batches):
+        """Write Arrow record batches to the file, one at a time."""
+        import pyarrow as pa
+
+        writer = None
+        try:
+            with pa.OSFile(self.path, "wb") as sink:
+                for batch in batches:
+                    if writer is None:
+                        writer = pa.ipc.new_file(sink, batch.schema)
+                    writer.write_batch(batch)
+                    self.rows += batch.num_rows
+                if writer is not None:
+                    writer.close()
+        except Exception as exc:  # told to the user; the run stops as for an empty shard
+            self.rows, self.error = 0, f"{type(exc).__name__}: {exc}"
+        finally:
+            self.written.set()
 
 
 def frame_task(settings, batches):
@@ -83,12 +92,15 @@ def frame_task(settings, batches):
     events_path = os.path.join(folder, "events.jsonl")
     offline = False
     try:
+        shard = writer = None
         if settings.data:
-            shard = write_shard(batches, folder)
+            shard = ShardFile(folder)
+            writer = threading.Thread(target=shard.write, args=(batches,), daemon=True,
+                                      name="hvd-magic-shard-writer")
+            writer.start()
         else:
             for _ in batches:  # spark.range(N)'s one row per task: nothing to keep
                 pass
-            shard = None
         make_link = None
         if settings.connect:  # the executors may not reach the notebook: all live, or none
             client, why = reach_driver(settings, coord)
@@ -104,6 +116,8 @@ def frame_task(settings, batches):
                     f"HVD_MAGIC_DRIVER_HOST to an address of this machine that they can reach.")})
         else:
             outcome = run_task(settings, coord, shard=shard, make_link=make_link)
+        if writer is not None:
+            writer.join()  # (Spark's input is read to its end before the output is sent)
         yield from _rows(coord.partition_id, "outcome",
                          pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL))
         if offline and os.path.exists(events_path):
