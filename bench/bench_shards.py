@@ -6,7 +6,12 @@ materialised rows, and neither pays for generating them). Then, interleaved, `--
 
 - ``shards``: ``hvd_magic.run(hold, np=N, data=df)``: each rank calls ``hvd_magic.shard()``;
 - ``toPandas``: ``frame = df.toPandas()`` (Arrow-enabled, Spark's fastest way) and
-  ``hvd_magic.run(hold, np=N, args=(frame,))``: each rank gets the whole frame.
+  ``hvd_magic.run(hold, np=N, args=(frame,))``: each rank gets the whole frame;
+- ``spark-arrow`` (the floor): a bare ``mapInArrow(barrier=True)`` stage whose tasks write the
+  Arrow batches Spark feeds them to a local file, as ours do, and nothing else (no ranks): what
+  Spark's own JVM-to-Python Arrow path costs on this machine.
+
+Each way runs once on a 1,000-row DataFrame first (Python workers and imports warm, not counted).
 
 Per way: **seconds** from the call until every rank holds its data (the latest rank's clock, same
 machine), **MB/s** (the DataFrame's float bytes over those seconds), the notebook process's RSS
@@ -44,6 +49,24 @@ def hold_shard():
     return held, table.num_rows, before, psutil.Process().memory_info().rss, total
 
 
+def write_partition(batches):
+    """The floor's task: Spark's Arrow batches to a local file, as `frame_task` writes them."""
+    import os, tempfile, time  # noqa: E401
+    import pyarrow as pa
+    folder = tempfile.mkdtemp()
+    path, writer, rows = os.path.join(folder, "part.arrow"), None, 0
+    with pa.OSFile(path, "wb") as sink:
+        for batch in batches:
+            writer = writer or pa.ipc.new_file(sink, batch.schema)
+            writer.write_batch(batch)
+            rows += batch.num_rows
+        if writer is not None:
+            writer.close()
+    os.unlink(path)
+    os.rmdir(folder)
+    yield pa.RecordBatch.from_pydict({"held": [time.time()], "rows": [rows]})
+
+
 def hold_frame(frame):
     import time
     import psutil
@@ -78,6 +101,10 @@ def measure(way, df, np):
 
     rss = PeakRSS()
     begun = time.time()
+    if way == "spark-arrow":
+        out = df.mapInArrow(write_partition, "held double, rows long", barrier=True).collect()
+        return (max(r.held for r in out) - begun, sum(r.rows for r in out), rss.growth_mb(),
+                None, None)
     if way == "shards":
         run = hvd_magic.run(hold_shard, np=np, data=df, view=None)
     else:
@@ -116,14 +143,19 @@ def main():
     mb = args.rows * args.cols * 4 / 1e6
     print(f"{args.rows:,} rows × {args.cols} float32 columns = {mb:.0f} MB, cached, "
           f"np={args.np}, load {os.getloadavg()[0]:.1f}", flush=True)
-    results = {"shards": [], "toPandas": []}
+    ways = ["shards", "toPandas", "spark-arrow"]
+    small = spark.range(0, 1000, 1, args.np).select(
+        *[F.rand(seed=i).cast("float").alias(f"c{i}") for i in range(args.cols)])
+    for way in ways:  # warm-up, not counted
+        measure(way, small, args.np)
+    results = {way: [] for way in ways}
     for rep in range(args.reps):
-        for way in (["shards", "toPandas"] if rep % 2 == 0 else ["toPandas", "shards"]):
+        for way in ways[rep % 3:] + ways[:rep % 3]:  # the order rotates
             seconds, rows, growth, rank_rss, baseline = measure(way, df, args.np)
             assert rows == args.rows, (way, rows)
             results[way].append((seconds, growth, rank_rss, baseline))
-            print(f"  {way:9s} {seconds:6.2f} s  {mb / seconds:7.0f} MB/s  notebook RSS "
-                  f"+{growth:5.0f} MB  largest rank RSS {rank_rss:5.0f} MB"
+            print(f"  {way:11s} {seconds:6.2f} s  {mb / seconds:7.0f} MB/s  notebook RSS "
+                  f"+{growth:5.0f} MB" + (f"  largest rank RSS {rank_rss:5.0f} MB" if rank_rss else "")
                   + (f" (before its shard: {baseline:.0f} MB)" if baseline else ""), flush=True)
     reference = statistics.median(s for s, *_ in results["toPandas"])
     rows = []
@@ -133,7 +165,8 @@ def main():
                         rows=args.rows, cols=args.cols, mb=mb,
                         mb_per_s=mb / statistics.median(seconds),
                         notebook_rss_growth_mb=statistics.median(v[1] for v in values),
-                        rank_rss_mb=statistics.median(v[2] for v in values),
+                        rank_rss_mb=(statistics.median(v[2] for v in values)
+                                     if values[0][2] else None),
                         rank_rss_before_mb=(statistics.median(v[3] for v in values)
                                             if values[0][3] else None)))
         print(f"{way}: median {statistics.median(seconds):.2f} s, "
