@@ -91,3 +91,30 @@ def test_env_turns_keras_3_back_on(ip):
     value = ip.run_cell_magic("horovod", "--np -1 --quiet --env TF_USE_LEGACY_KERAS=0",
                               "import keras\n(keras.__name__, keras.__version__.split('.')[0])")
     assert value == ("keras", "3")
+
+
+def test_keras_fits_a_dataframe_shard_through_tf_dataset(ip, fresh_ns):
+    from hvd_magic.launch.spark import embedded_session
+
+    spark = embedded_session(2)
+    fresh_ns["df"] = spark.range(0, 600, 1, 2).selectExpr(
+        "cast(rand(1) as float) as a", "cast(rand(2) as float) as b").selectExpr(
+        "a", "b", "cast(a + b > 1 as int) as label")
+    value = ip.run_cell_magic("horovod", "--np 2 --data df --equal-shards --quiet", """\
+import keras, hvd_magic
+import horovod.keras as hvd
+hvd.init()
+data = hvd_magic.tf_dataset(32, (["a", "b"], "label"), epochs=20, seed=hvd.rank())
+model = keras.Sequential([keras.layers.Dense(1, activation="sigmoid", input_shape=(2,))])
+model.compile(loss="binary_crossentropy", metrics=["accuracy"],
+              optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.05)))
+steps = hvd_magic.shard().num_rows // 32 + 1
+model.fit(data, epochs=20, steps_per_epoch=steps, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+(model.evaluate(hvd_magic.tf_dataset(64, (["a", "b"], "label"), shuffle=False), verbose=0)[1],
+ [w.tolist() for w in model.get_weights()])
+""")
+    results = hvd_magic.last_run().results
+    assert value[0] > 0.85                             # learnt a + b > 1, not chance
+    for a, b in zip(results[0][1], results[1][1]):     # in step on both ranks
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-6)
