@@ -49,6 +49,9 @@ def connect(tmp_path_factory):
         yield spark
         spark.stop()
     finally:
+        # (the Connect builder leaves this set, and every later SparkSession.builder would
+        # then make Connect sessions: later tests use classic ones)
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
         os.killpg(proc.pid, 15)
         try:
             proc.wait(timeout=30)
