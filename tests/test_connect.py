@@ -35,8 +35,12 @@ def connect(tmp_path_factory):
     port = free_port()
     log = str(tmp_path_factory.mktemp("connect") / "server.log")
     env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable)
+    # The server (and its executors) run where the tests' folders are an empty tmpfs: what the
+    # ranks import of a notebook's own module is only what hvd_magic shipped with the job.
+    hide = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            f'mount -t tmpfs none {tmp_path_factory.getbasetemp()} && exec "$@"', "hide"]
     proc = subprocess.Popen(
-        [os.path.join(home, "bin", "spark-submit"), "--class",
+        hide + [os.path.join(home, "bin", "spark-submit"), "--class",
          "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[4]",
          "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
          "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"],
@@ -65,6 +69,21 @@ def test_a_cell_runs_through_the_active_connect_session(ip, connect):
     assert value == 3.0 and run.results == [3.0, 3.0]
     assert run.where.startswith("Spark Connect 127.0.0.1:") and "(local[4])" in run.where
     assert all("rank" in open(run.log_path(r)).read() for r in range(2))  # lines came live
+
+
+def test_a_notebook_module_travels_with_the_job(ip, connect, tmp_path, monkeypatch):
+    (tmp_path / "connmod.py").write_text("def triple(x):\n    return 3 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        ip.run_cell("import connmod").raise_error()
+        ip.user_ns["here"] = str(tmp_path)
+        # on the rank, the notebook's folder does not exist: connmod came with the job
+        assert ip.run_cell_magic("horovod", "--np 2 --text",
+                                 "import os\n(connmod.triple(7), os.path.isdir(here))") == (21, False)
+    finally:
+        sys.modules.pop("connmod", None)
+        ip.user_ns.pop("connmod", None)
+        ip.user_ns.pop("here", None)
 
 
 def test_a_rank_error_comes_back_through_connect(ip, connect):
