@@ -133,6 +133,38 @@ def test_executors_that_cannot_reach_the_notebook_still_run_the_cell(ip, connect
         ip.run_line_magic("horovod_session", "start --np 2")
 
 
+def test_cancel_interrupts_the_stage_of_tasks_that_cannot_hear_the_driver(connect, monkeypatch):
+    """Offline tasks never get the driver's stop: Cancel interrupts their stage by its tag, and
+    their ranks go with it."""
+    import psutil
+
+    from hvd_magic.errors import RunCancelled
+
+    monkeypatch.setenv("HVD_MAGIC_DRIVER_HOST", "192.0.2.1")
+
+    def sleepy():
+        import time
+        time.sleep(600)
+
+    run = hvd_magic.run(sleepy, np=2, background=True, view=None)
+
+    def ranks_alive():
+        return [p for p in psutil.process_iter(["cmdline"])
+                if any(f"hvd_magic-{run.id}-rank" in part for part in p.info["cmdline"] or ())]
+
+    deadline = time.monotonic() + 60
+    while len(ranks_alive()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(ranks_alive()) == 2
+    run.cancel()
+    with pytest.raises(RunCancelled):
+        run.wait(60)
+    deadline = time.monotonic() + 30
+    while ranks_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ranks_alive() == []
+
+
 def test_horovod_runner_through_connect(connect):
     from hvd_magic import HorovodRunner
 
