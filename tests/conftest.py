@@ -177,3 +177,18 @@ def standalone(tmp_path_factory):
     cluster = StandaloneCluster(str(tmp_path_factory.mktemp("spark-standalone"))).start()
     yield cluster
     cluster.stop()
+
+
+def spark_session(np):
+    """The classic session earlier tests left running (when it has np slots), else a new
+    embedded local[np] one, as hvd_magic would start it."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from hvd_magic.launch.spark import embedded_session, local_slots
+
+    sc = SparkContext._active_spark_context
+    if sc is not None and (local_slots(sc.master) or 0) >= np:
+        return SparkSession.builder.getOrCreate()
+    _stop_spark()
+    return embedded_session(np)

@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 
 import hvd_magic
 from hvd_magic.driver.loop import shards_message
+from conftest import spark_session
 from hvd_magic.launch.spark import embedded_session
 
 SHARD_CELL = """\
@@ -25,8 +26,7 @@ x, arr = next(hvd_magic.torch_batches(4, ("x", ["x", "arr", "vec"]), shuffle=Fal
 
 @pytest.fixture(scope="module")
 def spark():
-    session = embedded_session(4)
-    yield session
+    yield spark_session(4)
 
 
 @pytest.fixture

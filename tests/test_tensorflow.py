@@ -94,9 +94,9 @@ def test_env_turns_keras_3_back_on(ip):
 
 
 def test_keras_fits_a_dataframe_shard_through_tf_dataset(ip, fresh_ns):
-    from hvd_magic.launch.spark import embedded_session
+    from conftest import spark_session
 
-    spark = embedded_session(2)
+    spark = spark_session(2)
     fresh_ns["df"] = spark.range(0, 600, 1, 2).selectExpr(
         "cast(rand(1) as float) as a", "cast(rand(2) as float) as b").selectExpr(
         "a", "b", "cast(a + b > 1 as int) as label")
