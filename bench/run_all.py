@@ -44,7 +44,7 @@ BENCHMARKS = {
     "launch": ("bench_launch.py", ["--np", "1", "2", "4", "8", "--reps", "3", "--profile", "2",
                                    "--skip", "TD-barrier@8", "horovodrun-H@1", "horovodrun-H@4",
                                    "horovodrun-H@8"],
-               ["--np", "1", "2", "4", "--reps", "1", "--profile", "1",
+               ["--np", "1", "2", "4", "--reps", "2", "--profile", "1",
                 "--skip", "horovodrun-H", "horovodrun-c5", "horovod.run"]),
     "training": ("bench_training.py", ["--np", "2", "4", "--reps", "4", "--steps", "300",
                                        "--frameworks", "torch", "keras"],
