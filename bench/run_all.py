@@ -59,7 +59,8 @@ BENCHMARKS = {
     "reinit": ("bench_reinit.py", [], ["--cycles", "20", "--loops", "1", "--skew-runs", "3",
                                        "--np", "2"]),
     # --- DataFrame shards (issue #17): bench/bench_shards.py, when it exists, writes the same
-    # rows (shard throughput beside toPandas()); until then run_all notes it as missing.
+    # rows (bench "shards": shard throughput, ratio to toPandas()) and takes --json PATH and
+    # --quick; until then the file notes it as not run, and make bench does not fail for it.
     "shards": ("bench_shards.py", [], ["--quick"]),
 }
 
