@@ -134,11 +134,15 @@ def under_horovodrun(fw, np, steps, warmup, *knobs):
 
 
 def measure(name, fw, np, steps, warmup, run_root):
-    if ":" in name:  # an experiment: "LAUNCHER:MS[:notl|:dyn]", HOROVOD_CYCLE_TIME=MS, and
-        # no Horovod timeline configured (notl) or HOROVOD_TIMELINE=DYNAMIC (dyn, the old default)
+    if ":" in name:  # an experiment: "LAUNCHER:MS[:notl|:dyn][:nocache]", HOROVOD_CYCLE_TIME=MS,
+        # no Horovod timeline configured (notl) or HOROVOD_TIMELINE=DYNAMIC (dyn, the old
+        # default), response cache off (nocache)
         base, cycle, *flags = name.split(":")
+        knobs = {"HOROVOD_CYCLE_TIME": cycle}
+        if "nocache" in flags:  # as horovodrun's '(None,)' does: strtol gives 0, no cache
+            knobs["HOROVOD_CACHE_CAPACITY"] = "0"
         return under_hvd_magic(fw, np if base == "hvd_magic-spark" else -np, steps, warmup,
-                               run_root, horovod_env={"HOROVOD_CYCLE_TIME": cycle},
+                               run_root, horovod_env=knobs,
                                dynamic="notl" not in flags,
                                env={"HOROVOD_TIMELINE": "DYNAMIC"} if "dyn" in flags else None)
     if name == "hvd_magic-spark":
@@ -159,8 +163,9 @@ def main():
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--frameworks", nargs="+", choices=list(TRAIN), default=["torch"])
     parser.add_argument("--only", nargs="+", default=list(LAUNCHERS),
-                        help=f"of {', '.join(LAUNCHERS)}; or LAUNCHER:MS[:notl|:dyn], hvd_magic with "
-                             f"that HOROVOD_CYCLE_TIME (without, with a DYNAMIC timeline)")
+                        help=f"of {', '.join(LAUNCHERS)}; or LAUNCHER:MS[:notl|:dyn][:nocache], "
+                             f"hvd_magic with that HOROVOD_CYCLE_TIME (without, with a DYNAMIC "
+                             f"timeline; no response cache)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

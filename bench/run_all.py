@@ -180,8 +180,9 @@ def main():
                                                "(it changed during the run)")
         with open(out_json, "w") as f:
             json.dump(record, f, indent=1)
+    text = render(record, kept_reading(args.out))  # before opening it: "w" empties the file
     with open(args.out, "w") as f:
-        f.write(render(record, kept_reading(args.out)))
+        f.write(text)
     failed = [n for n, r in record["benchmarks"].items() if not r["ok"]]
     print(f"\nwrote {args.out}" + ("" if args.from_json else f" and {out_json}")
           + (f"; failed: {', '.join(failed)}" if failed else ""))
