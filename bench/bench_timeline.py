@@ -112,6 +112,8 @@ def main():
                 run = hvd_magic.run(train, np=-2,
                                     args=(setting, args.steps, args.warmup, args.idle),
                                     timeline=setting == "full",
+                                    # DYNAMIC whether or not hvd_magic would choose it for `train`
+                                    env={"HOROVOD_TIMELINE": "DYNAMIC"} if setting == "dynamic" else None,
                                     run_dir=os.path.join(tmp, f"{setting}-{rep}"))
                 rank0 = run.results[0]
                 results[setting].append(rank0)

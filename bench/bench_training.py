@@ -34,7 +34,7 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 LAUNCHERS = ("hvd_magic-spark", "hvd_magic-driver", "horovodrun", "horovodrun-knobs")
 
 
-def train(steps, warmup, timeline=True):
+def train(steps, warmup, dynamic=True):
     """One rank's training loop, timed; returns its steps/s and the CPU it used per step."""
     import os
     import resource
@@ -42,7 +42,9 @@ def train(steps, warmup, timeline=True):
     import torch
     import horovod.torch as hvd
 
-    if not timeline:  # an experiment: no HOROVOD_TIMELINE=DYNAMIC (read by hvd.init())
+    # (Its names avoid the word for Horovod's trace: hvd_magic turns its DYNAMIC mode on for a
+    # job that names it.) An experiment: HOROVOD_*=DYNAMIC removed (read by hvd.init()).
+    if not dynamic:
         os.environ.pop("HOROVOD_TIMELINE", None)
     hvd.init()
     torch.manual_seed(hvd.rank())
@@ -69,7 +71,7 @@ def train(steps, warmup, timeline=True):
     return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
 
 
-def train_keras(steps, warmup, timeline=True):
+def train_keras(steps, warmup, dynamic=True):
     """The same MLP, batch and loop with tf.keras (Keras 2) and horovod.tensorflow.keras."""
     import os
     import resource
@@ -83,7 +85,7 @@ def train_keras(steps, warmup, timeline=True):
     # One thread each, as the torch loop's set_num_threads(1): ranks share the cores.
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    if not timeline:
+    if not dynamic:
         os.environ.pop("HOROVOD_TIMELINE", None)
     hvd.init()
     tf.random.set_seed(hvd.rank())
@@ -114,9 +116,10 @@ def _cpu(resource):
     return usage.ru_utime + usage.ru_stime
 
 
-def under_hvd_magic(fw, np, steps, warmup, run_root, horovod_env=None, timeline=True):
+def under_hvd_magic(fw, np, steps, warmup, run_root, horovod_env=None, dynamic=True, env=None):
     import hvd_magic
-    run = hvd_magic.run(TRAIN[fw], np=np, args=(steps, warmup, timeline), horovod_env=horovod_env,
+    run = hvd_magic.run(TRAIN[fw], np=np, args=(steps, warmup, dynamic), horovod_env=horovod_env,
+                        env=env,
                         run_dir=tempfile.mkdtemp(dir=run_root))
     return run.results[0]
 
@@ -131,11 +134,17 @@ def under_horovodrun(fw, np, steps, warmup, *knobs):
 
 
 def measure(name, fw, np, steps, warmup, run_root):
-    if ":" in name:  # an experiment: "LAUNCHER:MS[:notl]", HOROVOD_CYCLE_TIME=MS, no timeline
+    if ":" in name:  # an experiment: "LAUNCHER:MS[:notl|:dyn][:nocache]", HOROVOD_CYCLE_TIME=MS,
+        # no Horovod timeline configured (notl) or HOROVOD_TIMELINE=DYNAMIC (dyn, the old
+        # default), response cache off (nocache)
         base, cycle, *flags = name.split(":")
+        knobs = {"HOROVOD_CYCLE_TIME": cycle}
+        if "nocache" in flags:  # as horovodrun's '(None,)' does: strtol gives 0, no cache
+            knobs["HOROVOD_CACHE_CAPACITY"] = "0"
         return under_hvd_magic(fw, np if base == "hvd_magic-spark" else -np, steps, warmup,
-                               run_root, horovod_env={"HOROVOD_CYCLE_TIME": cycle},
-                               timeline="notl" not in flags)
+                               run_root, horovod_env=knobs,
+                               dynamic="notl" not in flags,
+                               env={"HOROVOD_TIMELINE": "DYNAMIC"} if "dyn" in flags else None)
     if name == "hvd_magic-spark":
         return under_hvd_magic(fw, np, steps, warmup, run_root)
     if name == "hvd_magic-driver":
@@ -154,8 +163,9 @@ def main():
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--frameworks", nargs="+", choices=list(TRAIN), default=["torch"])
     parser.add_argument("--only", nargs="+", default=list(LAUNCHERS),
-                        help=f"of {', '.join(LAUNCHERS)}; or LAUNCHER:MS[:notl], hvd_magic with that "
-                             f"HOROVOD_CYCLE_TIME (and no DYNAMIC timeline): an experiment")
+                        help=f"of {', '.join(LAUNCHERS)}; or LAUNCHER:MS[:notl|:dyn][:nocache], "
+                             f"hvd_magic with that HOROVOD_CYCLE_TIME (without, with a DYNAMIC "
+                             f"timeline; no response cache)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

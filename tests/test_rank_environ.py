@@ -28,3 +28,23 @@ def test_nothing_changes_outside_spark():
     assert environ.rank_base_env(env) == env
     assert "PYTHONPATH" not in environ.rank_base_env({"PYTHONPATH": "/s/core.jar", "SPARK_HOME": "/s"})
     assert environ._pyspark_installed()  # this venv has pip's pyspark
+
+
+def test_horovod_dynamic_mode_only_for_jobs_naming_the_window_helper():
+    # Named without the word in lower case: the check looks for it in the pickled function.
+    import hvd_magic
+    from hvd_magic.driver.run import may_record_window
+
+    def read_env():
+        import os
+        return os.environ.get("HOROVOD_TIMELINE")
+    assert hvd_magic.run(read_env, np=-1).value is None
+
+    def window():
+        import os
+        import hvd_magic
+        hvd_magic.timeline  # noqa: B018 (named: the job may record a window)
+        return os.environ.get("HOROVOD_TIMELINE")
+    assert hvd_magic.run(window, np=-1).value == "DYNAMIC"
+    assert hvd_magic.run(read_env, np=-1, env={"HOROVOD_TIMELINE": "DYNAMIC"}).value == "DYNAMIC"
+    assert may_record_window({"fn": b"", "sources": {"<cell>": "with hvd_magic.timeline():"}})

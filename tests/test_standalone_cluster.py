@@ -47,3 +47,17 @@ def test_data_shards_on_two_workers(ip, fresh_ns, standalone):
         assert len({r.executor for r in run.ranks}) == 2  # shards made on both workers
     finally:
         session.stop()
+
+
+def test_a_large_value_reaches_each_rank_from_its_executors_broadcast_file(ip, standalone):
+    session = standalone.session()
+    try:
+        ip.run_cell("import numpy\nbig = numpy.arange(2_000_000, dtype=numpy.float64)").raise_error()
+        value = ip.run_cell_magic("horovod", "--np 4 --quiet", "(float(big.sum()), big.shape)")
+        run = hvd_magic.last_run()
+        assert run.broadcast_names == ["big"]  # 16 MB: a Spark broadcast on a cluster
+        assert type(run._shared["big"]).__name__ == "Broadcast"
+        assert value == (2_000_000 * 1_999_999 / 2, (2_000_000,))
+        assert run.results == [value] * 4
+    finally:
+        session.stop()

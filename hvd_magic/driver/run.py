@@ -49,6 +49,21 @@ DEFAULT_RANK_ENV = {
 }
 
 
+def may_record_window(job):
+    """Whether the job may call `hvd_magic.timeline()`: the name is in its pickled code or
+    arguments, its cell's source or the notebook modules it ships (a variable that happens to be
+    called so only costs what follows).
+
+    Only then do its ranks get HOROVOD_TIMELINE=DYNAMIC: with a timeline configured, even one
+    never started, Horovod's controller syncs timeline state every cycle, which cost rank 0
+    ~25% more CPU per training step at np 4 on 2 cores (bench/bench_training.py, `:notl`).
+    A window asked for anyway says how to get one (timelines/record.py)."""
+    blobs = [job.get("fn") or b"", *job.get("args", ()), *job.get("kwargs", {}).values()]
+    if any(b"timeline" in blob for blob in blobs if isinstance(blob, (bytes, bytearray))):
+        return True
+    return "timeline" in repr(job.get("sources")) or "timeline" in repr(job.get("modules"))
+
+
 def _prepare_into(launcher, np, failure, data=None):
     try:
         launcher.prepare(np)
@@ -193,7 +208,8 @@ class Run:
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
             broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
-            data=self.launcher.data is not None, equal_shards=self.equal_shards)
+            data=self.launcher.data is not None, equal_shards=self.equal_shards,
+            timeline_window=may_record_window(job))
         self.started = time.time()
         self.state = "running"
         self.write_meta()

@@ -142,6 +142,7 @@ class SparkLauncher(Launcher):
         self._cancelled = False
         self._starting = None         # the SparkStart under way, while prepare() waits on it
         self._started_here = False    # this launcher started the session (in another thread)
+        self._conf = None             # the session's SparkConf, read once (each read is a JVM copy)
 
     # -- before launch ----------------------------------------------------------------------
     def prepare(self, np):
@@ -160,7 +161,7 @@ class SparkLauncher(Launcher):
                 session = self._start_session(np, self.master)
             self.session = session
         sc = self.session.sparkContext
-        conf = sc.getConf()
+        conf = self._conf = sc.getConf()
         if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
             raise UsageError(
                 "Spark's dynamic allocation is on, and barrier stages cannot run with it. Start the "
@@ -208,14 +209,18 @@ class SparkLauncher(Launcher):
                 + (f" ({summary})" if summary else "")
                 + f"; use --np {max(slots, 1)} or add executors.")
 
+    def _conf_get(self, key):
+        conf = self._conf if self._conf is not None else self.session.sparkContext.getConf()
+        return conf.get(key)
+
     @property
     def driver_host(self):
-        return self.session.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
+        return self._conf_get("spark.driver.host") or "127.0.0.1"
 
     @property
     def bind_host(self):
         """Spark's own bind address when the session has one (the driver listens there)."""
-        return self.session.sparkContext.getConf().get("spark.driver.bindAddress") or super().bind_host
+        return self._conf_get("spark.driver.bindAddress") or super().bind_host
 
     @property
     def where(self):

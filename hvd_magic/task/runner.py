@@ -143,9 +143,10 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         timeline_path = os.path.join(workdir, "timeline.json")
         env["HVD_MAGIC_TIMELINE_PATH"] = timeline_path
         tensorboard = env["HVD_MAGIC_TENSORBOARD_DIR"] = os.path.join(workdir, "tensorboard")
-        # A full timeline when asked for; otherwise DYNAMIC, so `hvd_magic.timeline()` can record
-        # a window (cheap with our patched writer thread, which sleeps when idle).
-        env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
+        # A full timeline when asked for; DYNAMIC when the job may record a window with
+        # `hvd_magic.timeline()` (it costs every rank each cycle: driver/run.py).
+        if settings.timeline or settings.timeline_window:
+            env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
         cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
         proc = link.proc = subprocess.Popen(
             [sys.executable, "-m", "hvd_magic.rank", workdir] + (["--session"] if settings.session else []),

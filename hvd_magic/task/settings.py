@@ -17,6 +17,7 @@ class TaskSettings:
     allow_retry: bool = False
     extra_env: dict = dataclasses.field(default_factory=dict)
     timeline: bool = False          # record a Horovod timeline on rank 0 for the whole run
+    timeline_window: bool = True    # HOROVOD_TIMELINE=DYNAMIC, for `hvd_magic.timeline()` blocks
     session: bool = False           # a warm session: the rank takes cells until stopped
     data: bool = False              # tasks get rows of a DataFrame (--data): `hvd_magic.shard()`
     equal_shards: bool = False      # every rank keeps as many rows as the smallest shard has

@@ -6,6 +6,7 @@ notebook side.
 
 import contextlib
 import os
+import sys
 
 from .trace import _tensor_name, _write_events, repair
 
@@ -34,6 +35,17 @@ def timeline(mark_cycles=False):
                            "hvd_magic.run(); outside them, use horovod's own hvd.start_timeline().")
     import horovod.torch as hvd
 
+    if not os.environ.get("HOROVOD_TIMELINE"):
+        # Horovod was started without a timeline: hvd_magic saw no `timeline` in the job
+        # (driver/run.py may_record_window), e.g. this is called from an installed package.
+        if not hvd.is_initialized() or hvd.rank() == 0:
+            sys.stderr.write(
+                "hvd_magic.timeline(): no timeline is recorded: this run's ranks started Horovod "
+                "without one (hvd_magic turns it on when the cell or function names `timeline`). "
+                "Run with env={'HOROVOD_TIMELINE': 'DYNAMIC'} (%%horovod --env "
+                "HOROVOD_TIMELINE=DYNAMIC), or --timeline for the whole run.\n")
+        yield None
+        return
     if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
         yield path  # --timeline (or the user's own HOROVOD_TIMELINE) records everything already
         return
