@@ -164,6 +164,25 @@ def targets(record):
     if logs:
         line("zero lines lost", ", ".join(f"{r['np']} rank(s): {r['lost']} lost" for r in logs),
              all(r["lost"] == 0 for r in logs))
+    shards = {r["name"]: r for r in _rows(record, "shards")}
+    if "shards" in shards:
+        r = shards["shards"]
+        floor = shards.get("spark-arrow")
+        line(f"--data shards ≥ 200 MB/s ({r['mb']:.0f} MB to np={r['np']})",
+             f"{r['mb_per_s']:.0f} MB/s ({r['mb'] / r['best']:.0f}); toPandas() + the frame: "
+             f"{r['mb'] / r['median'] * r['ratio']:.0f} MB/s"
+             + (f"; Spark's own Arrow path alone: {floor['mb_per_s']:.0f} MB/s" if floor else ""),
+             r["mb_per_s"] >= 200)
+        line("--data: the notebook's RSS flat (≤ 50 MB growth)",
+             f"+{r['notebook_rss_growth_mb']:.0f} MB (toPandas: "
+             f"+{shards['toPandas']['notebook_rss_growth_mb']:.0f} MB)"
+             if "toPandas" in shards else f"+{r['notebook_rss_growth_mb']:.0f} MB",
+             r["notebook_rss_growth_mb"] <= 50)
+        shard_mb = r["mb"] / r["np"] * 1e6 / 2**20
+        line("--data: a rank's RSS ≤ its shard + its baseline",
+             f"{r['rank_rss_mb']:.0f} MB: its baseline {r['rank_rss_before_mb']:.0f} + its shard "
+             f"{shard_mb:.0f} + {r['rank_rss_mb'] - shard_mb - r['rank_rss_before_mb']:.0f} MB",
+             r["rank_rss_mb"] <= shard_mb + r["rank_rss_before_mb"] + 16)
     for r in _rows(record, "session"):
         if r["name"].startswith("%%horovod"):
             line(f"{r['name']} round trip vs `%%px`",

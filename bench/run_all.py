@@ -61,7 +61,7 @@ BENCHMARKS = {
     # --- DataFrame shards (issue #17): bench/bench_shards.py, when it exists, writes the same
     # rows (bench "shards": shard throughput, ratio to toPandas()) and takes --json PATH and
     # --quick; until then the file notes it as not run, and make bench does not fail for it.
-    "shards": ("bench_shards.py", [], ["--quick"]),
+    "shards": ("bench_shards.py", ["--reps", "3"], ["--quick"]),
 }
 
 

@@ -22,6 +22,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 
 MAX_FRAME = 4 * 1024 * 1024
 _HEADER = struct.Struct("!I")
@@ -159,6 +160,13 @@ class EventServer:
                 conn.sendall(frame)
             except OSError:
                 pass
+
+    def wait_read(self, timeout):
+        """Wait (at most `timeout` s) until every connection has been read to its end: a task
+        closes its own once its rank ended, so its last events are in `events` after this."""
+        deadline = time.monotonic() + timeout
+        for t in list(self._threads):
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def close(self):
         with self._lock:

@@ -130,7 +130,8 @@ class Driver:
             return
         run.launcher.join(timeout=5)
         self._stop_orphans()
-        time.sleep(0)  # let connection threads queue what they read
+        if hasattr(run._server, "wait_read"):  # (a warm session's channel stays open)
+            run._server.wait_read(timeout=2)  # the tasks' last events, before the sockets close
         run._server.close()
         while True:
             try:
