@@ -25,6 +25,9 @@ def run_cell(magics, args, cell):
     stall_timeout = positive("--stall-timeout", args.stall_timeout or magics.stall_timeout)
     shell = magics.shell
     data = data_option(shell.user_ns, args.data, args.equal_shards)
+    if data is not None and np < 0:
+        raise UsageError(f"--data needs Spark (its executors make the shards): use --np {-np} "
+                         f"instead of --np {np}.")
     cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                            hidden=set(shell.user_ns_hidden))
     verbose = args.verbose or magics.verbose
@@ -64,7 +67,11 @@ def data_option(user_ns, name, equal_shards):
 
 
 def run_in_session(magics, session, args, cell):
-    placement = [flag for flag, given in (("--np", args.np is not None), ("--data", args.data),
+    if args.data or args.equal_shards:
+        raise UsageError(f"--data cannot be used in warm session {session.id}: shards are made as "
+                         "ranks start, and the session's ranks are running already. End it "
+                         "first with %horovod_session stop, then run the cell with --data.")
+    placement = [flag for flag, given in (("--np", args.np is not None),
                                           ("--master", args.master), ("--env", args.env),
                                           ("--retries", args.retries),
                                           ("--timeline", args.timeline),

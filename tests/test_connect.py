@@ -198,6 +198,8 @@ def test_a_warm_session_and_horovod_env_through_connect(ip, connect):
         ip.run_cell_magic("horovod", "--text", "import horovod.torch as hvd\nhvd.init()\nw = hvd.rank() * 10")
         assert ip.run_cell_magic("horovod", "--text", "w + 1") == 1
         assert hvd_magic.last_run().results == [1, 11]
+        with pytest.raises(UsageError, match="--data cannot be used in warm session"):
+            ip.run_cell_magic("horovod", "--data df", "1")
     finally:
         ip.run_line_magic("horovod_session", "stop")
     with pytest.raises(UsageError, match="needs a classic SparkSession"):

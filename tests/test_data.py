@@ -104,6 +104,9 @@ def test_data_options_without_a_dataframe(ip, fresh_ns):
         ip.run_cell_magic("horovod", "--np 2 --data nothing_here", "1")
     with pytest.raises(UsageError, match="--equal-shards evens the shards of --data"):
         ip.run_cell_magic("horovod", "--np 2 --equal-shards", "1")
+    fresh_ns["frame"] = _FakeFrameType()
+    with pytest.raises(UsageError, match=r"--data needs Spark .*use --np 2 instead of --np -2"):
+        ip.run_cell_magic("horovod", "--np -2 --data frame", "1")
     with pytest.raises(UsageError, match="data= needs Spark"):
         hvd_magic.run(lambda: 1, np=-2, data=_FakeFrameType())
 
