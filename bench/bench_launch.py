@@ -203,13 +203,7 @@ def floor(np, marks=None):
         server.init(plan)
         procs = []
         for slot in plan:
-            env = dict(base_env(), **KNOBS,
-                       HOROVOD_RANK=str(slot.rank), HOROVOD_SIZE=str(np),
-                       HOROVOD_LOCAL_RANK=str(slot.local_rank), HOROVOD_LOCAL_SIZE=str(slot.local_size),
-                       HOROVOD_CROSS_RANK=str(slot.cross_rank), HOROVOD_CROSS_SIZE=str(slot.cross_size),
-                       HOROVOD_HOSTNAME=slot.hostname, HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
-                       HOROVOD_GLOO_RENDEZVOUS_PORT=str(port), HOROVOD_GLOO_IFACE="lo",
-                       HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
+            env = dict(base_env(), **_rank_env(slot, np, port))
             procs.append(subprocess.Popen([sys.executable, HERE, "--child", "hvd"], env=env,
                                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                           text=True, start_new_session=True))

@@ -128,6 +128,11 @@ def test_executors_that_cannot_reach_the_notebook_still_run_the_cell(ip, connect
     assert "not shown live: the Spark executors could not reach this notebook at 192.0.2.1:" in err
     with pytest.raises(RankError, match="ZeroDivisionError"):
         ip.run_cell_magic("horovod", "--np 2 --text", "1 / 0")
+    # the tasks find an empty DataFrame among themselves; the driver says so at the end
+    from IPython.core.error import UsageError
+    ip.user_ns["tiny"] = connect.range(3)
+    with pytest.raises(UsageError, match="has 3 rows, fewer than the 4 ranks"):
+        ip.run_cell_magic("horovod", "--np 4 --data tiny --text", "1")
     from hvd_magic.errors import LaunchError
     with pytest.raises(LaunchError, match="a warm session needs its ranks to reach this notebook"):
         ip.run_line_magic("horovod_session", "start --np 2")

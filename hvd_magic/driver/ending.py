@@ -44,11 +44,6 @@ def offline_message(events):
             f"HVD_MAGIC_DRIVER_HOST to it.")
 
 
-def data_error(infos):
-    """What tasks that ran offline found wrong with the shards (an empty one), if anything."""
-    return next((info["data_error"] for info in infos.values() if info.get("data_error")), None)
-
-
 def run_error(run, infos, retried):
     """The error `run` ends with, or None when every rank finished."""
     failures = [dict(infos.get(f["rank"], {}), **{k: v for k, v in f.items() if v is not None})
@@ -58,9 +53,9 @@ def run_error(run, infos, retried):
     launcher = run.launcher
     if run.retry is not None:
         return _retry_error(run)
-    if (run.data_error or data_error(infos)) is not None:
+    if run.data_error is not None:
         from IPython.core.error import UsageError
-        return UsageError(run.data_error or data_error(infos))
+        return UsageError(run.data_error)
     if run.stop_reason == "stalled":
         return RankError({"rank": None, "type": "Stall", "message": run.stall},
                          {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state

@@ -56,6 +56,7 @@ class ConnectLauncher(Launcher):
         self.session = session
         self.tag = None
         self.master = None
+        self._cancelled = False
 
     def prepare(self, np):
         from .spark import local_slots
@@ -122,8 +123,6 @@ class ConnectLauncher(Launcher):
             self.error = exc if self._cancelled else LaunchError(java_message(exc))
         finally:
             self.session.removeTag(self.tag)
-
-    _cancelled = False
 
     def cancel(self):
         self._cancelled = True

@@ -56,7 +56,7 @@ class OfflineLink(DriverLink):
     """A `DriverLink` for a task that cannot reach the driver: events to `events_path`; what the
     driver would have relayed, from the other tasks through Spark's barrier ``allGather``."""
 
-    def __init__(self, settings, rank, coord, events_path, why, describe_shards):
+    def __init__(self, settings, rank, coord, events_path, why):
         self.proc = None
         self.port = None
         self.session = None
@@ -65,8 +65,6 @@ class OfflineLink(DriverLink):
         self._answered = threading.Condition()
         self.coord = coord
         self.np = settings.np
-        self.data_error = None
-        self._describe_shards = describe_shards  # shard sizes -> what the user reads
         self._mine = {}              # what this task would have told the driver, by event kind
         self.client = _FileClient(events_path)
         self.forward = Forwarder(self, rank)
@@ -85,9 +83,8 @@ class OfflineLink(DriverLink):
 
     def wait_answer(self, kind, timeout):
         rows = [int(n) for n in self.coord.ctx.allGather(str(self._mine["shard"]["rows"]))]
-        if min(rows) == 0:  # what the driver would have stopped the run for
-            self.data_error = self._describe_shards(rows, False)
-            return None
+        if min(rows) == 0:  # what the driver would have stopped the run for (it says why at the
+            return None     # end, from the `shard` events that come back with the outcomes)
         return rows
 
     def close(self):

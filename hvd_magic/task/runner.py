@@ -88,8 +88,6 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=N
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         outcome = _run_rank(settings, slot, env, host, gpus, link, executor=coord.executor(),
                             partition=coord.partition_id)
-        if getattr(link, "data_error", None) and outcome[1] != "ok":  # offline: no driver to say it
-            outcome = (outcome[0], outcome[1], dict(outcome[2], data_error=link.data_error))
         return outcome
     finally:
         link.close()

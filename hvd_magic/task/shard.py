@@ -105,8 +105,7 @@ def frame_task(settings, batches):
         if settings.connect:  # the executors may not reach the notebook: all live, or none
             client, why = reach_driver(settings, coord)
             offline = client is None
-            make_link = ((lambda rank: OfflineLink(settings, rank, coord, events_path, why,
-                                                      shards_message))
+            make_link = ((lambda rank: OfflineLink(settings, rank, coord, events_path, why))
                          if offline else (lambda rank: DriverLink(settings, rank, client)))
         if offline and settings.session:  # its cells come over the link: none without it
             outcome = (coord.partition_id, "error", {
