@@ -68,6 +68,8 @@ def test_only_the_modules_a_job_imports_are_shipped(notebook_folder):
                                os.path.join("mypkg", "helpers.py"), "shapes.py"]
     assert shipped["mylib.py"] == MYLIB
     assert local_sources({"numpy", "torch", "hvd_magic", "os"}) == {}  # installed: not ours
+    # hvd_magic from a checkout beside the notebook is not the notebook's own: ranks run theirs.
+    assert local_sources({"hvd_magic"}, folder=os.path.dirname(os.path.dirname(hvd_magic.__file__))) == {}
 
 
 def test_a_cell_and_a_horovodrunner_function_import_local_modules_on_hidden_workers(

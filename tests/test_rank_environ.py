@@ -48,3 +48,16 @@ def test_horovod_dynamic_mode_only_for_jobs_naming_the_window_helper():
     assert hvd_magic.run(window, np=-1).value == "DYNAMIC"
     assert hvd_magic.run(read_env, np=-1, env={"HOROVOD_TIMELINE": "DYNAMIC"}).value == "DYNAMIC"
     assert may_record_window({"fn": b"", "sources": {"<cell>": "with hvd_magic.timeline():"}})
+    assert may_record_window({"fn": b"", "modules": {"m.py": "from hvd_magic import timeline"}})
+    assert may_record_window({"fn": b"", "sources": {"<cell>": "hvd.start_timeline('t.json')"}})
+    # Words are not names: a module whose docstring, comments or strings speak of timelines
+    # (as the benchmarks' own do) keeps Horovod's timeline off.
+    words = '"""Compare with a timeline."""\nX = "HOROVOD_TIMELINE"  # timeline off\n'
+    assert not may_record_window({"fn": b"", "modules": {"m.py": words}})
+
+    def speaks_of_it():
+        """No timeline here."""
+        return "the timeline is off"
+    import cloudpickle
+    assert not may_record_window({"fn": cloudpickle.dumps(speaks_of_it)})
+    assert may_record_window({"fn": cloudpickle.dumps(window)})

@@ -39,6 +39,8 @@ def _is_under(path, root):
 def _local_root(name, folder, installed):
     """(top-level module, its path) when `name`'s top-level package is the notebook's own."""
     top = name.split(".")[0]
+    if top == __name__.split(".")[0]:  # hvd_magic itself (a checkout beside the notebook): the
+        return None                    # rank runs its own copy, the one it started with
     module = sys.modules.get(top)
     path = getattr(module, "__file__", None)
     if not path:
@@ -119,6 +121,24 @@ def names_in_code(code):
     for const in code.co_consts:
         if hasattr(const, "co_code"):
             names |= names_in_code(const)
+    return names
+
+
+def identifiers(source):
+    """Every name a module's or a cell's code uses (variables, attributes, imported names), not
+    the words of its strings and comments; every word when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set(re.findall(r"[A-Za-z_]\w*", source))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.update(node.name.split("."))
     return names
 
 

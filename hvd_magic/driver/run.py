@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 
+from ..capture.modules import identifiers, names_in_pickle
 from ..errors import RunCancelled
 from ..task.settings import TaskSettings
 from . import history
@@ -39,6 +40,8 @@ DEFAULT_HOROVOD_ENV = {
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
 }
 
+WINDOW_NAMES = frozenset({"timeline", "start_timeline"})  # see may_record_window
+
 # Other variables every rank gets unless --env / env= says otherwise.
 DEFAULT_RANK_ENV = {
     # Keras 2 for `tf.keras` and, on a rank, for `import keras` too (hvd_magic.rank.keras_alias):
@@ -50,18 +53,22 @@ DEFAULT_RANK_ENV = {
 
 
 def may_record_window(job):
-    """Whether the job may call `hvd_magic.timeline()`: the name is in its pickled code or
-    arguments, its cell's source or the notebook modules it ships (a variable that happens to be
-    called so only costs what follows).
+    """Whether the job may record a timeline window: its code uses the name `timeline` or
+    `start_timeline` (`hvd_magic.timeline()`, `hvd.start_timeline()`), in its pickled function or
+    arguments, its cell or the notebook modules it ships. Words in strings and comments do not
+    count (a docstring that mentions timelines is not a window).
 
     Only then do its ranks get HOROVOD_TIMELINE=DYNAMIC: with a timeline configured, even one
-    never started, Horovod's controller syncs timeline state every cycle, which cost rank 0
-    ~25% more CPU per training step at np 4 on 2 cores (bench/bench_training.py, `:notl`).
-    A window asked for anyway says how to get one (timelines/record.py)."""
+    never started, Horovod's timeline writer thread spins on rank 0 and its controller syncs
+    timeline state every cycle, which cost rank 0 ~25% more CPU per training step at np 4 on
+    2 cores (bench/bench_training.py, `:notl`). A window asked for anyway says how to get one
+    (timelines/record.py)."""
     blobs = [job.get("fn") or b"", *job.get("args", ()), *job.get("kwargs", {}).values()]
-    if any(b"timeline" in blob for blob in blobs if isinstance(blob, (bytes, bytearray))):
+    if any(WINDOW_NAMES & names_in_pickle(blob) for blob in blobs
+           if isinstance(blob, (bytes, bytearray))):
         return True
-    return "timeline" in repr(job.get("sources")) or "timeline" in repr(job.get("modules"))
+    texts = [*(job.get("sources") or {}).values(), *(job.get("modules") or {}).values()]
+    return any(WINDOW_NAMES & identifiers(text) for text in texts)
 
 
 def _prepare_into(launcher, np, failure, data=None):
