@@ -62,6 +62,8 @@ def test_state_lives_across_cells_and_the_ranks_own_names_win(ip, session):
                      "hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()")
     assert total == 2.0
     assert cell(ip, "type(model).__name__") == "Linear"
+    # No Horovod timeline configured in a session (it would cost every step) unless --env says so.
+    assert cell(ip, "import os\nos.environ.get('HOROVOD_TIMELINE')") is None
     assert not cell(ip, "model.weight is w")
 
 

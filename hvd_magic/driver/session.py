@@ -60,7 +60,10 @@ class Session:
             run_id=self.id, np=self.np,
             events_address=f"{self.launcher.driver_host}:{self.server.port}",
             token=self.server.token, job=pickle.dumps(None), horovod_env=self.horovod_env,
-            cwd=os.getcwd(), extra_env=self.extra_env, session=True)
+            cwd=os.getcwd(), extra_env=self.extra_env, session=True,
+            # No Horovod timeline unless --env asks for one: its cells are not known yet, and a
+            # configured timeline costs every training step (driver/run.py may_record_window).
+            timeline_window=False)
         self.started = time.time()
         self.launcher.start(settings, self.np)
         deadline = time.monotonic() + READY_TIMEOUT

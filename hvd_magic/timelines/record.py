@@ -40,10 +40,12 @@ def timeline(mark_cycles=False):
         # (driver/run.py may_record_window), e.g. this is called from an installed package.
         if not hvd.is_initialized() or hvd.rank() == 0:
             sys.stderr.write(
-                "hvd_magic.timeline(): no timeline is recorded: this run's ranks started Horovod "
-                "without one (hvd_magic turns it on when the cell or function names `timeline`). "
-                "Run with env={'HOROVOD_TIMELINE': 'DYNAMIC'} (%%horovod --env "
-                "HOROVOD_TIMELINE=DYNAMIC), or --timeline for the whole run.\n")
+                "hvd_magic.timeline(): no timeline is recorded: these ranks started Horovod "
+                "without one (hvd_magic turns it on for a cell or function that names "
+                "`timeline`; a warm session's ranks start without it). Run with "
+                "env={'HOROVOD_TIMELINE': 'DYNAMIC'} (%%horovod --env HOROVOD_TIMELINE=DYNAMIC, "
+                "or %horovod_session start --env HOROVOD_TIMELINE=DYNAMIC), or --timeline for "
+                "the whole run.\n")
         yield None
         return
     if os.environ.get("HOROVOD_TIMELINE") != "DYNAMIC":
