@@ -17,6 +17,7 @@ from .capture.modules import local_sources, names_in_code, names_in_imports, nam
 from .driver.history import last_run, runs
 from .driver.run import DEFAULT_BROADCAST_BYTES, DEFAULT_HOROVOD_ENV, DEFAULT_STALL_TIMEOUT, Run
 from .launch import make_launcher
+from .payload import inband
 
 __all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run", "start_session",
            "run_in_session"]
@@ -33,7 +34,7 @@ def _shipped(pickles, import_lines=(), code=None):
     """The notebook's own modules the job will import, as sources to ship with it."""
     names = names_in_imports(import_lines) | (names_in_code(code) if code is not None else set())
     for data in pickles:
-        names |= names_in_pickle(data)
+        names |= names_in_pickle(getattr(data, "head", data))  # an OutOfBand: its pickle
     return local_sources(names)
 
 
@@ -65,7 +66,8 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     values = {f"argument {i}": a for i, a in enumerate(args)}
     values.update({f"keyword {k}": v for k, v in (kwargs or {}).items()})
     pickled = pickle_values({"the function": fn, **values}, kind="value")
-    job = {"fn": pickled["the function"], "args": [pickled[f"argument {i}"] for i in range(len(args))],
+    job = {"fn": inband(pickled["the function"]),
+           "args": [inband(pickled[f"argument {i}"]) for i in range(len(args))],
            "sources": {}, "modules": _shipped(pickled.values(), code=fn)}
     kwargs_pickled = {k: pickled[f"keyword {k}"] for k in (kwargs or {})}
     return launch(job, kwargs_pickled, np, spark=spark, master=master, spark_conf=spark_conf,

@@ -14,18 +14,92 @@ on disk (1.1 s for 200 MB on this 2-core VM under load; /dev/shm: ~0.1 s). Where
 file (broadcast encryption on: the JVM streams the value to the worker) or a launcher shares the
 bytes themselves (warm sessions), the bytes go in the job as before.
 
-Shared by both sides: the task calls `for_rank`, the rank `load`. Not for: small values, which
-travel inside the job.
+A value whose bulk is in buffers (numpy arrays, pandas columns, Arrow tables) is pickled with
+protocol 5 and its buffers kept out of band (`dumps` gives an `OutOfBand`): views of the value's
+own memory, so the driver makes no copy of a 200 MB array before writing it to the shared file,
+and a rank maps that file (copy-on-write) instead of reading it: the ranks of a machine share its
+pages until one writes to them.
+
+Shared by both sides: the driver calls `dumps` and `LocalFile`, the task `for_rank`, the rank
+`load`. Not for: small values, which travel inside the job.
 """
 
+import mmap
 import os
 import pickle
 import shutil
+import struct
 import tempfile
 import weakref
 
 FILE_KEY = "hvd_magic.shared_file"  # {FILE_KEY: path}: the value is in that file
 RAW_KEY = "raw"                     # the file holds the value's pickle (not a pickle of those bytes)
+MAPPED_KEY = "mapped"               # the file holds an OutOfBand value: its buffers, then its index
+OUT_OF_BAND_FROM = 1 << 20          # buffers smaller than this in all travel inside the pickle
+_ALIGN = 64                         # each buffer starts at a multiple of this in the file
+_SIZE = struct.Struct("<Q")
+
+
+class OutOfBand:
+    """A value pickled with protocol 5, its large buffers left out: `head` (the pickle without
+    them) and `buffers` (memoryviews of the value's memory). `len()` is the whole size;
+    `inband()` the ordinary pickle, where bytes must travel (a cluster's broadcast, Spark
+    Connect, a warm session, a small value)."""
+
+    def __init__(self, obj, head, buffers):
+        self.obj, self.head = obj, head
+        self.buffers = [b.raw() for b in buffers]
+
+    def __len__(self):
+        return len(self.head) + sum(b.nbytes for b in self.buffers)
+
+    def inband(self):
+        import cloudpickle
+        return cloudpickle.dumps(self.obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def dumps(value):
+    """`value` pickled by cloudpickle: bytes, or an `OutOfBand` when its buffers are large."""
+    import cloudpickle
+
+    buffers = []
+    head = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    if not buffers:
+        return head
+    try:
+        oob = OutOfBand(value, head, buffers)
+    except BufferError:  # a buffer that is not contiguous: the ordinary pickle copies it
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return oob if len(oob) - len(head) >= OUT_OF_BAND_FROM else oob.inband()
+
+
+def inband(data):
+    """Pickled bytes, whichever form `dumps` gave."""
+    return data.inband() if isinstance(data, OutOfBand) else data
+
+
+def _write_out_of_band(f, oob):
+    """The buffers at aligned offsets, then (head, their spans) pickled, then that pickle's size."""
+    spans = []
+    for buffer in oob.buffers:
+        offset = -f.tell() % _ALIGN
+        f.write(b"\0" * offset)
+        spans.append((f.tell(), buffer.nbytes))
+        f.write(buffer)
+    index = pickle.dumps((oob.head, spans), protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(index)
+    f.write(_SIZE.pack(len(index)))
+
+
+def _load_mapped(path):
+    """An OutOfBand value from its file: the buffers are the file's pages, mapped copy-on-write
+    (writable by this rank, shared with the other ranks until written)."""
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = memoryview(mapped)
+    (size,) = _SIZE.unpack(view[-_SIZE.size:])
+    head, spans = pickle.loads(view[-_SIZE.size - size:-_SIZE.size])
+    return pickle.loads(head, buffers=[view[offset:offset + n] for offset, n in spans])
 
 
 def _roomy_folder(size):
@@ -46,18 +120,22 @@ class LocalFile:
 
     def __init__(self, data):
         fd, self.path = tempfile.mkstemp(prefix="hvd_magic-value-", dir=_roomy_folder(len(data)))
+        self.mapped = isinstance(data, OutOfBand)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if self.mapped:
+                _write_out_of_band(f, data)
+            else:
+                f.write(data)
         self._remove = weakref.finalize(self, _unlink, self.path)
 
     def release(self):
         self._remove()
 
     def __getstate__(self):
-        return {"path": self.path}
+        return {"path": self.path, "mapped": self.mapped}
 
     def __setstate__(self, state):  # the task's copy: the path, never the right to remove it
-        self.path = state["path"]
+        self.path, self.mapped = state["path"], state.get("mapped", False)
         self._remove = lambda: None
 
 
@@ -90,7 +168,7 @@ def _spark_file(ref):
 def for_rank(ref):
     """What the rank's job holds for a shared value `ref` (a LocalFile, a broadcast, the bytes)."""
     if isinstance(ref, LocalFile):
-        return {FILE_KEY: ref.path, RAW_KEY: True}
+        return {FILE_KEY: ref.path, MAPPED_KEY if ref.mapped else RAW_KEY: True}
     path = _spark_file(ref)
     if path is not None:
         return {FILE_KEY: path}
@@ -99,8 +177,11 @@ def for_rank(ref):
 
 def load(data):
     """The value itself, from what `for_rank` gave: pickled bytes, or a file holding them (a
-    LocalFile), or a file holding a pickle of them (what a Spark broadcast of them writes)."""
+    LocalFile), an OutOfBand value's file (mapped), or a file holding a pickle of them (what a
+    Spark broadcast of them writes)."""
     if isinstance(data, dict) and FILE_KEY in data:
+        if data.get(MAPPED_KEY):
+            return _load_mapped(data[FILE_KEY])
         with open(data[FILE_KEY], "rb") as f:
             if data.get(RAW_KEY):
                 return pickle.load(f)  # one copy: straight from the file into the value

@@ -195,4 +195,6 @@ def test_large_value_travels_by_broadcast_without_doubling_driver_memory(ip, fre
     run = hvd_magic.last_run()
     assert run.broadcast_names == ["big"]
     assert len(run.results) == 4
-    assert peak < 2.3 * nbytes, f"driver peak {peak / 2**20:.0f} MiB for a {nbytes / 2**20:.0f} MiB array"
+    # The array's buffer is written to the shared file from the array itself (payload.OutOfBand):
+    # no pickled copy of it on the driver.
+    assert peak < 1.3 * nbytes, f"driver peak {peak / 2**20:.0f} MiB for a {nbytes / 2**20:.0f} MiB array"

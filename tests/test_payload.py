@@ -1,6 +1,7 @@
 """A large value reaches a rank from its executor's one broadcast file (hvd_magic/payload.py);
 the end-to-end check is test_capture's test_large_value_travels_by_broadcast_..."""
 
+import os
 import pickle
 
 from hvd_magic import payload
@@ -45,7 +46,6 @@ def test_bytes_and_values_without_a_file_travel_as_bytes(tmp_path):
 
 
 def test_a_local_file_is_written_once_and_removed_at_release():
-    import os
     data = pickle.dumps(bytearray(b"x" * 100_000), protocol=5)
     shared = payload.LocalFile(data)
     task_copy = pickle.loads(pickle.dumps(shared))  # what a task gets: the path only
@@ -59,7 +59,6 @@ def test_a_local_file_is_written_once_and_removed_at_release():
 
 
 def test_driver_only_ranks_read_a_large_value_from_one_file():
-    import os
     import hvd_magic
     big = bytes(range(256)) * 40_000  # 10 MB: above the broadcast threshold
 
@@ -71,3 +70,33 @@ def test_driver_only_ranks_read_a_large_value_from_one_file():
     assert run.results == [(len(big), big[:3])] * 2
     assert isinstance(run._shared["value"], payload.LocalFile)
     assert not os.path.exists(run._shared["value"].path)  # removed when the run ended
+
+    import numpy as np
+    array = np.ones((1000, 1000))  # 8 MB: mapped from the file on each rank, writable there
+
+    def total(value):
+        value *= 2
+        return float(value.sum())
+    run = hvd_magic.run(total, np=-2, kwargs={"value": array})
+    assert run._shared["value"].mapped
+    assert run.results == [2e6, 2e6] and array[0, 0] == 1.0
+
+
+def test_a_large_array_is_shared_without_a_copy_and_mapped_copy_on_write():
+    import numpy as np
+    big = np.arange(2_000_000, dtype=np.float64)  # 16 MB
+    data = payload.dumps(big)
+    assert isinstance(data, payload.OutOfBand)
+    assert len(data.head) < 1000 and len(data) > big.nbytes
+    assert np.shares_memory(np.frombuffer(data.buffers[0], dtype=np.float64), big)  # no copy
+    assert isinstance(payload.dumps(big[::2]), bytes)        # not contiguous: the plain pickle
+    assert isinstance(payload.dumps(np.arange(10)), bytes)   # small: the plain pickle
+    shared = payload.LocalFile(data)
+    task_copy = pickle.loads(pickle.dumps(shared))
+    first, second = (payload.load(payload.for_rank(task_copy)) for _ in range(2))
+    assert np.array_equal(first, big) and first.flags.writeable and first.flags.aligned
+    first[0] = -1.0   # a rank writes to its value: its own page, the file keeps the value
+    assert second[0] == 0.0 and payload.load(payload.for_rank(task_copy))[0] == 0.0
+    assert np.array_equal(pickle.loads(payload.inband(data)), big)  # where bytes must travel
+    payload.release(shared)
+    assert not os.path.exists(shared.path)

@@ -62,6 +62,10 @@ def test_state_lives_across_cells_and_the_ranks_own_names_win(ip, session):
                      "hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()")
     assert total == 2.0
     assert cell(ip, "type(model).__name__") == "Linear"
+    import numpy as np
+    ip.user_ns["weights"] = np.ones(1_000_000)  # 8 MB: a large value, sent as bytes to a session
+    assert cell(ip, "float(weights.sum())") == 1e6
+    assert cell(ip, "weights * 2")[-1] == 2.0  # and back: both ways in parts under the frame cap
     # No Horovod timeline configured in a session (it would cost every step) unless --env says so.
     assert cell(ip, "import os\nos.environ.get('HOROVOD_TIMELINE')") is None
     assert not cell(ip, "model.weight is w")
@@ -75,6 +79,10 @@ def test_an_error_shows_the_ranks_traceback_and_keeps_the_session(ip, session):
     assert "KeyError" in str(info.value) and "<hvd_magic cell" in str(info.value)
     assert cell(ip, "x") == 0  # rank 0 finished the cell; rank 1 kept its x
     assert hvd_magic.last_run().results == [0, 41]
+    with pytest.raises(hvd_magic.RankError) as info:  # a 6 MB message: cut, the session kept
+        cell(ip, "raise ValueError('x' * 6_000_000)")
+    assert "characters cut" in str(info.value) and len(str(info.value)) < 500_000
+    assert cell(ip, "x") == 0
 
 
 def test_interrupt_stops_the_cell_on_every_rank_and_keeps_the_state(ip, session):

@@ -1,9 +1,9 @@
 """Pickle the values a run sends to its ranks, one by one, so that every one that cannot travel
 is named at once, with advice, before any job starts."""
 
-import pickle
-
 from IPython.core.error import UsageError
+
+from .. import payload
 
 # What to do instead, by the type name of a value that cannot be pickled.
 _ADVICE = {
@@ -25,16 +25,15 @@ _ADVICE = {
 
 
 def pickle_values(values, kind="name", inside="the cell"):
-    """Pickle each value on its own; raise UsageError naming every one that cannot travel.
+    """Pickle each value on its own (`payload.dumps`: bytes, or an OutOfBand for a large array);
+    raise UsageError naming every one that cannot travel.
 
     `inside` is where the advice says to create such a value instead ("the cell", "train()").
     """
-    import cloudpickle
-
     pickled, failures = {}, []
     for name, value in values.items():
         try:
-            pickled[name] = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            pickled[name] = payload.dumps(value)  # large arrays: views of them, not a copy
         except Exception as exc:  # pickling can fail with almost any exception type
             type_name = type(value).__name__
             advice = _ADVICE.get(type_name) or next(

@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 
+from .. import payload
 from ..capture.modules import identifiers, names_in_pickle
 from ..errors import RunCancelled
 from ..task.settings import TaskSettings
@@ -199,7 +200,8 @@ class Run:
         self._prepare()
         self.data = None  # the launcher holds it now
         self.folder.create(self.np)
-        small = {n: d for n, d in kwargs_pickled.items() if len(d) <= self.broadcast_bytes}
+        small = {n: payload.inband(d) for n, d in kwargs_pickled.items()
+                 if len(d) <= self.broadcast_bytes}
         # Large values travel once per executor, not inside every task; the pickled bytes are
         # dropped here as soon as they are shared, to spare driver memory.
         shared = {}

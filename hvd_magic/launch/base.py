@@ -30,6 +30,7 @@ and `prepare` undoes what it started and raises `RunCancelled`.
 import threading
 import time
 
+from .. import payload
 from ..events import EventServer
 
 
@@ -69,7 +70,7 @@ class Launcher:
 
     def share(self, data):
         """A handle the tasks read a large value from (`.value`, or the bytes themselves)."""
-        return data
+        return payload.inband(data)
 
     def open_channel(self, sink=None):
         """The event channel of this launch: its tasks connect to it and send their events;

@@ -17,7 +17,7 @@ import queue
 import threading
 
 from ..errors import LaunchError
-from ..task.session import sign
+from ..task.session import parts, sign
 from .base import Launcher
 
 
@@ -30,6 +30,7 @@ class CellChannel:
         self.events = queue.Queue()
         self.rejected = 0
         self.outcomes = {}           # rank -> (rank, status, payload)
+        self._value_parts = {}       # rank -> the parts of its value so far (value_part events)
         self.ended = threading.Event()
 
     @property
@@ -42,6 +43,9 @@ class CellChannel:
 
     def deliver(self, event):
         """An event of this cell (from the session's router thread)."""
+        if event.get("t") == "value_part":
+            self._value_parts.setdefault(event["rank"], []).append(base64.b64decode(event["data"]))
+            return
         if event.get("t") == "exit":
             self._exit(event)
         self.events.put(event)
@@ -50,7 +54,7 @@ class CellChannel:
         rank = event["rank"]
         status = event.get("status")
         if status == "ok":
-            payload = base64.b64decode(event.pop("value", ""))
+            payload = b"".join(self._value_parts.pop(rank, [])) + base64.b64decode(event.pop("value", ""))
             if not hmac.compare_digest(str(event.pop("sig", "")), sign(self.token, payload)):
                 self.rejected += 1  # never unpickled: reported as this rank's failure
                 status, event["status"] = "error", "error"
@@ -102,8 +106,10 @@ class SessionLauncher(Launcher):
         job["cell"] = self.channel.cell_id
         for event in self.session.rank_states():  # who the ranks are, for this run's view
             self.channel.deliver(event)
-        self.session.server.broadcast({"t": "cell", "cell": self.channel.cell_id, "job": base64.b64encode(
-            pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)).decode()})
+        *before, last = parts(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+        for data in before:  # a large job in parts, each frame under the channel's cap
+            self.session.server.broadcast({"t": "cell_part", "cell": self.channel.cell_id, "data": data})
+        self.session.server.broadcast({"t": "cell", "cell": self.channel.cell_id, "job": last})
 
     def done(self):
         return self.channel is not None and self.channel.ended.is_set()

@@ -229,7 +229,7 @@ class SparkLauncher(Launcher):
     def share(self, data):
         if local_slots(self.session.sparkContext.master) is not None:
             return payload.LocalFile(data)  # tasks on this machine: no broadcast file on disk
-        return self.session.sparkContext.broadcast(data)
+        return self.session.sparkContext.broadcast(payload.inband(data))
 
     def use_data(self, df, np):
         self._set_phase("checking the --data DataFrame")

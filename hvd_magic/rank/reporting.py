@@ -43,9 +43,11 @@ class _Channel:
         if self.event_fd() < 0:
             return
         data = (json.dumps(event, default=str, separators=(",", ":")) + "\n").encode()
-        with self.lock:  # one event per write, whole: a big one is not atomic on a pipe
+        with self.lock:  # one event at a time, whole: a big one is not atomic on a pipe
             try:
-                os.write(self.fd, data)
+                view = memoryview(data)
+                while view:  # a signal (the driver's interrupt) can cut a large write short
+                    view = view[os.write(self.fd, view):]
             except OSError:
                 pass
 

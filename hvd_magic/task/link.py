@@ -125,7 +125,7 @@ class DriverLink:
                 self._answered.notify_all()
         elif kind == "dump" and self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGUSR1)
-        elif kind in ("cell", "interrupt") and self.session is not None:
+        elif kind in ("cell", "cell_part", "interrupt") and self.session is not None:
             self.session.on_message(msg)
 
     def stop_rank(self):

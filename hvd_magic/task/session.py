@@ -8,6 +8,10 @@ rank says a cell is done, the task waits until every line the cell printed has b
 (the end-of-cell markers on stdout and stderr), then sends the cell's ``exit`` event with its
 value: pickled bytes signed with the run's token (HMAC-SHA256), which the driver checks before
 it unpickles them, as Jupyter does with its messages.
+
+A job or a value larger than `PART_BYTES` travels in parts (``cell_part`` messages before the
+``cell``, ``value_part`` events before the ``exit``): every frame stays under the event
+channel's cap (`hvd_magic.events.MAX_FRAME`), whatever the size of a cell's values.
 """
 
 import base64
@@ -21,6 +25,14 @@ from ..rank.session import write_job
 
 MARKER_WAIT_SECONDS = 5.0
 INTERRUPT_EVERY = 0.5
+PART_BYTES = 2 << 20   # base64 makes it 2.7 MiB, under the 4 MiB frame cap
+SUMMARY_CHARS = 100_000  # of an error's message or traceback, so that its event fits a frame
+
+
+def parts(data):
+    """`data` as base64 strings of at most PART_BYTES each: all but the last go as parts."""
+    chunks = [data[i:i + PART_BYTES] for i in range(0, len(data), PART_BYTES)] or [b""]
+    return [base64.b64encode(c).decode() for c in chunks]
 
 
 def sign(token, payload):
@@ -33,6 +45,7 @@ class SessionRank:
         self.token = token
         self.lock = threading.Lock()
         self.running = None          # the cell the rank was given and has not ended
+        self._job_parts = []         # the next cell's job so far (cell_part messages)
         self.cell_ended = threading.Condition(self.lock)
         link.session = self
         link.forward.on_cell_done = self.cell_done
@@ -41,11 +54,15 @@ class SessionRank:
         proc = self.link.proc
         if proc is None or proc.poll() is not None:
             return
-        if msg["t"] == "cell":
+        if msg["t"] == "cell_part":
+            self._job_parts.append(base64.b64decode(msg["data"]))
+        elif msg["t"] == "cell":
+            job = b"".join(self._job_parts) + base64.b64decode(msg["job"])
+            self._job_parts = []
             with self.lock:  # one job at a time on the rank's stdin
                 self.running = msg.get("cell")
                 try:
-                    write_job(proc.stdin, base64.b64decode(msg["job"]))
+                    write_job(proc.stdin, job)
                 except (OSError, ValueError):
                     pass  # the rank died: its task reports how
         elif msg["t"] == "interrupt":
@@ -73,8 +90,19 @@ class SessionRank:
         except OSError:
             pass
         exit_event = {"t": "exit", "cell": event.get("cell"), "code": None,
-                      "status": event.get("status"), "summary": event.get("summary")}
+                      "status": event.get("status"), "summary": _bounded(event.get("summary"))}
         if event.get("status") == "ok":
-            exit_event.update(value=base64.b64encode(payload).decode(),
-                              sig=sign(self.token, payload))
+            *before, last = parts(payload)
+            for data in before:
+                self.link.forward.send({"t": "value_part", "cell": event.get("cell"), "data": data})
+            exit_event.update(value=last, sig=sign(self.token, payload))
         self.link.forward.send(exit_event)
+
+
+def _bounded(summary):
+    """An error summary whose long texts are cut to SUMMARY_CHARS, saying how much was cut."""
+    if not isinstance(summary, dict):
+        return summary
+    return {key: f"{text[:SUMMARY_CHARS]}… ({len(text) - SUMMARY_CHARS} characters cut)"
+            if isinstance(text, str) and len(text) > SUMMARY_CHARS else text
+            for key, text in summary.items()}
