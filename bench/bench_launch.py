@@ -353,8 +353,8 @@ def launchers(run_root, max_np):
     return {
         "floor": floor,
         "floor-torch": floor_torch,
-        "spark-floor": spark_floor,
-        "spark-empty-job": spark_empty,
+        "spark-floor": spark_then(spark_floor),  # (the session first, with max_np slots: a
+        "spark-empty-job": spark_then(spark_empty),  # barrier stage over the slots waits ~10 min)
         "hvd_magic-spark": spark_then(lambda np: hvd_magic_run(np, run_root)[0]),
         "hvd_magic-driver": lambda np: hvd_magic_run(-np, run_root)[0],
         "horovodrun": lambda np: horovodrun(np),
