@@ -60,9 +60,9 @@ def may_record_window(job):
     count (a docstring that mentions timelines is not a window).
 
     Only then do its ranks get HOROVOD_TIMELINE=DYNAMIC: with a timeline configured, even one
-    never started, Horovod's timeline writer thread spins on rank 0 and its controller syncs
-    timeline state every cycle, which cost rank 0 ~25% more CPU per training step at np 4 on
-    2 cores (bench/bench_training.py, `:notl`). A window asked for anyway says how to get one
+    never started, Horovod's controller syncs timeline state with the response cache every
+    cycle (and rank 0's writer thread wakes every ms), which cost rank 0 ~25% more CPU per
+    training step at np 4 on 2 cores (bench/bench_training.py, `:notl`). A window asked for anyway says how to get one
     (timelines/record.py)."""
     blobs = [job.get("fn") or b"", *job.get("args", ()), *job.get("kwargs", {}).values()]
     if any(WINDOW_NAMES & names_in_pickle(blob) for blob in blobs
