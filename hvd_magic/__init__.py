@@ -25,7 +25,7 @@ def __getattr__(name):
         from . import api
         return getattr(api, name)
     if name == "HorovodRunner":  # Databricks' sparkdl.HorovodRunner API
-        from .horovod_runner import HorovodRunner
+        from .frontends.horovod_runner import HorovodRunner
         return HorovodRunner
     if name == "timeline":  # `with hvd_magic.timeline():` on a rank
         from .timelines.record import timeline
@@ -35,13 +35,13 @@ def __getattr__(name):
 
 def load_ipython_extension(ip):
     """`%load_ext hvd_magic`: register `%%horovod` and `%horovod_timeline`."""
-    from .magics import HorovodMagics
+    from .frontends.magics import HorovodMagics
     ip.register_magics(HorovodMagics)
 
 
 def unload_ipython_extension(ip):
     """`%unload_ext hvd_magic` (and `%reload_ext`): a warm session's ranks end with it."""
-    from .magics import HorovodMagics
+    from .frontends.magics import HorovodMagics
     for kind in ("line", "cell"):
         for name, fn in list(ip.magics_manager.magics[kind].items()):
             owner = getattr(fn, "__self__", None)

@@ -31,7 +31,7 @@ MAGICS = [("%%horovod", "horovod"), ("%horovod_timeline", "horovod_timeline"),
 def magic_help(method_name):
     """What IPython shows for ``%name?``: the docstring, with usage and options when it has them."""
     sys.path.insert(0, ROOT)
-    from hvd_magic.magics import HorovodMagics
+    from hvd_magic.frontends.magics import HorovodMagics
     text = inspect.cleandoc(getattr(HorovodMagics, method_name).__doc__)
     return text.removeprefix("::\n\n")  # (reST markup before the usage line)
 

@@ -120,12 +120,23 @@ def test_the_rank_side_imports_nothing_of_the_notebook_or_spark():
                    for m in loaded)
 
 
-@pytest.mark.parametrize("folder", ["capture", "launch", "task", "rank", "driver", "timelines"])
-def test_views_and_magics_are_imported_only_by_the_notebook_side(folder):
+@pytest.mark.parametrize("folder", ["capture", "launch", "task", "rank", "driver", "timelines",
+                                    "view", "api"])
+def test_views_and_front_doors_are_imported_only_by_the_notebook_side(folder):
     edges = internal_edges()
+    below = ("hvd_magic.frontends",) if folder == "view" else ("hvd_magic.view", "hvd_magic.frontends")
     for module, targets in edges.items():
         if module.startswith(f"hvd_magic.{folder}"):
-            assert not {t for t in targets if t.startswith(("hvd_magic.view", "hvd_magic.magics"))}, module
+            assert not {t for t in targets if t.startswith(below)}, module
+
+
+def test_the_front_doors_have_one_room():
+    """What a person types or calls (magics, HorovodRunner, their options) lives in frontends/,
+    not loose beside the API and the shared modules."""
+    top = {m for m in modules() if m.count(".") == 1}
+    assert top.isdisjoint({f"hvd_magic.{n}" for n in (
+        "magics", "cells", "session_magic", "tensorboard_magic", "horovod_runner", "options")})
+    assert "hvd_magic.frontends.magics" in modules()
 
 
 def test_tasks_never_import_the_notebooks_packages():

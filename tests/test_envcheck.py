@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 
 from conftest import StandaloneCluster
 from hvd_magic.launch import envcheck
-from hvd_magic.magics import HorovodMagics
+from hvd_magic.frontends.magics import HorovodMagics
 
 OTHER_CLOUDPICKLE = "3.0.0"
 OTHER_WORKER_HOST = "127.0.0.2"

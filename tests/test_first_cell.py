@@ -180,7 +180,7 @@ def test_dashboard_last_line_skips_cxx_info():
 @pytest.mark.parametrize("magic", ["horovod", "horovod_timeline", "horovod_env", "horovod_session",
                                    "horovod_tensorboard"])
 def test_help_opens_with_a_sentence_and_an_example_that_runs(ip, magic, capsys):
-    from hvd_magic.magics import HorovodMagics
+    from hvd_magic.frontends.magics import HorovodMagics
 
     sentence, intro, first_cell = getattr(HorovodMagics, magic).__doc__.split("\n\n")[:3]
     assert sentence.endswith(".") and ". " not in sentence and "\n" not in sentence

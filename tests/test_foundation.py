@@ -80,6 +80,6 @@ def test_api_without_ipython_returns_run_in_rank_order(tmp_path):
 
 
 def test_help_is_generated_from_the_docstring(ip):
-    from hvd_magic.magics import HorovodMagics
+    from hvd_magic.frontends.magics import HorovodMagics
     doc = HorovodMagics.horovod.__doc__
     assert "--np" in doc and "Examples" in doc and "--timeout" in doc

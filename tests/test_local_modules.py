@@ -91,3 +91,28 @@ def test_a_cell_and_a_horovodrunner_function_import_local_modules_on_hidden_work
         return mylib.scale(x)
 
     assert hvd_magic.HorovodRunner(np=2, quiet=True).run(train, x=5) == 30
+
+
+SCRIPT = """\
+import sys
+import hvd_magic
+
+def double(x):
+    import os
+    return 2 * x + int(os.environ["HOROVOD_RANK"])
+
+print("results", hvd_magic.run(double, np=-2, args=(21,)).results)
+"""
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_a_script_read_from_stdin_or_given_with_c_runs(tmp_path, how):
+    """`python - <<EOF` and `python -c`: __main__'s pseudo-file ('<stdin>') is no module to ship,
+    and the script's own functions travel by value."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    argv = [sys.executable, "-"] if how == "stdin" else [sys.executable, "-c", SCRIPT]
+    done = subprocess.run(argv, input=SCRIPT if how == "stdin" else None, cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "results [42, 43]" in done.stdout

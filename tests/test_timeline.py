@@ -369,7 +369,7 @@ def test_picture_caps_lanes_for_many_tensors():
 
 
 def test_magic_help_is_generated_with_examples():
-    from hvd_magic.magics import HorovodMagics
+    from hvd_magic.frontends.magics import HorovodMagics
     doc = HorovodMagics.horovod_timeline.__doc__
     for text in ("Examples", "--summary", "--list", "--path", "hvd_magic.timeline()"):
         assert text in doc

@@ -41,9 +41,13 @@ def _local_root(name, folder, installed):
     top = name.split(".")[0]
     if top == __name__.split(".")[0]:  # hvd_magic itself (a checkout beside the notebook): the
         return None                    # rank runs its own copy, the one it started with
+    if top == "__main__":  # the script or the notebook itself: what it defines travels by value
+        return None
     module = sys.modules.get(top)
     path = getattr(module, "__file__", None)
-    if not path:
+    # A pseudo-file (`python -` gives '<stdin>', exec'd code '<string>', IPython
+    # '<ipython-input-...>') names no source to ship.
+    if not path or not os.path.isfile(path):
         return None
     path = os.path.realpath(path)
     if not _is_under(path, folder) or any(_is_under(path, r) for r in installed):

@@ -17,6 +17,7 @@ Not for: anything the classic launcher does with a SparkContext (`hvd_magic.laun
 
 import dataclasses
 import os
+import sys
 import uuid
 
 from IPython.core.error import UsageError
@@ -28,18 +29,22 @@ from .frames import barrier_stage, check_data, collect_outcomes
 
 
 def connect_session(spark=None):
-    """The Spark Connect session to launch through: `spark` if it is one, else the active
-    Connect session when no classic SparkContext is running; None otherwise."""
+    """The Spark Connect session to launch through: `spark` if it is one, else the Connect
+    session the user made (this thread's active one, or the default), whatever classic
+    SparkContext also runs in this process; None otherwise.
+
+    A classic SparkContext beside a Connect session is no sign of a classic user:
+    ``SparkSession.builder.remote("local[2]")``, pyspark's documented way to try Connect, starts
+    its Connect server inside this process on one."""
     if spark is not None:
         return spark if is_connect(spark) else None
-    from pyspark import SparkContext
-    if SparkContext._active_spark_context is not None:
+    if "pyspark.sql.connect.session" not in sys.modules:  # no Connect session was ever made
         return None
     try:
         from pyspark.sql.connect.session import SparkSession
     except ImportError:  # the Connect client's packages (grpcio...) are not installed
         return None
-    return SparkSession.getActiveSession()
+    return SparkSession.getActiveSession() or SparkSession._get_default_session()
 
 
 def is_connect(spark):
@@ -120,9 +125,21 @@ class ConnectLauncher(Launcher):
         try:
             self.outcomes, self.late_events = collect_outcomes(barrier_stage(frame, settings))
         except BaseException as exc:  # reported by the driver loop, never lost
-            self.error = exc if self._cancelled else LaunchError(java_message(exc))
+            self.error = exc if self._cancelled else LaunchError(
+                java_message(exc, self.workers_python()))
         finally:
             self.session.removeTag(self.tag)
+
+    def workers_python(self):
+        """The interpreter the server's Python workers run: the server reads PYSPARK_PYTHON from
+        its own environment when it starts (python3 when unset). A server started by this
+        process (``remote("local[N]")``) has this process's environment."""
+        python = self.session.conf.get("spark.pyspark.python", None)
+        if python:
+            return python
+        if "SPARK_LOCAL_REMOTE" in os.environ:  # pyspark's in-process local server
+            return os.environ.get("PYSPARK_PYTHON") or "python3"
+        return "the server's PYSPARK_PYTHON (python3 when it is not set)"
 
     def cancel(self):
         self._cancelled = True

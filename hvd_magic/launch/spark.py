@@ -11,10 +11,13 @@ refused. Spark errors reach the user as one line, never as a Java stack trace.
 Not for: widgets or anything the notebook shows; what a task does is `hvd_magic.task`.
 """
 
+import contextlib
 import functools
 import os
 import re
+import shutil
 import sys
+import threading
 import time
 import uuid
 
@@ -107,8 +110,10 @@ def _executor_summary(sc):
     return text
 
 
-def java_message(exc):
-    """The first line of what Java said, without the stack trace."""
+def java_message(exc, workers_python=None):
+    """The first line of what Java said, without the stack trace. `workers_python`: the
+    interpreter Spark's Python workers were told to run, for the message when they lack a
+    module."""
     java = getattr(exc, "java_exception", None)
     text = str(java.toString()) if java is not None else str(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
@@ -118,11 +123,54 @@ def java_message(exc):
     if "BarrierJobUnsupportedRDDChainException" in text or "dynamic allocation" in text.lower():
         return "Spark refused the barrier stage: " + first
     python = re.findall(r"^(\w+(?:Error|Exception): .*)$", text.split("SQLSTATE")[0], re.M)
+    missing = [p for p in python if p.startswith(("ModuleNotFoundError", "ImportError"))]
+    if "PythonException" in text and missing and workers_python:
+        return wrong_python_message(missing[-1].strip(), workers_python)
     if "PythonException" in text and python:
         return (f"a Spark task failed before its rank started: {python[-1].strip()}. Check that "
                 "the executors have the same Python and packages as the driver (torch, horovod, "
                 "hvd_magic, cloudpickle): %horovod_env compares them, executor by executor.")
     return first
+
+
+def wrong_python_message(error, workers_python):
+    """Spark's Python workers ran another interpreter than this notebook's, without our packages."""
+    here = sys.executable
+    found = shutil.which(workers_python)
+    ran = workers_python + (f" (here: {os.path.realpath(found)})"
+                            if found and found != workers_python else "")
+    return (f"Spark's Python workers could not start the ranks ({error}): they ran {ran}, and "
+            f"this notebook runs {here}. Set PYSPARK_PYTHON={here} (or the Spark setting "
+            f"spark.pyspark.python) where the SparkSession or Connect server is created, before "
+            f"it starts, then restart it; %horovod_env compares the executors' packages with "
+            f"the notebook's.")
+
+
+def _same_interpreter(command):
+    found = shutil.which(command)
+    return bool(found) and os.path.realpath(found) == os.path.realpath(sys.executable)
+
+
+_WORKERS_PYTHON = threading.Lock()
+
+
+@contextlib.contextmanager
+def workers_python(sc):
+    """Build a stage whose local Python workers run this very interpreter.
+
+    A local session the user made without PYSPARK_PYTHON runs its workers on whatever `python3`
+    is on PATH (not the kernel's virtualenv); its workers are on this machine, so they can run
+    ours, which has torch, horovod and hvd_magic. PySpark reads `sc.pythonExec` when a stage's
+    Python function is wrapped, so it is ours only while this stage is built."""
+    if local_slots(sc.master) is None or _same_interpreter(sc.pythonExec):
+        yield
+        return
+    with _WORKERS_PYTHON:
+        saved, sc.pythonExec = sc.pythonExec, sys.executable
+        try:
+            yield
+        finally:
+            sc.pythonExec = saved
 
 
 class SparkLauncher(Launcher):
@@ -262,14 +310,20 @@ class SparkLauncher(Launcher):
             try:
                 sc.setJobGroup(self.group, f"hvd_magic run {settings.run_id} (np={np})",
                                interruptOnCancel=True)
-                if self.data is not None:  # --data: the stage runs over the DataFrame
-                    self.outcomes, _ = collect_outcomes(barrier_stage(self.data, settings))
+                with workers_python(sc):
+                    if self.data is not None:  # --data: the stage runs over the DataFrame
+                        stage = barrier_stage(self.data, settings)
+                    else:
+                        stage = sc.parallelize(range(np), np).barrier().mapPartitions(
+                            functools.partial(spark_task, settings))
+                        stage._jrdd  # the Python function is wrapped now, with our interpreter
+                if self.data is not None:
+                    self.outcomes, _ = collect_outcomes(stage)
                 else:
-                    rdd = sc.parallelize(range(np), np).barrier().mapPartitions(
-                        functools.partial(spark_task, settings))
-                    self.outcomes = rdd.collect()
+                    self.outcomes = stage.collect()
             except BaseException as exc:  # reported by the driver loop, never lost
-                self.error = exc if self._cancelled else LaunchError(java_message(exc))
+                self.error = exc if self._cancelled else LaunchError(
+                    java_message(exc, sc.pythonExec))
             finally:
                 sc.setLocalProperty("spark.jobGroup.id", None)
 

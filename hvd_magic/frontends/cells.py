@@ -5,13 +5,13 @@ import sys
 
 from IPython.core.error import UsageError
 
-from . import api
-from .capture import capture_cell
-from .capture.session import capture_session_cell
-from .launch.frames import is_dataframe
+from .. import api
+from ..capture import capture_cell
+from ..capture.session import capture_session_cell
+from ..launch.frames import is_dataframe
 from .options import env_option, names, positive
-from .timelines.show import TimelineNote
-from .view import TextView, make_view
+from ..timelines.show import TimelineNote
+from ..view import TextView, make_view
 
 
 def run_cell(magics, args, cell):

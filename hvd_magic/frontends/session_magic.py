@@ -4,7 +4,7 @@
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import api
+from .. import api
 from .options import env_option, summary_first
 
 

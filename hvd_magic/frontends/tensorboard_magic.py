@@ -13,7 +13,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .options import summary_first
 
-from .driver.history import runs
+from ..driver.history import runs
 
 
 def logs_of(run_id=None):

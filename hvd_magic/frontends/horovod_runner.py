@@ -22,10 +22,10 @@ import types
 
 from IPython.core.error import UsageError
 
-from . import api
-from .capture import pickle_values
-from .timelines.show import TimelineNote
-from .view import TextView, make_view
+from .. import api
+from ..capture import pickle_values
+from ..timelines.show import TimelineNote
+from ..view import TextView, make_view
 
 __all__ = ["HorovodRunner"]
 

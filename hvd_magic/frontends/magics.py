@@ -166,7 +166,7 @@ class HorovodMagics(Magics):
             %horovod_timeline --list             # runs that have a timeline
             path = %horovod_timeline 3f2a --path # the file of the run whose id ends in 3f2a
         """
-        from .timelines.show import timeline_magic
+        from ..timelines.show import timeline_magic
         return timeline_magic(self, line)
 
     @_summary_first
@@ -202,8 +202,8 @@ class HorovodMagics(Magics):
             report.mismatches               # [Mismatch(where='10.0.0.7:41234', what='cloudpickle', ...)]
             %horovod_env --text             # plain text, to paste into an issue
         """
-        from .launch.connect import connect_session
-        from .launch.envcheck import check
+        from ..launch.connect import connect_session
+        from ..launch.envcheck import check
         args = parse_argstring(self.horovod_env, line)
         if connect_session() is not None:
             raise UsageError("%horovod_env needs a classic SparkSession (it asks every executor "

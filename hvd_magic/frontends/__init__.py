@@ -1,0 +1,11 @@
+"""The ways in: what a person types or calls, each a thin shell over the plain API (`hvd_magic.api`).
+
+- `magics`: ``%%horovod``, ``%horovod_timeline``, ``%horovod_env``, ``%horovod_session``,
+  ``%horovod_tensorboard``; `options` parses and checks their option values;
+- `cells`: a ``%%horovod`` cell's options to a run, on fresh ranks or in the active warm session;
+- `session_magic`, `tensorboard_magic`: the session and TensorBoard magics' bodies;
+- `horovod_runner`: Databricks' ``HorovodRunner(np).run(main, **kwargs)``.
+
+Nothing below this room imports it: the API, the driver, the launchers and the ranks know nothing
+of IPython's magics.
+"""

@@ -1,0 +1,119 @@
+"""Sessions the user made in ways pyspark documents, each in a Python process of its own (a
+process holds one JVM, whose environment is fixed when it starts):
+
+- ``SparkSession.builder.remote("local[2]")``: a Connect session whose server runs inside this
+  process on a classic SparkContext. The Connect session is the one used.
+- a session made without ``PYSPARK_PYTHON`` while ``python3`` on PATH is another interpreter (a
+  kernel whose virtualenv is not activated): a classic local session just works (its workers are
+  on this machine and can run ours); a Connect server's workers cannot be changed after it
+  started, and the message names both interpreters and the fix.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+CONNECT_LOCAL = r'''
+import json, os, sys
+os.environ["HVD_MAGIC_NO_WIDGETS"] = "1"
+from IPython.testing.globalipapp import start_ipython
+ip = start_ipython()
+ip.run_line_magic("load_ext", "hvd_magic")
+ip.run_cell("import hvd_magic\nfrom pyspark.sql import SparkSession\n"
+            "spark = SparkSession.builder.remote('local[2]').getOrCreate()\n"
+            "df = spark.range(10)").raise_error()
+import hvd_magic
+from pyspark import SparkContext
+out = {"classic_context_too": SparkContext._active_spark_context is not None}
+out["cell"] = ip.run_cell_magic("horovod", "--np 2 --text", """
+import torch, horovod.torch as hvd
+hvd.init()
+hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+""")
+out["where"] = hvd_magic.last_run().where
+out["rows"] = ip.run_cell_magic("horovod", "--np 2 --text --data df", """
+import torch, horovod.torch as hvd
+hvd.init()
+hvd.allreduce(torch.tensor([float(hvd_magic.shard().num_rows)]), op=hvd.Sum).item()
+""")
+def main(k):
+    import horovod.torch as hvd
+    hvd.init()
+    return k * hvd.size()
+out["runner"] = hvd_magic.HorovodRunner(np=2).run(main, k=5)
+out["runner_where"] = hvd_magic.last_run().where
+ip.run_cell("spark.stop()").raise_error()
+print("RESULT " + json.dumps(out))
+'''
+
+WRONG_PYTHON = r'''
+import json, sys
+import hvd_magic
+from pyspark.sql import SparkSession
+
+def size():
+    import horovod.torch as hvd
+    hvd.init()
+    return hvd.size()
+
+out = {}
+spark = SparkSession.builder.remote("local[2]").getOrCreate()
+try:
+    hvd_magic.run(size, np=2)
+except hvd_magic.LaunchError as exc:
+    out["connect_error"] = str(exc)
+spark.stop()
+
+spark = SparkSession.builder.master("local[2]").getOrCreate()
+out["results"] = hvd_magic.run(size, np=2).results
+out["python_exec_after"] = spark.sparkContext.pythonExec
+spark.stop()
+print("RESULT " + json.dumps(out))
+'''
+
+
+def _run(script, tmp_path, env):
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=400)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, (done.stdout[-3000:], done.stderr[-5000:])
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYSPARK_", "SPARK_CONNECT", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"))}
+    # this checkout's hvd_magic, and nothing of this interpreter's site-packages (a system
+    # python3 given those would import pyarrow and hide what the test is about)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.update(extra)
+    return env
+
+
+def test_connects_local_form_uses_the_connect_session(tmp_path):
+    out = _run(CONNECT_LOCAL, tmp_path, _env(PYSPARK_PYTHON=sys.executable))
+    assert out["classic_context_too"]  # the form this test is about: a classic context beside
+    assert out["cell"] == 3.0
+    assert out["where"].startswith("Spark Connect") and "local[2]" in out["where"]
+    assert out["rows"] == 10.0  # --data: every row of the Connect DataFrame, on two ranks
+    assert out["runner"] == 10 and out["runner_where"].startswith("Spark Connect")
+
+
+@pytest.mark.skipif(not shutil.which("python3", path="/usr/bin"), reason="no system python3")
+def test_workers_on_another_python(tmp_path):
+    system = os.path.realpath("/usr/bin/python3")
+    if os.path.realpath(sys.executable) == system or subprocess.run(
+            [system, "-c", "import pyarrow"], capture_output=True).returncode == 0:
+        pytest.skip("the system python3 is this interpreter or has pyarrow")
+    path = os.pathsep.join(["/usr/bin", os.path.dirname(shutil.which("java"))])
+    out = _run(WRONG_PYTHON, tmp_path, _env(PATH=path))
+    message = out["connect_error"]
+    assert "python3" in message and system in message and sys.executable in message
+    assert f"PYSPARK_PYTHON={sys.executable}" in message and "pyarrow" in message
+    assert "Traceback" not in message and "at org.apache" not in message
+    assert out["results"] == [2, 2]            # a classic local session: it just works
+    assert out["python_exec_after"] == "python3"  # and the user's session is left as it was
