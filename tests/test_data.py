@@ -8,7 +8,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
-from hvd_magic.driver.loop import shards_message
+from hvd_magic.task.shard import shards_message
 from conftest import spark_session
 from hvd_magic.launch.spark import embedded_session
 

@@ -1,9 +1,7 @@
 """The driver loop of one run: events in, per-rank state, logs and view updates out.
 
 It reads the run's `EventServer` queue until the launcher says every task ended, and:
-- writes each rank's lines to its log, applies state/progress/exit events to its `RankState`;
-- relays task 0's rendezvous port to the other tasks, and (``--data``) every task's row count
-  to all of them once each task has its shard;
+- applies each event to the run (`hvd_magic.driver.apply`: logs, rank state, relays);
 - stops every rank as soon as one fails, on interrupt, timeout or a stall (``--on-stall fail``),
   and cancels the launcher's tasks if they do not end after the stop request;
 - at the end, gathers the values or the error (`hvd_magic.driver.ending`) and tells the view.
@@ -13,10 +11,9 @@ import queue
 import time
 
 from .. import payload
-from ..task.shard import shards_message
 from ..task.stopping import STOP_GRACE_SECONDS
+from .apply import apply_event
 from .ending import collect, offline_message, run_error
-from .folder import FILE_KINDS, FOLDER_KINDS
 from .ranks import LIVE_STATES
 from .watchdog import stall_message
 
@@ -154,82 +151,12 @@ class Driver:
 
     def _handle(self, event):
         try:
-            self._apply(event)
+            if apply_event(self.run, event, self.request_stop) and self._meta_due is None:
+                self._meta_due = time.monotonic() + self.META_EVERY
         except (TypeError, ValueError, AttributeError, KeyError):
             # a well-formed frame with nonsense in it (only a holder of the run's token can send
             # one): dropped and counted like a malformed frame, never fatal to the run
             self.run.rejected_events += 1
-
-    def _apply(self, event):
-        run = self.run
-        rank = event.get("rank")
-        if not isinstance(rank, int) or not 0 <= rank < run.np:
-            return
-        r = run.ranks[rank]
-        r.last_event = time.monotonic()
-        kind = event.get("t")
-        if kind == "lines":
-            lines = [str(x) for x in event.get("lines", [])]
-            run.folder.write_lines(rank, lines)
-            r.lines += len(lines)
-            if lines:
-                r.last_line = lines[-1].rsplit("\r", 1)[-1]
-        elif kind == "state":
-            if event.get("state") == "starting" and r.pid is not None and event.get("pid") != r.pid:
-                self._retried(rank)
-            r.state = str(event.get("state", r.state))
-            for key in ("host", "local_rank", "pid", "gpus", "executor", "partition"):
-                if key in event:
-                    setattr(r, key, event[key])
-        elif kind == "progress":
-            r.step, r.total = event.get("step"), event.get("total")
-            if isinstance(event.get("metrics"), dict):
-                r.metrics.update(event["metrics"])
-            points = event.get("points")
-            if isinstance(points, list):
-                r.history.extend(p for p in points
-                                 if isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict))
-        elif kind == "rendezvous" and rank == 0:
-            # task 0's rendezvous server is up: every other task needs its port
-            run._server.announce({"t": "rendezvous", "port": int(event["port"])})
-        elif kind == "shard":
-            r.shard_rows = int(event["rows"])
-            counts = [x.shard_rows for x in run.ranks]
-            if None not in counts:
-                _shards_known(self, counts)
-        elif kind == "file" and event.get("kind") in FILE_KINDS:
-            run.folder.receive(event)
-        elif kind == "file" and event.get("kind") in FOLDER_KINDS:
-            run.folder.receive_file_of_folder(rank, event, run.tensorboard)
-        elif kind == "blocked":
-            seconds = event.get("seconds")
-            r.blocked_since = time.monotonic() - (seconds if isinstance(seconds, (int, float)) else 0)
-            r.blocked_op = str(event.get("op"))
-        elif kind == "unblocked":
-            r.blocked_since = r.blocked_op = None
-        elif kind == "exit":
-            r.blocked_since = r.blocked_op = None
-            r.exit = {k: event.get(k) for k in ("code", "status", "summary")}
-            r.ended_at = time.monotonic()
-            status = event.get("status")
-            r.state = {"ok": "done", "stopped": "cancelled"}.get(status, "failed")
-            if status not in ("ok", "stopped"):
-                run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
-        if kind not in ("lines", "file"):
-            run.folder.record(event)
-            if self._meta_due is None:
-                self._meta_due = time.monotonic() + self.META_EVERY
-        if run.view is not None:
-            run.view.event(run, rank, event)
-
-    def _retried(self, rank):
-        """A second start of a rank: Spark re-attempted the barrier stage after a failure."""
-        run = self.run
-        if run.allow_retry:
-            return
-        if run.retry is None:
-            run.retry = {"rank": rank, "earlier": [dict(f) for f in run.failures]}
-        self.request_stop("retried")
 
     # -- the end ------------------------------------------------------------------------------
     def _apply_late_events(self):
@@ -270,15 +197,3 @@ class Driver:
         run.write_meta()
         if run.view is not None:
             run.view.finish(run)
-
-
-def _shards_known(driver, counts):
-    """Every task has its shard: tell them all the sizes (or stop: a shard is empty)."""
-    run = driver.run
-    run.shards, message = counts, shards_message(counts, run.equal_shards)
-    if min(counts) == 0:
-        run.data_error = message
-        return driver.request_stop("data")
-    run._server.announce({"t": "shards", "rows": counts})
-    if run.view is not None:
-        run.view.event(run, None, {"t": "shards", "message": message})

@@ -1,0 +1,98 @@
+"""One event from a task, applied to its run: what the driver loop does with each event.
+
+- lines go to the rank's log; state, progress, blocked and exit events to its `RankState`;
+- task 0's rendezvous port is relayed to the other tasks, and (``--data``) every task's row count
+  to all of them once each task has its shard;
+- files sent back (timeline, TensorBoard logs) land in the run folder;
+- every event but lines and files is recorded in ``events.jsonl``, and the view sees them all.
+
+Not for: when to stop or how (`hvd_magic.driver.loop`); `request_stop` is handed in.
+"""
+
+import time
+
+from ..task.shard import shards_message
+from .folder import FILE_KINDS, FOLDER_KINDS
+
+
+def apply_event(run, event, request_stop):
+    """Apply `event` to `run`; True when it changed what ``run.json`` says (write it soon)."""
+    rank = event.get("rank")
+    if not isinstance(rank, int) or not 0 <= rank < run.np:
+        return False
+    r = run.ranks[rank]
+    r.last_event = time.monotonic()
+    kind = event.get("t")
+    if kind == "lines":
+        lines = [str(x) for x in event.get("lines", [])]
+        run.folder.write_lines(rank, lines)
+        r.lines += len(lines)
+        if lines:
+            r.last_line = lines[-1].rsplit("\r", 1)[-1]
+    elif kind == "state":
+        if event.get("state") == "starting" and r.pid is not None and event.get("pid") != r.pid:
+            _retried(run, rank, request_stop)
+        r.state = str(event.get("state", r.state))
+        for key in ("host", "local_rank", "pid", "gpus", "executor", "partition"):
+            if key in event:
+                setattr(r, key, event[key])
+    elif kind == "progress":
+        r.step, r.total = event.get("step"), event.get("total")
+        if isinstance(event.get("metrics"), dict):
+            r.metrics.update(event["metrics"])
+        points = event.get("points")
+        if isinstance(points, list):
+            r.history.extend(p for p in points
+                             if isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict))
+    elif kind == "rendezvous" and rank == 0:
+        # task 0's rendezvous server is up: every other task needs its port
+        run._server.announce({"t": "rendezvous", "port": int(event["port"])})
+    elif kind == "shard":
+        r.shard_rows = int(event["rows"])
+        counts = [x.shard_rows for x in run.ranks]
+        if None not in counts:
+            _shards_known(run, counts, request_stop)
+    elif kind == "file" and event.get("kind") in FILE_KINDS:
+        run.folder.receive(event)
+    elif kind == "file" and event.get("kind") in FOLDER_KINDS:
+        run.folder.receive_file_of_folder(rank, event, run.tensorboard)
+    elif kind == "blocked":
+        seconds = event.get("seconds")
+        r.blocked_since = time.monotonic() - (seconds if isinstance(seconds, (int, float)) else 0)
+        r.blocked_op = str(event.get("op"))
+    elif kind == "unblocked":
+        r.blocked_since = r.blocked_op = None
+    elif kind == "exit":
+        r.blocked_since = r.blocked_op = None
+        r.exit = {k: event.get(k) for k in ("code", "status", "summary")}
+        r.ended_at = time.monotonic()
+        status = event.get("status")
+        r.state = {"ok": "done", "stopped": "cancelled"}.get(status, "failed")
+        if status not in ("ok", "stopped"):
+            run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
+    recorded = kind not in ("lines", "file")
+    if recorded:
+        run.folder.record(event)
+    if run.view is not None:
+        run.view.event(run, rank, event)
+    return recorded
+
+
+def _retried(run, rank, request_stop):
+    """A second start of a rank: Spark re-attempted the barrier stage after a failure."""
+    if run.allow_retry:
+        return
+    if run.retry is None:
+        run.retry = {"rank": rank, "earlier": [dict(f) for f in run.failures]}
+    request_stop("retried")
+
+
+def _shards_known(run, counts, request_stop):
+    """Every task has its shard: tell them all the sizes (or stop: a shard is empty)."""
+    run.shards, message = counts, shards_message(counts, run.equal_shards)
+    if min(counts) == 0:
+        run.data_error = message
+        return request_stop("data")
+    run._server.announce({"t": "shards", "rows": counts})
+    if run.view is not None:
+        run.view.event(run, None, {"t": "shards", "message": message})
