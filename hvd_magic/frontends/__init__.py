@@ -1,0 +1,1 @@
+"""The ways into hvd_magic besides the API: the magics, script runs, the terminal command."""
