@@ -52,7 +52,7 @@ def run_options(magics, args, data):
         broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
         name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
         tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
-        equal_shards=args.equal_shards)
+        equal_shards=args.equal_shards, mlflow=args.mlflow)
 
 
 def data_option(user_ns, name, equal_shards):
@@ -101,7 +101,7 @@ def run_in_session(magics, session, args, cell):
             session, cell_fn, view=view, timeout=timeout, background=args.background,
             name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
             stall_timeout=positive("--stall-timeout", args.stall_timeout or magics.stall_timeout),
-            on_stall=args.on_stall, run_root=magics.run_root)
+            on_stall=args.on_stall, run_root=magics.run_root, mlflow=args.mlflow)
     finally:
         if session.broken and not session.stopped:  # said once, under the cell that broke it
             print(f"[hvd_magic] session {session.id} needs a restart: {session.broken}. "

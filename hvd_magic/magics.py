@@ -7,8 +7,10 @@ Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.utils.process import arg_split
 from traitlets import Bool, Dict, Float, Int, Unicode
 
+from .options import mlflow_before_script
 from .options import summary_first as _summary_first
 from .session_magic import horovod_session
 from .tensorboard_magic import horovod_tensorboard
@@ -83,6 +85,12 @@ class HorovodMagics(Magics):
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "
                    "tensorboard/ in the run folder; see %%horovod_tensorboard).")
     @argument("--name", type=str, default=None, help="A label for the run.")
+    @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
+              help="Log the run to MLflow: params, rank 0's reported metrics, the cell (or "
+                   "script) and the run folder, its status. Without it, a run is logged only "
+                   "when the notebook has an active MLflow run (mlflow.start_run()); with it "
+                   "and no active run, to a new run in EXPERIMENT (default: the current "
+                   "experiment). Needs mlflow (pip install 'hvd_magic[mlflow]').")
     @argument("--verbose", "-v", action="store_true",
               help="Show what is otherwise only logged: the output of a Spark JVM this run "
                    "starts (kept in hvd_runs/spark-<time>.log either way) and C++ libraries' "
@@ -127,7 +135,7 @@ class HorovodMagics(Magics):
 
             %horovod --np 4 train.py --epochs 3   # a training script, as horovodrun runs it
         """
-        args = parse_argstring(self.horovod, line)
+        args = self.horovod.parser.parse_args(mlflow_before_script(arg_split(line)))
         if cell is None:
             if not args.command:
                 raise UsageError("%horovod (one %) runs a script: %horovod --np 2 train.py "

@@ -25,6 +25,7 @@ examples:
   hvd-run -np 4 train.py --epochs 3
   hvd-run -np 8 --master spark://head:7077 train.py
   hvd-run -np -2 --timeout 600 train.py          # 2 processes here, no Spark
+  python -m hvd_magic --np 2 --mlflow exp train.py
 
 exit code: 0 when every rank succeeded; the script's code when a rank called sys.exit(N);
 1 for another failure; 124 after --timeout; 130 after Ctrl-C (every rank is stopped)."""
@@ -60,6 +61,10 @@ def parser():
                         "before the watchdog reports a stall (default 60).")
     p.add_argument("--on-stall", choices=("warn", "fail"), default="warn",
                    help="What a stall does (default: warn).")
+    p.add_argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
+                   help="Log the run to MLflow (MLFLOW_TRACKING_URI): params, rank 0's "
+                        "reported metrics, the script, the run folder, the status; in a new run "
+                        "of EXPERIMENT (default: the current experiment). Needs mlflow.")
     p.add_argument("--run-root", default="hvd_runs", metavar="DIR",
                    help="Where run folders go (default hvd_runs).")
     p.add_argument("-q", "--quiet", action="store_true",
@@ -77,12 +82,12 @@ def main(argv=None):
     from IPython.core.error import UsageError
 
     from ..errors import RankError, RunCancelled, RunTimeout
-    from ..options import env_option
+    from ..options import env_option, mlflow_before_script
     from ..view import TextView
     from .script import run_script
 
     p = parser()
-    args = p.parse_args(argv)
+    args = p.parse_args(mlflow_before_script(sys.argv[1:] if argv is None else argv))
     if not args.command:
         p.error("the script to run is missing, e.g.: hvd-run -np 2 train.py --epochs 3")
     try:
@@ -92,7 +97,7 @@ def main(argv=None):
                    timeline=args.timeline, name=args.name, retries=args.retries,
                    stall_timeout=args.stall_timeout or None, on_stall=args.on_stall,
                    run_root=args.run_root, view=TextView(quiet=args.quiet, verbose=args.verbose),
-                   verbose=args.verbose)
+                   verbose=args.verbose, mlflow=args.mlflow)
         return 0
     except UsageError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
