@@ -10,7 +10,8 @@ run too.
 
 `MlflowTracker` is shaped like a view (`start/event/tick/finish`) and wraps the run's view: the
 driver loop feeds it the same events. Metrics are kept and sent with ``log_batch`` at most once
-a second (a call per point would cost more than a short training step); params once the
+a second, from a thread of its own (a call per point would cost more than a short training
+step, and MLflow's store takes tens of milliseconds per batch); params once the
 launcher is known; the cell or script and the run folder as artifacts at the end. A tracking
 server that stops answering costs a warning, never the run.
 
@@ -19,7 +20,9 @@ Nothing here imports mlflow unless it was asked for, or the notebook has importe
 
 import math
 import os
+import queue
 import sys
+import threading
 import time
 from importlib import metadata
 
@@ -118,6 +121,8 @@ class MlflowTracker:
         self.last_flush = time.monotonic()
         self._params_logged = False
         self._warned = False
+        self._sender = None          # the thread that sends metrics, once there are some
+        self._outbox = queue.Queue()
 
     @property
     def env(self):
@@ -148,13 +153,16 @@ class MlflowTracker:
         if not self._params_logged and run.where is not None:
             self._safely(self._log_params, run)
         if self.pending and time.monotonic() - self.last_flush >= FLUSH_EVERY:
-            self._safely(self.flush)
+            self.flush()
 
     def finish(self, run):
         if self.view is not None:
             self.view.finish(run)
         self._safely(self._log_params, run)
-        self._safely(self.flush)
+        self.flush()
+        if self._sender is not None:  # every metric is in before the run is ended
+            self._outbox.put(None)
+            self._sender.join()
         self._safely(self._log_files, run)
         self._safely(self._end, run)
 
@@ -174,10 +182,29 @@ class MlflowTracker:
                     self.pending.append(Metric(str(key), float(value), now, step))
 
     def flush(self):
+        """Hand the kept metrics to the sender thread: a log_batch takes tens of milliseconds
+        (MLflow's store writes each metric), which the driver loop, its view and its stop
+        requests should not wait for."""
         pending, self.pending = self.pending, []
         self.last_flush = time.monotonic()
-        for i in range(0, len(pending), BATCH_LIMIT):
-            self.client.log_batch(self.run_id, metrics=pending[i:i + BATCH_LIMIT])
+        if not pending:
+            return
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send, name="hvd-magic-mlflow",
+                                            daemon=True)
+            self._sender.start()
+        self._outbox.put(pending)
+
+    def _send(self):
+        while True:
+            metrics = self._outbox.get()
+            if metrics is None:
+                return
+            for i in range(0, len(metrics), BATCH_LIMIT):
+                self._safely(self._log_batch, metrics[i:i + BATCH_LIMIT])
+
+    def _log_batch(self, metrics):
+        self.client.log_batch(self.run_id, metrics=metrics)
 
     def _log_params(self, run):
         if self._params_logged:
