@@ -76,7 +76,7 @@ def script_folder(tmp_path):
 def test_the_magic_runs_a_horovodrun_script_on_spark(ip, script_folder, capsys):
     spark_session(2)
     checkpoint = script_folder / "model.pt"
-    ip.run_line_magic("horovod", f"--np 2 --text --name scripted {script_folder}/train.py "
+    ip.run_line_magic("horovod", f"--np 2 --text --timeline --name scripted {script_folder}/train.py "
                                  f"--epochs 2 --checkpoint {checkpoint} --timeout 0.5")
     out = capsys.readouterr().out
     # options after the script's path are the script's own (a --timeout of 0.5 s too)
@@ -86,6 +86,7 @@ def test_the_magic_runs_a_horovodrun_script_on_spark(ip, script_folder, capsys):
     run = hvd_magic.last_run()
     assert (run.state, run.results, run.name) == ("done", [None, None], "scripted")
     assert "epoch 0" in open(run.log_path(1)).read()
+    assert run.timeline_path and os.path.getsize(run.timeline_path) > 0  # rank 0's, brought back
     assert os.path.getsize(checkpoint) > 0  # rank 0's torch.save(model) of a __main__ class
 
 
