@@ -73,7 +73,7 @@ def _lines(stream, into):
 
 def test_ctrl_c_ends_every_rank_on_spark(tmp_path):
     (tmp_path / "forever.py").write_text(FOREVER)
-    proc = command("-np", "2", "forever.py")
+    proc = command("-np", "2", "forever.py", start_new_session=True)
     lines = queue.Queue()
     threading.Thread(target=_lines, args=(proc.stdout, lines), daemon=True).start()
     pids, deadline = {}, time.monotonic() + 240
@@ -99,6 +99,22 @@ def test_ctrl_c_ends_every_rank_on_spark(tmp_path):
     while time.monotonic() < deadline and any(_alive(pid) for pid in pids.values()):
         time.sleep(0.1)
     assert not [pid for pid in pids.values() if _alive(pid)]
+    # nothing else the command started stays either (the embedded Spark JVM ends with it)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _in_session(proc.pid):
+        time.sleep(0.2)
+    assert _in_session(proc.pid) == []
+
+
+def _in_session(sid):
+    found = []
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            if os.getsid(p.info["pid"]) == sid and _alive(p.info["pid"]):
+                found.append(p.info["name"])
+        except (ProcessLookupError, PermissionError):
+            pass
+    return found
 
 
 def _alive(pid):
