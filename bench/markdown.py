@@ -22,6 +22,8 @@ TITLES = {
     "report": "`hvd_magic.report()` per call (ratio: share of a 5 ms step)",
     "reinit": "hvd.init()/shutdown cycles under load; hvd.init() skew",
     "shards": "DataFrame shards beside `toPandas()`",
+    "scripts": "Training scripts and MLflow: logging cost per point (ratio: share of a 5 ms step); "
+               "`%horovod script.py` launch beside the same code in a cell",
 }
 REFERENCES = {
     "launch": "the floor (N bare rank processes rendezvousing directly)",
@@ -183,6 +185,13 @@ def targets(record):
              f"{r['rank_rss_mb']:.0f} MB: its baseline {r['rank_rss_before_mb']:.0f} + its shard "
              f"{shard_mb:.0f} + {r['rank_rss_mb'] - shard_mb - r['rank_rss_before_mb']:.0f} MB",
              r["rank_rss_mb"] <= shard_mb + r["rank_rss_before_mb"] + 16)
+    for r in _rows(record, "scripts"):
+        if r["name"].endswith("per point"):
+            line(f"MLflow logging < 1% of a 5 ms step ({r['name']})",
+                 f"{r['median'] * 1e6:.1f} µs = {r['ratio'] * 100:.2f}%", r["ratio"] < 0.01)
+        elif r.get("ratio") is not None:
+            line("`%horovod --np 2 script.py` launch ≤ 1.05× the same code in a cell",
+                 f"{r['median']:.2f} s, {r['ratio']:.3f}×", r["ratio"] <= 1.05)
     for r in _rows(record, "session"):
         if r["name"].startswith("%%horovod"):
             line(f"{r['name']} round trip vs `%%px`",

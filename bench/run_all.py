@@ -58,6 +58,8 @@ BENCHMARKS = {
     "report": ("bench_report.py", [], ["--calls", "20000", "--reps", "2"]),
     "reinit": ("bench_reinit.py", [], ["--cycles", "20", "--loops", "1", "--skew-runs", "3",
                                        "--np", "2"]),
+    "scripts": ("bench_scripts.py", ["--reps", "5", "--points", "1000"],
+                ["--reps", "2", "--points", "400"]),
     # --- DataFrame shards (issue #17): bench/bench_shards.py, when it exists, writes the same
     # rows (bench "shards": shard throughput, ratio to toPandas()) and takes --json PATH and
     # --quick; until then the file notes it as not run, and make bench does not fail for it.

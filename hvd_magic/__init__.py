@@ -24,6 +24,9 @@ def __getattr__(name):
     if name in _API:
         from . import api
         return getattr(api, name)
+    if name == "run_script":
+        from .frontends.script import run_script
+        return run_script
     if name == "HorovodRunner":  # Databricks' sparkdl.HorovodRunner API
         from .frontends.horovod_runner import HorovodRunner
         return HorovodRunner
@@ -52,5 +55,5 @@ def unload_ipython_extension(ip):
                 del ip.magics_manager.magics[kind][name]
 
 
-__all__ = ["shard", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
+__all__ = ["shard", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
            "LaunchError", "RunCancelled", "RunTimeout", "HorovodMagicError"]

@@ -15,6 +15,7 @@ from IPython.core.error import UsageError
 from .capture import pickle_values
 from .capture.modules import local_sources, names_in_code, names_in_imports, names_in_pickle
 from .driver.history import last_run, runs
+from .driver.tracking import tracked
 from .driver.run import DEFAULT_BROADCAST_BYTES, DEFAULT_HOROVOD_ENV, DEFAULT_STALL_TIMEOUT, Run
 from .launch import make_launcher
 from .payload import inband
@@ -42,7 +43,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
         broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
-        verbose=False, data=None, equal_shards=False):
+        verbose=False, data=None, equal_shards=False, mlflow=None):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
@@ -50,6 +51,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     Raises `RankError` with the first failing rank's traceback; `UsageError` for bad arguments.
     `data`: a Spark DataFrame; each rank gets a disjoint shard of its rows, read on the rank with
     `hvd_magic.shard()` (`equal_shards`: as many rows on every rank, the rest dropped).
+    `mlflow`: see `launch`.
 
     Examples
     --------
@@ -75,7 +77,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
                   horovod_env=horovod_env, env=env, broadcast_bytes=broadcast_bytes,
                   retries=retries, name=name, timeline=timeline, stall_timeout=stall_timeout,
                   on_stall=on_stall, tensorboard=tensorboard, verbose=verbose, data=data,
-                  equal_shards=equal_shards)
+                  equal_shards=equal_shards, mlflow=mlflow)
 
 
 def run_cell(cell_fn, np, **options):
@@ -93,9 +95,12 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
            run_dir=None, view=None, background=False, horovod_env=None, env=None,
            broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
            timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn",
-           run_root="hvd_runs", tensorboard=None, verbose=False, data=None, equal_shards=False):
+           run_root="hvd_runs", tensorboard=None, verbose=False, data=None, equal_shards=False,
+           mlflow=None):
     """Start a pickled job on `np` ranks with the launcher `np` asks for; return the `Run`.
-    A Spark JVM started now writes to run_root/spark-<time>.log (and to stderr if `verbose`)."""
+    A Spark JVM started now writes to run_root/spark-<time>.log (and to stderr if `verbose`).
+    `mlflow`: None logs to the notebook's active MLflow run if there is one, True or an
+    experiment's name to a new run, False never (`hvd_magic.driver.tracking`)."""
     if data is not None:
         from .launch.frames import is_dataframe
         if not is_dataframe(data):
@@ -104,6 +109,9 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
         if np < 0:
             raise UsageError("data= needs Spark: the shards are made by Spark's executors. Use "
                              f"np={-np} (a Spark barrier stage) instead of np={np}.")
+    view, env = tracked(mlflow, view, env, job, cell, {
+        "timeout": timeout, "timeline": timeline, "retries": retries, "name": name,
+        "data": data is not None or None})
     launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
                              log_dir=run_root, verbose=verbose)
     run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
@@ -134,7 +142,7 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
 
 def run_in_session(session, cell, *, view=None, timeout=None, background=False, name=None,
                    broadcast_bytes=DEFAULT_BROADCAST_BYTES, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                   on_stall="warn", run_root="hvd_runs"):
+                   on_stall="warn", run_root="hvd_runs", mlflow=None):
     """Run a captured session cell (`hvd_magic.capture.session.SessionCell`) on the session's
     ranks; return the finished `Run`, as `run` does."""
     from .launch.session import SessionLauncher
@@ -143,6 +151,8 @@ def run_in_session(session, cell, *, view=None, timeout=None, background=False, 
     job = {"code": cell.code, "assigns": list(cell.assigns), "sources": cell.sources,
            "export": list(cell.export),
            "modules": _shipped(pickled.values(), cell.imports, marshal.loads(cell.code))}
+    # (the session's ranks started without MLFLOW_* variables: only the driver logs)
+    view, _ = tracked(mlflow, view, None, job, cell, {"timeout": timeout, "name": name})
     run_ = Run(session.np, launcher=SessionLauncher(session), view=view, timeout=timeout,
                cell=cell, broadcast_bytes=broadcast_bytes, name=name,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root)

@@ -30,7 +30,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
     "$py" -m pip install --quiet --upgrade pip
     # torch first, pinned: the CPU build this machine has; Horovod is built against it.
     "$py" -m pip install --quiet "torch==$torch_version"
-    "$py" -m pip install --quiet -e ".[test,connect,bench]"
+    "$py" -m pip install --quiet -e ".[test,connect,bench,mlflow]"
     # TensorFlow after torch and the project: Horovod is built against both.
     bash scripts/install_tensorflow.sh "$venv"
     echo "$key" > "$stamp"

@@ -47,7 +47,7 @@ def setup_torch_version():
 
 
 def notebook_imports():
-    """Top-level modules imported by the notebooks' code (magic lines left out)."""
+    """Top-level modules imported by the notebooks' code (magic and shell lines left out)."""
     names = set()
     for name in os.listdir(os.path.join(ROOT, "notebooks")):
         if not name.endswith(".ipynb"):
@@ -57,7 +57,7 @@ def notebook_imports():
             if cell.cell_type != "code":
                 continue
             source = "\n".join(line for line in cell.source.splitlines()
-                               if not line.lstrip().startswith("%"))
+                               if not line.lstrip().startswith(("%", "!")))
             for node in ast.walk(ast.parse(source)):
                 if isinstance(node, ast.Import):
                     names.update(a.name.split(".")[0] for a in node.names)

@@ -73,7 +73,7 @@ def test_only_the_modules_a_job_imports_are_shipped(notebook_folder):
 
 
 def test_a_cell_and_a_horovodrunner_function_import_local_modules_on_hidden_workers(
-        ip, fresh_ns, hidden_cluster):
+        ip, fresh_ns, hidden_cluster, notebook_folder):
     import mylib
     import shapes
     hidden_cluster.session()
@@ -91,6 +91,17 @@ def test_a_cell_and_a_horovodrunner_function_import_local_modules_on_hidden_work
         return mylib.scale(x)
 
     assert hvd_magic.HorovodRunner(np=2, quiet=True).run(train, x=5) == 30
+
+    # A training script in the same folder: its text and the module beside it travel too.
+    (notebook_folder / "train.py").write_text(textwrap.dedent("""\
+        import os, sys
+        import mylib
+        assert not os.path.exists(__file__)  # the worker sees neither the script nor its folder
+        print("scaled", mylib.scale(int(sys.argv[1]) + int(os.environ["HOROVOD_RANK"])))
+        """))
+    run = hvd_magic.run_script("train.py", args=["1"], np=2, view=None)
+    assert run.state == "done" and run.results == [None, None]
+    assert [open(run.log_path(r)).read().strip() for r in (0, 1)] == ["scaled 6", "scaled 12"]
 
 
 SCRIPT = """\

@@ -217,3 +217,18 @@ def test_spark_data(tmp_path):
     assert "rank 0: 284 rows" in shown and "rank 1: 284 rows" in shown
     assert not errors(train) and float(results(train)[0]) > 0.95  # a trained model, not chance
     assert "rows per shard: [28" in view(nb, after) and not errors(after)
+
+
+def test_scripts_and_mlflow(tmp_path):
+    nb = execute("scripts_and_mlflow.ipynb", tmp_path)
+    _, write, tracking, run, checkpoint, mlflow_run, terminal = code_cells(nb)
+    assert not any(errors(c) for c in code_cells(nb))
+    assert "saved checkpoint.pt after 200 steps" in view(nb, run)
+    assert "w = 3.0, b = 1.0" in view(nb, checkpoint)
+    shown = view(nb, mlflow_run)
+    assert "FINISHED np = 2 script = train.py" in shown
+    points, last = re.search(r"(\d+) loss points, the last (\S+)", shown).groups()
+    assert int(points) == 200 and float(last) < 0.001
+    assert "'train.py'" in shown and "'run'" in shown
+    shown = view(nb, terminal)
+    assert "exit code 0" in shown and "done in" in shown and "rank 1 on" in shown

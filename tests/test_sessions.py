@@ -113,6 +113,8 @@ def test_a_dead_rank_is_reported_and_restart_recovers(ip, session):
 
 
 def test_placement_options_are_refused_while_a_session_is_active(ip, session):
+    with pytest.raises(UsageError, match="%horovod_session stop"):  # a script needs fresh ranks
+        ip.run_line_magic("horovod", "train.py --epochs 1")
     with pytest.raises(UsageError, match="%horovod_session stop"):
         cell(ip, "1", "--np 4")
 

@@ -168,3 +168,29 @@ def local_sources(names, folder=None):
                 sources[rel] = f.read()
             todo.extend(_imported_names(sources[rel]))
     return sources
+
+
+def script_modules(path, source):
+    """{path relative to the script's folder: source} of the modules beside a script that it
+    imports (a ``helpers.py``, a package folder), and the ones those import in turn: what
+    ``python train.py`` finds through its folder on ``sys.path``, shipped to ranks whose machine
+    does not see that folder. Unlike a notebook's modules they need not be imported here."""
+    folder = os.path.dirname(os.path.realpath(path))
+    todo, seen, sources = list(_imported_names(source)), set(), {}
+    while todo:
+        top = todo.pop().split(".")[0]
+        if top in seen:
+            continue
+        seen.add(top)
+        for candidate in (os.path.join(folder, top, "__init__.py"), os.path.join(folder, top + ".py")):
+            if os.path.isfile(candidate):
+                break
+        else:
+            continue
+        for rel, full in _files(candidate).items():
+            if os.path.getsize(full) > MAX_BYTES or os.path.realpath(full) == os.path.realpath(path):
+                continue
+            with open(full, encoding="utf-8", errors="replace") as f:
+                sources[rel] = f.read()
+            todo.extend(_imported_names(sources[rel]))
+    return sources

@@ -4,7 +4,9 @@
   ``%horovod_tensorboard``; `options` parses and checks their option values;
 - `cells`: a ``%%horovod`` cell's options to a run, on fresh ranks or in the active warm session;
 - `session_magic`, `tensorboard_magic`: the session and TensorBoard magics' bodies;
-- `horovod_runner`: Databricks' ``HorovodRunner(np).run(main, **kwargs)``.
+- `horovod_runner`: Databricks' ``HorovodRunner(np).run(main, **kwargs)``;
+- `script`: ``%horovod --np N train.py args`` and ``run_script``: a training script's job;
+- `terminal`: ``python -m hvd_magic`` / ``hvd-run``, the same from a terminal.
 
 Nothing below this room imports it: the API, the driver, the launchers and the ranks know nothing
 of IPython's magics.

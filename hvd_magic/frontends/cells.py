@@ -21,8 +21,6 @@ def run_cell(magics, args, cell):
         return run_in_session(magics, session, args, cell)
     np = api.check_np(magics.np if args.np is None else args.np)
     export = names(args.export)
-    timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
-    stall_timeout = positive("--stall-timeout", args.stall_timeout or magics.stall_timeout)
     shell = magics.shell
     data = data_option(shell.user_ns, args.data, args.equal_shards)
     if data is not None and np < 0:
@@ -30,23 +28,31 @@ def run_cell(magics, args, cell):
                          f"instead of --np {np}.")
     cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                            hidden=set(shell.user_ns_hidden))
-    verbose = args.verbose or magics.verbose
-    view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose)
-    if isinstance(view, TextView):  # the dashboard shows the timeline itself
-        view = TimelineNote(view)
-    run = api.run_cell(
-        cell_fn, np, master=args.master, spark_conf=dict(magics.spark_conf),
-        timeout=timeout, run_root=magics.run_root, view=view, background=args.background,
-        horovod_env=dict(magics.horovod_settings), env=env_option(args.env),
-        broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
-        name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
-        tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
-        equal_shards=args.equal_shards)
+    run = api.run_cell(cell_fn, np, **run_options(magics, args, data))
     if args.background:
         return run
     if run.exports:
         shell.user_ns.update(run.exports)
     return None if cell_fn.quiet else run.value
+
+
+def run_options(magics, args, data):
+    """`hvd_magic.api.launch`'s keyword arguments from a ``%horovod`` line's options (a cell's
+    or a script's) and the magics' defaults."""
+    timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
+    stall_timeout = positive("--stall-timeout", args.stall_timeout or magics.stall_timeout)
+    verbose = args.verbose or magics.verbose
+    view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose)
+    if isinstance(view, TextView):  # the dashboard shows the timeline itself
+        view = TimelineNote(view)
+    return dict(
+        master=args.master, spark_conf=dict(magics.spark_conf), timeout=timeout,
+        run_root=magics.run_root, view=view, background=args.background,
+        horovod_env=dict(magics.horovod_settings), env=env_option(args.env),
+        broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
+        name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
+        tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
+        equal_shards=args.equal_shards, mlflow=args.mlflow)
 
 
 def data_option(user_ns, name, equal_shards):
@@ -95,7 +101,7 @@ def run_in_session(magics, session, args, cell):
             session, cell_fn, view=view, timeout=timeout, background=args.background,
             name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
             stall_timeout=positive("--stall-timeout", args.stall_timeout or magics.stall_timeout),
-            on_stall=args.on_stall, run_root=magics.run_root)
+            on_stall=args.on_stall, run_root=magics.run_root, mlflow=args.mlflow)
     finally:
         if session.broken and not session.stopped:  # said once, under the cell that broke it
             print(f"[hvd_magic] session {session.id} needs a restart: {session.broken}. "

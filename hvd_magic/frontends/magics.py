@@ -5,10 +5,12 @@ Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the
 """
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.utils.process import arg_split
 from traitlets import Bool, Dict, Float, Int, Unicode
 
+from .options import mlflow_before_script
 from .options import summary_first as _summary_first
 from .session_magic import horovod_session
 from .tensorboard_magic import horovod_tensorboard
@@ -83,14 +85,24 @@ class HorovodMagics(Magics):
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "
                    "tensorboard/ in the run folder; see %%horovod_tensorboard).")
     @argument("--name", type=str, default=None, help="A label for the run.")
+    @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
+              help="Log the run to MLflow: params, rank 0's reported metrics, the cell (or "
+                   "script) and the run folder, its status. Without it, a run is logged only "
+                   "when the notebook has an active MLflow run (mlflow.start_run()); with it "
+                   "and no active run, to a new run in EXPERIMENT (default: the current "
+                   "experiment). Needs mlflow (pip install 'hvd_magic[mlflow]').")
     @argument("--verbose", "-v", action="store_true",
               help="Show what is otherwise only logged: the output of a Spark JVM this run "
                    "starts (kept in hvd_runs/spark-<time>.log either way) and C++ libraries' "
                    "INFO lines from the ranks (kept in the rank logs either way). Default: "
                    "HorovodMagics.verbose.")
-    @cell_magic
-    def horovod(self, line, cell):
-        """Run the cell on N Horovod ranks and show rank 0's last expression.
+    @argument("command", nargs="...", metavar="script.py [args ...]",
+              help="Line magic only: a Python script to run on every rank as __main__, and its "
+                   "arguments (everything after the script's path is the script's, options "
+                   "too).")
+    @line_cell_magic
+    def horovod(self, line, cell=None):
+        """Run the cell (or a script) on N Horovod ranks and show rank 0's last expression.
 
         ::
 
@@ -105,6 +117,12 @@ class HorovodMagics(Magics):
         is shown live, labelled by rank, and kept in full in hvd_runs/<run id>/rank-<k>.log.
         Every rank's value is in ``hvd_magic.last_run().results``.
 
+        The line magic ``%horovod [options] train.py [args]`` runs a script instead, as
+        ``horovodrun python train.py args`` would: each rank runs the file as ``__main__`` with
+        ``sys.argv`` set; the modules beside it that it imports go with it. ``sys.exit(0)`` on
+        every rank is success; a non-zero exit fails that rank (``hvd_magic.run_script`` is the
+        same in Python).
+
         Examples
         --------
         ::
@@ -114,8 +132,19 @@ class HorovodMagics(Magics):
 
             %%horovod --np 2 --timeout 600 --quiet
             long_training()
+
+            %horovod --np 4 train.py --epochs 3   # a training script, as horovodrun runs it
         """
-        args = parse_argstring(self.horovod, line)
+        args = self.horovod.parser.parse_args(mlflow_before_script(arg_split(line)))
+        if cell is None:
+            if not args.command:
+                raise UsageError("%horovod (one %) runs a script: %horovod --np 2 train.py "
+                                 "--epochs 3. For the code of a cell, use %%horovod (two %).")
+            from .script import script_line
+            return script_line(self, args)
+        if args.command:
+            raise UsageError(f"%%horovod runs the cell below it, not {args.command[0]!r}: for a "
+                             f"script, use the line magic %horovod {' '.join(args.command)}.")
         from .cells import run_cell
         return run_cell(self, args, cell)
 

@@ -30,6 +30,19 @@ def env_option(items):
     return env
 
 
+def mlflow_before_script(tokens):
+    """``--mlflow train.py args`` means: log to MLflow, and run train.py (argparse would read
+    train.py as the experiment's name, then refuse the script's options)."""
+    tokens = list(tokens)
+    for i, token in enumerate(tokens[:-1]):
+        if token == "--mlflow" and tokens[i + 1].endswith(".py"):
+            tokens[i] = "--mlflow="
+            break
+        if token.endswith(".py") and not token.startswith("-"):
+            break  # the script's own arguments start here
+    return tokens
+
+
 def summary_first(magic):
     """Open the magic's help (``%%horovod?``) with its first sentence and example, then the usage.
 

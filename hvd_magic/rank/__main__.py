@@ -18,7 +18,7 @@ import sys
 import traceback
 
 from .. import payload
-from . import keras_alias, reporting, stall
+from . import keras_alias, reporting, script, stall
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -131,6 +131,8 @@ def main(workdir):
         sys.stderr.flush()
         error = {"type": type(exc).__name__, "module": type(exc).__module__,
                  "message": str(exc), "traceback": _user_traceback(exc)}
+        if isinstance(exc, script.ScriptExit):  # the terminal command exits with it
+            error["exit_code"] = exc.code if isinstance(exc.code, int) else 1
         from . import buildcheck  # only when something failed: a rank starts with little loaded
         mismatch = buildcheck.explain(exc)
         if mismatch:  # an undefined symbol from a .so says nothing to a user
