@@ -86,7 +86,8 @@ def run_in_session(magics, session, args, cell):
     shell = magics.shell
     cell_fn = capture_session_cell(cell, shell.user_ns, cell_id=shell.execution_count,
                                    export=names(args.export),
-                                   hidden=set(shell.user_ns_hidden))
+                                   hidden=set(shell.user_ns_hidden),
+                                   functions=session.functions, assigned=session.assigned)
     view = make_view(quiet=args.quiet, widgets=False if args.text else None,
                      verbose=args.verbose or magics.verbose)
     timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
