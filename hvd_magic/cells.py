@@ -14,11 +14,12 @@ from .timelines.show import TimelineNote
 from .view import TextView, make_view
 
 
-def run_cell(magics, args, cell):
-    """Run a ``%%horovod`` cell whose options are `args`; return what the cell shows."""
+def run_cell(magics, args, cell, opening=None):
+    """Run a ``%%horovod`` cell whose options are `args`; return what the cell shows.
+    `opening` (`hvd_magic.view.Opening`) is what the cell shows already."""
     session = magics._active_session()
     if session is not None:
-        return run_in_session(magics, session, args, cell)
+        return run_in_session(magics, session, args, cell, opening)
     np = api.check_np(magics.np if args.np is None else args.np)
     export = names(args.export)
     timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
@@ -31,7 +32,8 @@ def run_cell(magics, args, cell):
     cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                            hidden=set(shell.user_ns_hidden))
     verbose = args.verbose or magics.verbose
-    view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose)
+    view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose,
+                     opening=opening)
     if isinstance(view, TextView):  # the dashboard shows the timeline itself
         view = TimelineNote(view)
     run = api.run_cell(
@@ -66,7 +68,7 @@ def data_option(user_ns, name, equal_shards):
     return value
 
 
-def run_in_session(magics, session, args, cell):
+def run_in_session(magics, session, args, cell, opening=None):
     if args.data or args.equal_shards:
         raise UsageError(f"--data cannot be used in warm session {session.id}: shards are made as "
                          "ranks start, and the session's ranks are running already. End it "
@@ -89,7 +91,7 @@ def run_in_session(magics, session, args, cell):
                                    hidden=set(shell.user_ns_hidden),
                                    functions=session.functions, assigned=session.assigned)
     view = make_view(quiet=args.quiet, widgets=False if args.text else None,
-                     verbose=args.verbose or magics.verbose)
+                     verbose=args.verbose or magics.verbose, opening=opening)
     timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
     try:
         run = api.run_in_session(

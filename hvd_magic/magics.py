@@ -12,6 +12,7 @@ from traitlets import Bool, Dict, Float, Int, Unicode
 from .options import summary_first as _summary_first
 from .session_magic import horovod_session
 from .tensorboard_magic import horovod_tensorboard
+from .view.opening import Opening
 
 
 
@@ -116,8 +117,16 @@ class HorovodMagics(Magics):
             long_training()
         """
         args = parse_argstring(self.horovod, line)
-        from .cells import run_cell
-        return run_cell(self, args, cell)
+        opening = None
+        if not (args.quiet or args.text):  # a line under the cell at once, before any import
+            session = self._active_session()
+            opening = Opening.show(session.np if session else args.np or self.np)
+        try:
+            from .cells import run_cell
+            return run_cell(self, args, cell, opening)
+        finally:
+            if opening is not None:  # (the dashboard took its place, or it is emptied)
+                opening.clear()
 
     horovod_session = line_magic(horovod_session)
     horovod_tensorboard = line_magic(horovod_tensorboard)
