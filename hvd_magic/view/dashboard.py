@@ -32,7 +32,7 @@ import os
 import threading
 import time
 
-from .subshell import hold, route_to_subshell
+from .subshell import busy_after_control, hold, route_to_subshell
 from .charts import charts_html, picture_svg
 from .opening import Opening
 from .text import TextView, is_chatter, visible_text
@@ -45,8 +45,8 @@ TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dash
 LAST_LINE_CHARS = 400      # sent for the last-line cell; the table cuts it to its width
 # The rank table's columns (the last line takes the rest): fixed, so that a long last line or many
 # metrics never reflow the table; what does not fit ends with an ellipsis (whole on hover).
-COLUMNS = (("rank", "3.5em"), ("host", "9em"), ("local rank", "5.5em"), ("device", "4.5em"),
-           ("state", "6.5em"), ("progress", "12em"), ("metrics", "18em"), ("last line", "auto"))
+COLUMNS = (("rank", "4.5em"), ("host", "9em"), ("local rank", "7em"), ("device", "5.5em"),
+           ("state", "7em"), ("progress", "12em"), ("metrics", "18em"), ("last line", "auto"))
 _CELL_STYLE = "padding:0 .6em;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
 
 _STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
@@ -62,7 +62,7 @@ class Dashboard:
         self.verbose = verbose       # C++ libraries' start-up chatter is shown too
         self.opening = opening or Opening()  # the cell's first output, and when the cell began
         self._ended_at = None        # when the view saw the run end (the cell's wall time)
-        self._let_go = None          # ends the subshell's hold (see `subshell.hold`)
+        self._let_go = []            # what keeps the kernel "busy" to the front end, undone
         self.box = None              # the displayed VBox, once shown
         self.header = self.table = self.logs = self.footer = self.cancel_button = None
         self.panels = []
@@ -150,8 +150,8 @@ class Dashboard:
         if self.quiet:
             return
         self._ended_at = self._ended_at or time.monotonic()
-        if self._let_go is not None:
-            self._let_go()
+        while self._let_go:
+            self._let_go.pop()()
         self._show_picture(run)
         if self.box is None:  # a fast run: its lines as plain text, as the text view prints them
             self.opening.clear()
@@ -177,6 +177,9 @@ class Dashboard:
         import ipywidgets as w
         from IPython.display import display
 
+        foreground = not getattr(run, "background", False)
+        if foreground:  # before the first widget: the front end's answer to it can come at once
+            self._let_go.append(busy_after_control())
         self.header = w.HTML(self._header_html(run))
         self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="warning",
                                       tooltip="Stop every rank of this run",
@@ -195,8 +198,8 @@ class Dashboard:
         self._early = []
         # Routed before it is shown, so that not even the first click can reach the busy main shell.
         self.subshell_id = route_to_subshell([self.cancel_button, self.logs])
-        if self.subshell_id is not None and not getattr(run, "background", False):
-            self._let_go = hold(self.subshell_id)  # the kernel stays "busy" meanwhile
+        if self.subshell_id is not None and foreground:
+            self._let_go.append(hold(self.subshell_id))  # the kernel stays "busy" meanwhile
         if not self.opening.replace_with(self.box):
             display(self.box)
 

@@ -10,7 +10,9 @@ Not for: terminals and scripts (no kernel: nothing is shown, `began` still count
 show nothing (``--quiet``, ``--text``).
 """
 
+import html
 import os
+import re
 import time
 
 FIRST_WORDS = "<b>hvd_magic</b> · {np} ranks · <span data-phase>starting…</span>"
@@ -33,17 +35,16 @@ class Opening:
         from IPython import get_ipython  # (already imported: we run inside IPython)
         if getattr(get_ipython(), "kernel", None) is None:
             return opening
-        from IPython.display import HTML, display
+        from IPython.display import display
         opening._shown = FIRST_WORDS.format(np=abs(np))
-        opening.handle = display(HTML(opening._shown), display_id=True)
+        opening.handle = display(_bundle(opening._shown), raw=True, display_id=True)
         return opening
 
     def update(self, html):
         """Put `html` in the line (one message, only when it changed)."""
         if self.handle is not None and html != self._shown:
-            from IPython.display import HTML
             self._shown = html
-            self.handle.update(HTML(html))
+            self.handle.update(_bundle(html), raw=True)
 
     def replace_with(self, widget):
         """The dashboard takes the line's place; False where there is no line to replace."""
@@ -59,3 +60,8 @@ class Opening:
         if self.handle is not None:
             self.handle.update({"text/plain": ""}, raw=True)
             self.handle = None
+
+
+def _bundle(markup):
+    """The line as HTML, and as plain text for front ends (and saved notebooks) without HTML."""
+    return {"text/html": markup, "text/plain": html.unescape(re.sub(r"<[^>]+>", "", markup))}

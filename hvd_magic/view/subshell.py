@@ -9,12 +9,18 @@ message handled by our subshell (the front end sends some as soon as the dashboa
 made the status bar say "Idle" while the cell still ran. ipykernel dispatches a comm message
 that reaches a subshell whose lock is taken *concurrently* and without a status (the path meant
 for async cells awaiting a widget): holding our subshell's lock for as long as the run lasts
-keeps the kernel "busy" to the front end, and clicks still work.
+(`hold`) keeps the kernel "busy" to the front end, and clicks still work.
+
+The control channel does the same: every control message is answered between a "busy" and an
+"idle" status, and JupyterLab (4.4+, ``commsOverSubshells``) sends one as our first widget
+appears: a ``create_subshell_request`` for its own widget subshell. `busy_after_control` has the
+kernel say "busy" again, for the running cell, right after each control message's "idle".
 
 Not for: kernels without subshells (ipykernel < 7, other kernels): there clicks wait for the
 cell to end, which is fine for --background runs, and the status is the main shell's own.
 """
 
+import inspect
 import threading
 
 _subshells = {}                  # kernel -> subshell id: one subshell per kernel process, reused
@@ -72,6 +78,32 @@ def hold(subshell_id):
         thread.io_loop.add_callback(release[0])
 
     return let_go
+
+
+def busy_after_control():
+    """Until the returned function is called, each control message that the kernel handles is
+    followed by a "busy" status of the running cell (call it on the main thread, in the cell).
+    Returns a no-op on kernels without a control thread of this kind."""
+    kernel = _kernel()
+    handlers = getattr(kernel, "control_handlers", None)
+    loop = getattr(getattr(kernel, "control_thread", None), "io_loop", None)
+    if not isinstance(handlers, dict) or loop is None or not hasattr(kernel, "_publish_status"):
+        return lambda: None
+    cell = kernel.get_parent("shell")  # the running cell's execute_request
+    original = dict(handlers)
+
+    def wrap(handler):
+        async def handle(*args, **kwargs):
+            result = handler(*args, **kwargs)
+            if inspect.isawaitable(result):
+                await result
+            # The kernel publishes "idle" once this returns, without yielding to its loop
+            # (ipykernel's process_control): a callback of that loop comes after it.
+            loop.add_callback(kernel._publish_status, "busy", "shell", cell)
+        return handle
+
+    handlers.update({name: wrap(handler) for name, handler in original.items()})
+    return lambda: handlers.update(original)
 
 
 def _kernel():
