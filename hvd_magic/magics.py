@@ -87,7 +87,8 @@ class HorovodMagics(Magics):
     @argument("--verbose", "-v", action="store_true",
               help="Show what is otherwise only logged: the output of a Spark JVM this run "
                    "starts (kept in hvd_runs/spark-<time>.log either way) and C++ libraries' "
-                   "INFO lines from the ranks (kept in the rank logs either way). Default: "
+                   "start-up chatter from the ranks: INFO lines, TensorFlow's absl and oneDNN "
+                   "notes (kept in the rank logs either way). Default: "
                    "HorovodMagics.verbose.")
     @cell_magic
     def horovod(self, line, cell):

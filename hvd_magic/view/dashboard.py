@@ -45,8 +45,8 @@ TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dash
 LAST_LINE_CHARS = 400      # sent for the last-line cell; the table cuts it to its width
 # The rank table's columns (the last line takes the rest): fixed, so that a long last line or many
 # metrics never reflow the table; what does not fit ends with an ellipsis (whole on hover).
-COLUMNS = (("rank", "4.5em"), ("host", "9em"), ("local rank", "7em"), ("device", "5.5em"),
-           ("state", "7em"), ("progress", "12em"), ("metrics", "18em"), ("last line", "auto"))
+COLUMNS = (("rank", "4em"), ("host", "8em"), ("local rank", "7em"), ("device", "5em"),
+           ("state", "7em"), ("progress", "11em"), ("metrics", "15em"), ("last line", "auto"))
 _CELL_STYLE = "padding:0 .6em;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
 
 _STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
