@@ -380,14 +380,23 @@ def test_an_opened_log_panel_is_kept_live(kernel):
         kernel.kc.shell_channel.send(kernel.kc.session.msg("comm_msg", {
             "comm_id": accordion, "data": {"method": "update", "buffer_paths": [],
                                            "state": {"selected_index": 1}}}))
+        # and a control message, as JupyterLab sends one for its own widget subshell
+        kernel.kc.control_channel.send(kernel.kc.session.msg("list_subshell_request", {}))
         opened.append(accordion)
 
     reply, messages = kernel.execute(OPEN_PANEL_CELL, on_message=on_message)
     assert reply["content"]["status"] == "ok" and opened
-    # The subshell handled the front end's message without telling the front end "idle": the
-    # kernel is busy for as long as the cell runs (its own "idle" comes last).
-    states = [m["content"]["execution_state"] for m in messages if m["msg_type"] == "status"]
-    assert "idle" not in states[:-1] and states[-1] == "idle"
+    # The subshell handled the front end's message without telling the front end "idle", and
+    # the control message's "idle" was followed by "busy" again: the kernel is busy for as long
+    # as the cell runs, to a front end that shows the last status it got (the cell's own "idle"
+    # comes last).
+    statuses = [(m["content"]["execution_state"], m["parent_header"].get("msg_type"))
+                for m in messages if m["msg_type"] == "status"]
+    assert ("idle", "list_subshell_request") in statuses
+    assert statuses[-1] == ("idle", "execute_request")
+    assert all(later[0] == "busy" for (state, _), later in zip(statuses, statuses[1:])
+               if state == "idle"), statuses
+    assert not [s for s in statuses if s[1] == "comm_msg"]
     [panel_0], [panel_1] = ([cid for cid, s in widgets.of("HTMLModel").items()
                              if f"rank-{rank}.log" in s["value"] and "<pre" in s["value"]]
                             for rank in range(2))

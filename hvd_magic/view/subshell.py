@@ -91,6 +91,12 @@ def busy_after_control():
         return lambda: None
     cell = kernel.get_parent("shell")  # the running cell's execute_request
     original = dict(handlers)
+    running = threading.Event()
+    running.set()
+
+    def busy_again():
+        if running.is_set():  # (never after the cell's end: its own "idle" is the last word)
+            kernel._publish_status("busy", "shell", cell)
 
     def wrap(handler):
         async def handle(*args, **kwargs):
@@ -99,11 +105,16 @@ def busy_after_control():
                 await result
             # The kernel publishes "idle" once this returns, without yielding to its loop
             # (ipykernel's process_control): a callback of that loop comes after it.
-            loop.add_callback(kernel._publish_status, "busy", "shell", cell)
+            loop.add_callback(busy_again)
         return handle
 
     handlers.update({name: wrap(handler) for name, handler in original.items()})
-    return lambda: handlers.update(original)
+
+    def restore():
+        running.clear()
+        handlers.update(original)
+
+    return restore
 
 
 def _kernel():
