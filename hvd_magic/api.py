@@ -156,4 +156,8 @@ def run_in_session(session, cell, *, view=None, timeout=None, background=False, 
     run_ = Run(session.np, launcher=SessionLauncher(session), view=view, timeout=timeout,
                cell=cell, broadcast_bytes=broadcast_bytes, name=name,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root)
-    return run_.launch(job, pickled, background=background)
+    try:
+        return run_.launch(job, pickled, background=background)
+    finally:
+        if run_.started is not None:  # the ranks ran it (or began to): what it bound is theirs
+            session.remember(cell)

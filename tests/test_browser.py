@@ -244,30 +244,84 @@ for step in range(80):
 """
 
 
+KERAS_CELL = """\
+%%horovod --np -2
+import numpy as np, keras
+import horovod.keras as hvd
+import hvd_magic.keras
+hvd.init()
+x = np.random.default_rng(hvd.rank()).normal(size=(256, 8)).astype("float32")
+y = (x.sum(axis=1) > 0).astype("float32")
+model = keras.Sequential([keras.layers.Dense(8, activation="relu"),
+                          keras.layers.Dense(1, activation="sigmoid")])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+              loss="binary_crossentropy")
+model.fit(x, y, epochs=3, batch_size=32, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                     hvd_magic.keras.MetricsCallback()])
+print("trained; " + "a long last line " * 18)
+"""
+
+
+def _clock(cell):
+    """The figure of the cell's clock in its header (seconds), or None before it shows one."""
+    texts = cell.locator("[data-elapsed]").all_inner_texts()
+    return float(texts[0].split()[0]) if texts else None
+
+
 def test_live_charts_in_chromium(tmp_path, chromium):
     """The charts while the cell runs and after it, as a person sees them (screenshots in
-    test-artifacts/: charts-running.png, charts-finished.png; docs/charts.png is a copy)."""
+    test-artifacts/: charts-running.png, charts-finished.png; docs/charts.png is a copy); the
+    kernel says Busy all the while, and the header's clock only grows. Then a Keras run whose
+    last line is 300 characters long: its rows keep one line each, and TensorFlow's start-up
+    chatter is nowhere in its dashboard (keras-run.png)."""
     from playwright.sync_api import expect
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
                                           "hvd_magic.view.dashboard.SHOW_AFTER = 0"),
-                nbformat.v4.new_code_cell(CHARTS_CELL)]
+                nbformat.v4.new_code_cell(CHARTS_CELL), nbformat.v4.new_code_cell(KERAS_CELL)]
     nbformat.write(nb, str(tmp_path / "charts.ipynb"))
     with notebook_page(tmp_path, chromium, "charts.ipynb", "browser-charts-failed.png") as page:
         run_all_cells(page)
-        charts = page.locator(".jp-OutputArea-output .hvd-magic-charts")
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        charts = cell.locator(".jp-OutputArea-output .hvd-magic-charts")
         loss = charts.locator("svg[data-metric='loss'] polyline")
         expect(loss).to_have_count(2)  # a line per rank, while the ranks still run
-        expect(page.locator("tr[data-rank][data-state='running']")).to_have_count(2)
-        cell = page.locator(".jp-Cell", has=page.locator("tr[data-rank]")).first
+        running = cell.locator("tr[data-rank][data-state='running']")
+        expect(running).to_have_count(2)
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=os.path.join(ARTIFACTS, "charts-running.png"))
+        status = page.locator(".jp-StatusBar-Widget", has_text="Python 3")
+        states, clock = [], []
+        while running.count() == 2:  # the cell runs: the kernel is busy, the clock goes on
+            states.append(status.first.inner_text())
+            clock.append(_clock(cell))
+            page.wait_for_timeout(250)
+        assert len(states) >= 4 and all("Busy" in s for s in states[:-1]), states
 
-        expect(page.locator("tr[data-rank][data-state='done']")).to_have_count(2)
+        expect(cell.locator("tr[data-rank][data-state='done']")).to_have_count(2)
+        clock.append(_clock(cell))
+        clock = [c for c in clock if c is not None]
+        assert len(clock) >= 4 and clock == sorted(clock), clock
         # the live charts give way to the static picture a saved notebook keeps
         picture = cell.locator(".jp-RenderedSVG, .jp-RenderedImage")
         expect(picture).to_have_count(1)
         expect(charts.locator("svg")).to_have_count(0)
+        expect(cell.get_by_role("button", name="Cancel")).to_be_hidden()  # nothing to cancel
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=os.path.join(ARTIFACTS, "charts-finished.png"))
+
+        keras = page.locator(".jp-Notebook .jp-Cell").nth(2)
+        rows = keras.locator("tr[data-rank][data-state='done']")
+        expect(rows).to_have_count(2)
+        expect(keras.locator("tr[data-rank] td[title*='a long last line']")).to_have_count(2)
+        keras.scroll_into_view_if_needed()
+        keras.screenshot(path=os.path.join(ARTIFACTS, "keras-run.png"))
+        # One line per row, whatever the last line's length: as tall as the header row.
+        heights = keras.locator("table tr").evaluate_all("rs => rs.map(r => r.offsetHeight)")
+        assert max(heights) < 1.6 * heights[0], heights
+        keras.get_by_text("rank 0 log").click()  # the log panel too
+        shown = keras.locator(".jp-OutputArea-output").all_inner_texts()
+        assert "trained;" in " ".join(shown)
+        assert not [t for t in shown if "absl" in t or "oneDNN" in t], shown

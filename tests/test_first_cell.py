@@ -164,17 +164,26 @@ def test_cxx_info_lines_are_logged_but_not_shown(ip, capsys, tmp_path):
     assert "oneDNN" in capsys.readouterr().err
 
 
-def test_dashboard_last_line_skips_cxx_info():
+ABSL_NOTE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+
+
+def test_dashboard_rows_and_panels_skip_start_up_chatter():
     from hvd_magic.view.dashboard import Dashboard
 
     class Run:
         np, background = 1, False
-    dashboard, run = Dashboard(), Run()
-    dashboard.start(run)
-    dashboard.event(run, 0, {"t": "lines", "stream": "stderr", "lines": ["step 3", CXX_INFO]})
-    assert "step 3" in dashboard._last_line_html(0)
-    dashboard.event(run, 0, {"t": "lines", "stream": "stderr", "lines": [CXX_WARNING]})
-    assert "a warning" in dashboard._last_line_html(0)
+
+    def shown(dashboard):  # what the rank's row (its last entry) and its log panel show
+        return [line for _, line in dashboard._tails[0]]
+
+    for verbose in (False, True):
+        dashboard, run = Dashboard(verbose=verbose), Run()
+        dashboard.start(run)
+        dashboard.event(run, 0, {"t": "lines", "stream": "stderr",
+                                 "lines": ["step 3", ABSL_NOTE, CXX_INFO]})
+        assert shown(dashboard) == (["step 3", ABSL_NOTE, CXX_INFO] if verbose else ["step 3"])
+        dashboard.event(run, 0, {"t": "lines", "stream": "stderr", "lines": [CXX_WARNING]})
+        assert shown(dashboard)[-1] == CXX_WARNING
 
 
 @pytest.mark.parametrize("magic", ["horovod", "horovod_timeline", "horovod_env", "horovod_session",

@@ -109,7 +109,7 @@ class CancelOnShow:
 
     def __call__(self, msg):
         self.widgets.feed(msg)
-        if self.clicked or msg["msg_type"] != "display_data" or WIDGET_VIEW not in msg["content"]["data"]:
+        if self.clicked or not shown_widgets([msg]):
             return
         buttons = [c for c, s in self.widgets.of("ButtonModel").items() if s["description"] == "Cancel"]
         assert len(buttons) == 1
@@ -129,7 +129,8 @@ def _sent(msg):
 
 
 def shown_widgets(messages):
-    return [m for m in messages if m["msg_type"] == "display_data"
+    """The dashboard's display (it takes the place of the cell's first line, an update)."""
+    return [m for m in messages if m["msg_type"] in ("display_data", "update_display_data")
             and WIDGET_VIEW in m["content"]["data"]]
 
 
@@ -287,8 +288,8 @@ def test_100k_lines_per_rank_all_logged_with_few_widget_updates(kernel):
     assert shown_widgets(messages), "a run this long shows its dashboard"
     assert widgets.table_rows() == {k: ("done", "", "") for k in range(4)}
     # The end sends the final value of every changed widget at once (header, table, footer,
-    # button, one panel per rank); until then, at most ten messages in any second.
-    final = 4 + 4
+    # button and its layout (hidden), one panel per rank); until then, at most ten a second.
+    final = 5 + 4
     live = [t for t, _, _ in widgets.updates[:-final]]
     assert len(live) >= 5, "the dashboard was hardly live"
     assert max_per_second(live) <= 10
@@ -373,16 +374,29 @@ def test_an_opened_log_panel_is_kept_live(kernel):
 
     def on_message(msg):
         widgets.feed(msg)
-        if opened or msg["msg_type"] != "display_data" or WIDGET_VIEW not in msg["content"]["data"]:
+        if opened or not shown_widgets([msg]):
             return
         [accordion] = widgets.of("AccordionModel")
         kernel.kc.shell_channel.send(kernel.kc.session.msg("comm_msg", {
             "comm_id": accordion, "data": {"method": "update", "buffer_paths": [],
                                            "state": {"selected_index": 1}}}))
+        # and a control message, as JupyterLab sends one for its own widget subshell
+        kernel.kc.control_channel.send(kernel.kc.session.msg("list_subshell_request", {}))
         opened.append(accordion)
 
-    reply, _ = kernel.execute(OPEN_PANEL_CELL, on_message=on_message)
+    reply, messages = kernel.execute(OPEN_PANEL_CELL, on_message=on_message)
     assert reply["content"]["status"] == "ok" and opened
+    # The subshell handled the front end's message without telling the front end "idle", and
+    # the control message's "idle" was followed by "busy" again: the kernel is busy for as long
+    # as the cell runs, to a front end that shows the last status it got (the cell's own "idle"
+    # comes last).
+    statuses = [(m["content"]["execution_state"], m["parent_header"].get("msg_type"))
+                for m in messages if m["msg_type"] == "status"]
+    assert ("idle", "list_subshell_request") in statuses
+    assert statuses[-1] == ("idle", "execute_request")
+    assert all(later[0] == "busy" for (state, _), later in zip(statuses, statuses[1:])
+               if state == "idle"), statuses
+    assert not [s for s in statuses if s[1] == "comm_msg"]
     [panel_0], [panel_1] = ([cid for cid, s in widgets.of("HTMLModel").items()
                              if f"rank-{rank}.log" in s["value"] and "<pre" in s["value"]]
                             for rank in range(2))
@@ -495,5 +509,93 @@ def test_dashboard_of_a_spark_run_says_where_it_runs(kernel):
     table = kernel.value("hvd_magic.last_run().view.table.value")
     host = kernel.value("hvd_magic.last_run().value")
     assert rows(table) == {0: ("done", "", ""), 1: ("done", "", "")}
-    assert table.count(f"<td style='padding:0 .6em'>{host}</td>") == 2
-    assert "<td style='padding:0 .6em'>cpu</td>" in table
+    assert table.count(f" title='{host}'>{host}</td>") == 2
+    assert ">cpu</td>" in table
+    # One clock from the cell's start, through Spark's start-up and the run: it never goes back.
+    figures = elapsed_figures(messages)
+    assert len(figures) >= 3 and figures == sorted(figures), figures
+
+
+SHAPE_CELL = """\
+%%horovod --np -2
+import sys, time, hvd_magic
+print("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+      file=sys.stderr)
+print("I0000 00:00:1764000000.000000    4242 port.cc:153] oneDNN custom operations are on.",
+      file=sys.stderr)
+for step in range(1, 31):
+    hvd_magic.report(step=step, total=30, loss=1.0 / step)  # the same on both ranks
+    time.sleep(0.06)
+print("x" * 300)
+time.sleep(0.3)
+"""
+
+
+def elapsed_figures(messages):
+    """Every figure of the cell's clock, in the order shown: its first line's, the dashboard's."""
+    figures = []
+    for m in messages:
+        if m["msg_type"] in ("display_data", "update_display_data"):
+            text = m["content"]["data"].get("text/html", "")
+        elif m["msg_type"] == "comm_msg":
+            text = m["content"]["data"].get("state", {}).get("value", "")
+        else:
+            continue
+        figures += [float(x) for x in re.findall(r"data-elapsed>([\d.]+) s<", str(text))]
+    return figures
+
+
+def test_one_clock_a_table_that_keeps_its_shape_quiet_start_up_and_every_rank_seen(kernel):
+    kernel.execute("import hvd_magic.view.dashboard as d; d.SHOW_AFTER, show_after = 0, d.SHOW_AFTER")
+    try:
+        reply, messages = kernel.execute(SHAPE_CELL)
+    finally:
+        kernel.execute("d.SHOW_AFTER = show_after")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    # The cell's first output is its opening line, and the dashboard took its place.
+    outputs = [m for m in messages if m["msg_type"] in ("display_data", "update_display_data",
+                                                         "stream", "execute_result")]
+    assert outputs[0]["msg_type"] == "display_data"
+    assert "hvd_magic" in outputs[0]["content"]["data"]["text/html"]
+    [shown] = shown_widgets(messages)
+    assert shown["msg_type"] == "update_display_data"
+    assert (shown["content"]["transient"]["display_id"]
+            == outputs[0]["content"]["transient"]["display_id"])
+    # One clock that only grows, ending on the cell's wall time.
+    figures = elapsed_figures(messages)
+    assert len(figures) >= 2 and figures == sorted(figures), figures
+    ranks_time = kernel.value("hvd_magic.last_run().ended - hvd_magic.last_run().started")
+    assert figures[-1] >= round(ranks_time, 1)
+    # A 300-character last line does not reflow the table: fixed columns, cut, whole on hover.
+    view = "hvd_magic.last_run().view"
+    table = kernel.value(f"{view}.table.value")
+    assert "table-layout:fixed" in table and "<colgroup>" in table
+    assert table.count("white-space:nowrap;overflow:hidden;text-overflow:ellipsis") >= 3 * 8
+    assert table.count(f"title='{'x' * 300}'") == 2
+    # TensorFlow's start-up chatter stays in the log files, out of every widget.
+    widgets = Widgets(messages)
+    seen = " ".join(str(st.get("value", "")) for st in widgets.models.values())
+    seen += " ".join(kernel.value(f"[p.value for p in {view}.panels]"))
+    assert "absl" not in seen and "oneDNN" not in seen and "x" * 300 in seen
+    with open(os.path.join(kernel.value("hvd_magic.last_run().run_dir"), "rank-1.log")) as f:
+        log = f.read()
+    assert log.count("absl::InitializeLog") == 1 and log.count("oneDNN") == 1
+    # The live charts never lag the table: drawn in the same tick, up to the same step.
+    [charts] = [cid for cid, st in widgets.models.items() if "hvd-magic-charts" in str(st)
+                or any(cid == c and "hvd-magic-charts" in str(u) for _, c, u in widgets.updates)]
+    [table_id] = [cid for cid, st in widgets.of("HTMLModel").items() if "data-rank=" in st["value"]]
+    latest, checked = None, 0
+    for _, cid, state in widgets.updates:
+        if cid == table_id:
+            latest = max(int(step or 0) for _, step, _ in rows(state["value"]).values())
+        elif cid == charts and state.get("value"):
+            assert f">step {latest}</text>" in state["value"]
+            checked += 1
+    assert checked >= 2
+    # Equal values of two ranks: both lines seen (the second dashed over the first).
+    [picture] = [m["content"]["data"]["image/svg+xml"] for m in messages
+                 if m["msg_type"] == "display_data" and "image/svg+xml" in m["content"]["data"]]
+    lines = dict(re.findall(r'<polyline data-rank="(\d)" points="[^"]+"([^>]*)>', picture))
+    assert "dasharray" not in lines["0"] and "stroke-dasharray" in lines["1"]
+    # A finished run has nothing to cancel: its button is gone.
+    assert kernel.value(f"{view}.cancel_button.layout.display") == "none"

@@ -194,7 +194,7 @@ def test_notebooks_in_git_have_no_outputs():
 
 def test_interactive_session(tmp_path):
     nb = execute("interactive_session.ipynb", tmp_path)
-    start, build, _, define, inspect, _, train_more, plot, stop = code_cells(nb)
+    start, build, _, define, inspect, _, train_more, check, plot, stop = code_cells(nb)
     assert "2 ranks on driver only" in view(nb, start)
     shown = view(nb, build)
     assert "rank 0: 899 samples" in shown and "rank 1: 898 samples" in shown
@@ -203,6 +203,9 @@ def test_interactive_session(tmp_path):
     assert "rank 0: 20 steps so far, weights equal across ranks: True" in shown
     assert float(results(inspect)[0]) == first  # the ranks kept their state between cells
     assert float(results(train_more)[0]) < first  # training went on from where it was
+    # `train` lives on the ranks; the notebook's new lr reached it with `train(60)`
+    assert float(results(check)[0]) == 0.5
+    assert "rank 1: learning rate 0.5" in view(nb, check)
     assert "80 steps" in view(nb, plot)
     assert any("image/png" in o.get("data", {}) for o in plot.outputs)
     assert "stopped" in view(nb, stop)

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -69,6 +70,16 @@ def test_state_lives_across_cells_and_the_ranks_own_names_win(ip, session):
     # No Horovod timeline configured in a session (it would cost every step) unless --env says so.
     assert cell(ip, "import os\nos.environ.get('HOROVOD_TIMELINE')") is None
     assert not cell(ip, "model.weight is w")
+    # A function that lives on the ranks reads the notebook's current values, even from a cell
+    # that does not name them, through the functions it calls too; but never a name the ranks
+    # assigned (an unpicklable notebook `model` is not even sent).
+    ip.user_ns["lr"] = 0.05
+    cell(ip, "def scaled(x):\n    return x * lr")
+    cell(ip, "def train(steps):\n    return scaled(steps) + count + 0 * model.weight.numel()")
+    assert cell(ip, "train(10)") == pytest.approx(0.5 + 15)
+    ip.user_ns["lr"] = 0.5
+    ip.user_ns["model"] = threading.Lock()
+    assert cell(ip, "train(10)") == pytest.approx(5 + 15)
 
 
 def test_an_error_shows_the_ranks_traceback_and_keeps_the_session(ip, session):

@@ -297,9 +297,10 @@ def semicolon_at_end(cell):
         return cell.rstrip().endswith(";")
 
 
-def prepare(cell, namespace, *, cell_id="0", hidden=()):
+def prepare(cell, namespace, *, cell_id="0", hidden=(), also_read=None):
     """What a cell is, whichever way it runs: its transformed source and tree (checked), the
-    import lines for the notebook modules it uses, and the notebook values it reads."""
+    import lines for the notebook modules it uses, and the notebook values it reads
+    (`also_read(names read)`, if given, adds names read elsewhere: a warm session's functions)."""
     filename = f"<hvd_magic cell {cell_id}>"
     source = _ipython_transform(cell)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -308,7 +309,10 @@ def prepare(cell, namespace, *, cell_id="0", hidden=()):
     shell_calls = _ShellCalls()
     tree = shell_calls.visit(tree)
 
-    wanted = sorted(n for n in names_read(tree)
+    reads = names_read(tree)
+    if also_read is not None:
+        reads |= also_read(reads)
+    wanted = sorted(n for n in reads
                     if n in namespace and n not in hidden and not hidden_name(n))
     imports, values = [], {}
     for name in wanted:

@@ -46,6 +46,11 @@ class Session:
         self.started = None
         self.last_used = time.monotonic()
         self.cells = 0
+        # What the ranks hold, as the notebook knows it: the names cells assigned there (their
+        # values win over the notebook's), and the global names each function defined there
+        # reads (capture/session.py sends the notebook's current values of those).
+        self.assigned = set()
+        self.functions = {}
         self._cell_ids = itertools.count(1)
         self._current = None
         self._lock = threading.Lock()
@@ -121,6 +126,13 @@ class Session:
             self._current = CellChannel(self, next(self._cell_ids))
             self.cells += 1
             return self._current
+
+    def remember(self, cell):
+        """A cell (`SessionCell`) reached the ranks: the names it assigned there, its functions."""
+        self.assigned.update(cell.assigns)
+        for name in cell.assigns:  # a name rebound to something else is no function of ours
+            self.functions.pop(name, None)
+        self.functions.update(cell.functions)
 
     def cell_ended(self, channel):
         with self._lock:

@@ -14,11 +14,12 @@ from ..timelines.show import TimelineNote
 from ..view import TextView, make_view
 
 
-def run_cell(magics, args, cell):
-    """Run a ``%%horovod`` cell whose options are `args`; return what the cell shows."""
+def run_cell(magics, args, cell, opening=None):
+    """Run a ``%%horovod`` cell whose options are `args`; return what the cell shows.
+    `opening` (`hvd_magic.view.Opening`) is what the cell shows already."""
     session = magics._active_session()
     if session is not None:
-        return run_in_session(magics, session, args, cell)
+        return run_in_session(magics, session, args, cell, opening)
     np = api.check_np(magics.np if args.np is None else args.np)
     export = names(args.export)
     shell = magics.shell
@@ -28,7 +29,7 @@ def run_cell(magics, args, cell):
                          f"instead of --np {np}.")
     cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                            hidden=set(shell.user_ns_hidden))
-    run = api.run_cell(cell_fn, np, **run_options(magics, args, data))
+    run = api.run_cell(cell_fn, np, **run_options(magics, args, data, opening))
     if args.background:
         return run
     if run.exports:
@@ -36,13 +37,14 @@ def run_cell(magics, args, cell):
     return None if cell_fn.quiet else run.value
 
 
-def run_options(magics, args, data):
+def run_options(magics, args, data, opening=None):
     """`hvd_magic.api.launch`'s keyword arguments from a ``%horovod`` line's options (a cell's
-    or a script's) and the magics' defaults."""
+    or a script's) and the magics' defaults; `opening` is what the cell shows already."""
     timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
     stall_timeout = positive("--stall-timeout", args.stall_timeout or magics.stall_timeout)
     verbose = args.verbose or magics.verbose
-    view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose)
+    view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose,
+                     opening=opening)
     if isinstance(view, TextView):  # the dashboard shows the timeline itself
         view = TimelineNote(view)
     return dict(
@@ -72,7 +74,7 @@ def data_option(user_ns, name, equal_shards):
     return value
 
 
-def run_in_session(magics, session, args, cell):
+def run_in_session(magics, session, args, cell, opening=None):
     if args.data or args.equal_shards:
         raise UsageError(f"--data cannot be used in warm session {session.id}: shards are made as "
                          "ranks start, and the session's ranks are running already. End it "
@@ -92,9 +94,10 @@ def run_in_session(magics, session, args, cell):
     shell = magics.shell
     cell_fn = capture_session_cell(cell, shell.user_ns, cell_id=shell.execution_count,
                                    export=names(args.export),
-                                   hidden=set(shell.user_ns_hidden))
+                                   hidden=set(shell.user_ns_hidden),
+                                   functions=session.functions, assigned=session.assigned)
     view = make_view(quiet=args.quiet, widgets=False if args.text else None,
-                     verbose=args.verbose or magics.verbose)
+                     verbose=args.verbose or magics.verbose, opening=opening)
     timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
     try:
         run = api.run_in_session(

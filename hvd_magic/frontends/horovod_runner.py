@@ -25,7 +25,7 @@ from IPython.core.error import UsageError
 from .. import api
 from ..capture import pickle_values
 from ..timelines.show import TimelineNote
-from ..view import TextView, make_view
+from ..view import Opening, TextView, make_view
 
 __all__ = ["HorovodRunner"]
 
@@ -116,13 +116,17 @@ class HorovodRunner:
         check_call(main, kwargs)
         options = dict(self.options)
         text, quiet = options.pop("text", False), options.pop("quiet", False)
-        view = make_view(quiet=quiet, widgets=False if text else None)
-        if isinstance(view, TextView):  # the dashboard shows every rank's log in its own row
-            if self.driver_log_verbosity == "log_callback_only":
-                view = RankZeroLines(view)
-            view = TimelineNote(view)
-        run = api.run(main, self.num_processor, kwargs=kwargs, view=view, **options)
-        return run.value
+        opening = None if quiet or text else Opening.show(self.num_processor)
+        try:
+            view = make_view(quiet=quiet, widgets=False if text else None, opening=opening)
+            if isinstance(view, TextView):  # the dashboard shows every rank's log in its own row
+                if self.driver_log_verbosity == "log_callback_only":
+                    view = RankZeroLines(view)
+                view = TimelineNote(view)
+            return api.run(main, self.num_processor, kwargs=kwargs, view=view, **options).value
+        finally:
+            if opening is not None:
+                opening.clear()
 
 
 def check_call(main, kwargs):

@@ -14,6 +14,7 @@ from .options import mlflow_before_script
 from .options import summary_first as _summary_first
 from .session_magic import horovod_session
 from .tensorboard_magic import horovod_tensorboard
+from ..view.opening import Opening
 
 
 
@@ -94,7 +95,8 @@ class HorovodMagics(Magics):
     @argument("--verbose", "-v", action="store_true",
               help="Show what is otherwise only logged: the output of a Spark JVM this run "
                    "starts (kept in hvd_runs/spark-<time>.log either way) and C++ libraries' "
-                   "INFO lines from the ranks (kept in the rank logs either way). Default: "
+                   "start-up chatter from the ranks: INFO lines, TensorFlow's absl and oneDNN "
+                   "notes (kept in the rank logs either way). Default: "
                    "HorovodMagics.verbose.")
     @argument("command", nargs="...", metavar="script.py [args ...]",
               help="Line magic only: a Python script to run on every rank as __main__, and its "
@@ -136,17 +138,25 @@ class HorovodMagics(Magics):
             %horovod --np 4 train.py --epochs 3   # a training script, as horovodrun runs it
         """
         args = self.horovod.parser.parse_args(mlflow_before_script(arg_split(line)))
-        if cell is None:
-            if not args.command:
-                raise UsageError("%horovod (one %) runs a script: %horovod --np 2 train.py "
-                                 "--epochs 3. For the code of a cell, use %%horovod (two %).")
-            from .script import script_line
-            return script_line(self, args)
-        if args.command:
+        if cell is None and not args.command:
+            raise UsageError("%horovod (one %) runs a script: %horovod --np 2 train.py "
+                             "--epochs 3. For the code of a cell, use %%horovod (two %).")
+        if cell is not None and args.command:
             raise UsageError(f"%%horovod runs the cell below it, not {args.command[0]!r}: for a "
                              f"script, use the line magic %horovod {' '.join(args.command)}.")
-        from .cells import run_cell
-        return run_cell(self, args, cell)
+        opening = None
+        if not (args.quiet or args.text):  # a line under the cell at once, before any import
+            session = self._active_session()
+            opening = Opening.show(session.np if session else args.np or self.np)
+        try:
+            if cell is None:
+                from .script import script_line
+                return script_line(self, args, opening)
+            from .cells import run_cell
+            return run_cell(self, args, cell, opening)
+        finally:
+            if opening is not None:  # (the dashboard took its place, or it is emptied)
+                opening.clear()
 
     horovod_session = line_magic(horovod_session)
     horovod_tensorboard = line_magic(horovod_tensorboard)

@@ -65,7 +65,7 @@ def run_script(path, args=(), np=2, **options):
     return api.launch(job, {}, np, **options)
 
 
-def script_line(magics, args):
+def script_line(magics, args, opening=None):
     """``%horovod [options] script.py [args]``: the line magic's options `args` to a run."""
     from .cells import data_option, run_options
 
@@ -80,5 +80,5 @@ def script_line(magics, args):
                          "its ranks. Have rank 0 write what you need (a checkpoint) to a file.")
     np = api.check_np(magics.np if args.np is None else args.np)
     data = data_option(magics.shell.user_ns, args.data, args.equal_shards)
-    run = run_script(args.command[0], args.command[1:], np, **run_options(magics, args, data))
+    run = run_script(args.command[0], args.command[1:], np, **run_options(magics, args, data, opening))
     return run if args.background else None

@@ -40,8 +40,11 @@ def horovod_session(magics, line):
     While a session is active, every ``%%horovod`` cell without placement options runs on
     its ranks at once (no start-up), in each rank's own namespace: what a cell assigns on
     the ranks is there for the next cell, Horovod stays initialised (``hvd.init()`` again is
-    harmless). Notebook values a cell reads are sent fresh with every cell, but a name the
-    ranks assigned themselves wins over the notebook's value of the same name. An error
+    harmless). Notebook values a cell reads are sent fresh with every cell, and so are those
+    read by the functions it uses that an earlier session cell defined (and by the functions
+    those use): after ``lr = 0.5`` in the notebook, ``train(60)`` trains at 0.5, as in one
+    process. A name the ranks assigned themselves wins over the notebook's value of the same
+    name. An error
     keeps the session; Cancel or Ctrl-C interrupts the cell on every rank (a
     KeyboardInterrupt) and keeps the state. A rank that dies breaks the session:
     ``restart`` starts a new one. ``stop``, the kernel's exit and the idle limit end every

@@ -5,14 +5,17 @@ event, `tick(run)` a few times a second, `finish(run)`. Views read the `Run` and
 they never talk to Spark or to the tasks, and nothing outside the notebook side imports them.
 
 - `text`: `TextView`;
-- `dashboard`: `Dashboard` (ipywidgets), which shows itself only for runs longer than a moment.
+- `dashboard`: `Dashboard` (ipywidgets), which shows itself only for runs longer than a moment;
+- `opening`: the line a cell shows at once, which the dashboard replaces.
 """
 
 import os
 
+from .opening import Opening
 from .text import TextView, summary_text, visible_text
 
-__all__ = ["TextView", "make_view", "summary_text", "visible_text", "widgets_available"]
+__all__ = ["Opening", "TextView", "make_view", "summary_text", "visible_text",
+           "widgets_available"]
 
 
 def widgets_available():
@@ -30,14 +33,16 @@ def widgets_available():
     return True
 
 
-def make_view(quiet=False, widgets=None, verbose=False):
+def make_view(quiet=False, widgets=None, verbose=False, opening=None):
     """The view for a run: the dashboard where widgets work, else text; `quiet` shows nothing;
-    `verbose` shows C++ libraries' INFO lines too."""
-    if quiet:
-        return TextView(quiet=True)
-    if widgets is None:
-        widgets = widgets_available()
-    if widgets:
-        from .dashboard import Dashboard  # imports ipywidgets, so only here
-        return Dashboard(verbose=verbose)
-    return TextView(verbose=verbose)
+    `verbose` shows C++ libraries' start-up chatter too; `opening`, the cell's first line
+    (`Opening.show`), becomes the dashboard (a text view empties it)."""
+    if not quiet:
+        if widgets is None:
+            widgets = widgets_available()
+        if widgets:
+            from .dashboard import Dashboard  # imports ipywidgets, so only here
+            return Dashboard(verbose=verbose, opening=opening)
+    if opening is not None:
+        opening.clear()
+    return TextView(quiet=quiet, verbose=verbose)

@@ -4,7 +4,8 @@ Drawn on the driver from `RankState.history` (nothing is drawn on the ranks), as
 the dashboard puts it in a widget while the run goes (a few times a second at most), and shows it
 once more as a static picture when the run ends, so that a saved notebook, a rendered page or a
 binder shows the curves without a kernel. A rank that falls behind ends its line early; a rank
-whose values diverge leaves the bundle.
+whose values diverge leaves the bundle; ranks with equal values (averaged metrics) share one
+line drawn in their colours in turn.
 """
 
 import html
@@ -16,6 +17,7 @@ COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
 MAX_POINTS = 400            # per line: more are thinned evenly (the last one always kept)
 WIDTH, HEIGHT = 300, 150
 _LEFT, _RIGHT, _TOP, _BOTTOM = 46, 8, 20, 22
+_DASH = 6                   # px of each rank's colour where several lines coincide
 
 
 def series(ranks):
@@ -46,6 +48,7 @@ def chart_svg(name, lines):
     points = [p for line in lines.values() for p in line]
     x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
     y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
+    last_step = x1  # the axis says the latest step, as the table does
     if x1 == x0:
         x1 = x0 + 1
     if y1 == y0:
@@ -64,13 +67,27 @@ def chart_svg(name, lines):
              f'<text x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{_label(y1)}</text>',
              f'<text x="{_LEFT - 4}" y="{_TOP + plot_h}" text-anchor="end">{_label(y0)}</text>',
              f'<text x="{_LEFT}" y="{HEIGHT - 6}">{_label(x0)}</text>',
-             f'<text x="{WIDTH - _RIGHT}" y="{HEIGHT - 6}" text-anchor="end">step {_label(x1)}'
+             f'<text x="{WIDTH - _RIGHT}" y="{HEIGHT - 6}" text-anchor="end">step {_label(last_step)}'
              f'</text>']
-    for rank in sorted(lines):
+    drawn = {rank: " ".join(f"{x:.1f},{y:.1f}" for x, y in map(xy, _thin(lines[rank])))
+             for rank in sorted(lines)}
+    same = {}  # the ranks whose lines are drawn on the same pixels (e.g. averaged metrics)
+    for rank, coords in drawn.items():
+        same.setdefault(coords, []).append(rank)
+    for rank, coords in drawn.items():
         colour = COLOURS[rank % len(COLOURS)]
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in map(xy, _thin(lines[rank])))
+        group = same[coords]
+        # Lines on top of each other are interleaved: the first solid, each next one a dash
+        # of its own within a period, so that every rank's colour shows along the line.
+        k, dash = group.index(rank), ""
+        if k:
+            dash = (f' stroke-dasharray="{_DASH} {_DASH * (len(group) - 1)}"'
+                    f' stroke-dashoffset="{-_DASH * k}"')
+        title = f"rank {rank}" + (f" (same as rank {', '.join(map(str, group[:k] + group[k + 1:]))})"
+                                  if len(group) > 1 else "")
         parts.append(f'<polyline data-rank="{rank}" points="{coords}" fill="none" '
-                     f'stroke="{colour}" stroke-width="1.5"><title>rank {rank}</title></polyline>')
+                     f'stroke="{colour}" stroke-width="1.5"{dash}><title>{title}</title>'
+                     f'</polyline>')
     legend_x = _LEFT + 70
     for i, rank in enumerate(sorted(lines)[:8]):
         x = legend_x + i * 28

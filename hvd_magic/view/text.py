@@ -18,9 +18,24 @@ _CXX_INFO = re.compile(
     r"|\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: )?[TDI] \S+:\d+\])")
 
 
+# What TensorFlow's C++ side says at start-up in other forms: absl's note before its logging is
+# set up (printed whatever TF_CPP_MIN_LOG_LEVEL says), the oneDNN and CPU-instruction notes.
+_STARTUP = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|oneDNN custom operations are on"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|rebuild TensorFlow with the appropriate compiler flags")
+
+
 def is_cxx_info(line):
     """True for a C++ library's INFO (or debug) log line; its warnings and errors are not."""
     return bool(_CXX_INFO.match(line))
+
+
+def is_chatter(line):
+    """True for the C++ libraries' start-up chatter: INFO lines and TensorFlow's start-up notes.
+    Kept in the rank's log file; shown only with --verbose."""
+    return bool(_CXX_INFO.match(line) or _STARTUP.search(line))
 
 from .charts import summary_text as metrics_summary
 
@@ -61,7 +76,7 @@ class TextView:
             return
         out = self.stderr if event.get("stream") == "stderr" else self.stdout
         text = "".join(f"[rank {rank}] {visible_text(line)}\n" for line in event.get("lines", ())
-                       if self.verbose or not is_cxx_info(line))
+                       if self.verbose or not is_chatter(line))
         if text:
             out.write(text)
             out.flush()
