@@ -13,7 +13,6 @@ import queue
 import time
 
 from .. import payload
-from ..task.shard import shards_message
 from ..task.stopping import STOP_GRACE_SECONDS
 from .ending import collect, offline_message, run_error
 from .folder import FILE_KINDS, FOLDER_KINDS
@@ -192,11 +191,6 @@ class Driver:
         elif kind == "rendezvous" and rank == 0:
             # task 0's rendezvous server is up: every other task needs its port
             run._server.announce({"t": "rendezvous", "port": int(event["port"])})
-        elif kind == "shard":
-            r.shard_rows = int(event["rows"])
-            counts = [x.shard_rows for x in run.ranks]
-            if None not in counts:
-                _shards_known(self, counts)
         elif kind == "file" and event.get("kind") in FILE_KINDS:
             run.folder.receive(event)
         elif kind == "file" and event.get("kind") in FOLDER_KINDS:
@@ -272,13 +266,3 @@ class Driver:
             run.view.finish(run)
 
 
-def _shards_known(driver, counts):
-    """Every task has its shard: tell them all the sizes (or stop: a shard is empty)."""
-    run = driver.run
-    run.shards, message = counts, shards_message(counts, run.equal_shards)
-    if min(counts) == 0:
-        run.data_error = message
-        return driver.request_stop("data")
-    run._server.announce({"t": "shards", "rows": counts})
-    if run.view is not None:
-        run.view.event(run, None, {"t": "shards", "message": message})
