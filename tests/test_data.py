@@ -229,14 +229,20 @@ def stream_path(uri):
 def test_unreadable_files_are_told_before_any_rank_starts(spark, tmp_path):
     from hvd_magic.launch.frames import data_plan
 
+    from hvd_magic.rank.stream import Share
+
     path = str(tmp_path / "t")
     spark.range(0, 10, 1, 2).write.parquet(path)
     df = spark.read.parquet(path)
+    plan = data_plan(df, 2, lambda df: df, local=True, cache=None)
     victim = sorted(f for f in os.listdir(path) if f.endswith(".parquet"))[0]
     with open(os.path.join(path, victim), "wb") as f:
         f.write(b"not parquet at all")
     with pytest.raises(UsageError, match=f"cannot read .*{victim}.*check that the file exists"):
         data_plan(df, 2, lambda df: df, local=True, cache=None)
+    # a rank given the plan before the file changed refuses to read other rows than planned
+    with pytest.raises(RuntimeError, match=f"{victim} was rewritten after this cell's shards"):
+        Share(plan, 0).table()
 
 
 def test_data_in_a_warm_session_per_cell(ip, fresh_ns, spark, table_dir):

@@ -24,6 +24,7 @@ import uuid
 from IPython.core.error import UsageError
 
 MANIFEST = "_hvd_magic.json"
+ROW_GROUP_MB = 16
 
 
 def default_dir():
@@ -90,7 +91,10 @@ def converted(df, directory):
         return files, True
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        df.write.parquet("file://" + tmp if "://" not in tmp else tmp)
+        # Row groups of ROW_GROUP_MB: what a rank reads at a time (Spark's 128 MB default would
+        # make a rank read far past its share, and hold that much while streaming).
+        df.write.option("parquet.block.size", ROW_GROUP_MB << 20).parquet(
+            "file://" + tmp if "://" not in tmp else tmp)
         names = sorted(n for n in (os.listdir(tmp) if os.path.isdir(tmp) else [])
                        if n.endswith(".parquet"))
         if not names:

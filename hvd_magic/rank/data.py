@@ -77,8 +77,7 @@ def _as_numpy(column, name):
     return column.to_numpy(zero_copy_only=False)
 
 
-def _spec(table, columns):
-    names = table.column_names
+def _spec(names, columns):
     spec = list(names) if columns is None else [columns] if isinstance(columns, str) else list(columns)
     for item in spec:
         for name in [item] if isinstance(item, str) else item:
@@ -111,17 +110,19 @@ def numpy_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_
     `start_batch` resumes an epoch there (e.g. after an elastic restart) without reading what
     comes before it."""
     if table is not None:
-        spec, single = _spec(table, columns)
+        spec, single = _spec(table.column_names, columns)
         for i, indices in enumerate(batch_indices(table.num_rows, batch_size, epoch, seed,
                                                   shuffle, drop_last)):
             if i >= start_batch:
                 yield _convert(table.take(indices), spec, single)
         return
     share = _share()
-    spec = single = None
-    for rows in share.batches(batch_size, epoch, seed, shuffle, drop_last, window, start_batch):
-        if spec is None:
-            spec, single = _spec(rows, columns)
+    names = share.plan["columns"]
+    spec, single = _spec(names, columns)
+    wanted = [n for n in names if any(n == item or (not isinstance(item, str) and n in item)
+                                      for item in spec)]  # only these are read from the files
+    for rows in share.batches(batch_size, epoch, seed, shuffle, drop_last, window, start_batch,
+                              wanted):
         yield _convert(rows, spec, single)
 
 

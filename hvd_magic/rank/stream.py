@@ -92,6 +92,7 @@ def filter_columns(spec):
 def read_row_group(plan, file_index, row_group, columns=None):
     """One row group of the plan's files, filtered, with the plan's columns (or `columns`)."""
     wanted = plan["columns"] if columns is None else columns
+    _check_unchanged(plan, file_index)
     pf = open_parquet(plan["files"][file_index])
     spec = plan.get("filter")
     if spec is None:
@@ -100,6 +101,25 @@ def read_row_group(plan, file_index, row_group, columns=None):
     table = pf.read_row_group(row_group, columns=list(wanted) + extra)
     table = table.filter(to_expression(spec))
     return table.select(wanted)
+
+
+def _check_unchanged(plan, file_index):
+    """A file rewritten or deleted since the plan was made would give other rows than planned:
+    say so instead (a run of the cell again plans, or converts, afresh)."""
+    expected = (plan.get("stats") or [None] * (file_index + 1))[file_index]
+    path = local_path(plan["files"][file_index])
+    if expected is None or "://" in path:
+        return
+    try:
+        st = os.stat(path)
+        now = [st.st_size, st.st_mtime_ns]
+    except OSError:
+        now = None
+    if now != expected:
+        raise RuntimeError(
+            f"--data: {path} was {'deleted' if now is None else 'rewritten'} after this cell's "
+            "shards were planned, so this rank cannot read the rows it was given. Run the cell "
+            "again (a DataFrame converted into the data cache is then converted again).")
 
 
 class Share:
@@ -120,9 +140,9 @@ class Share:
                 self.pieces.append((file_index, row_group, lo - at, hi - at))
             at += n
 
-    def read(self, piece):
+    def read(self, piece, columns=None):
         file_index, row_group, lo, hi = piece
-        table = read_row_group(self.plan, file_index, row_group)
+        table = read_row_group(self.plan, file_index, row_group, columns)
         return table.slice(lo, hi - lo)
 
     def table(self):
@@ -149,54 +169,61 @@ class Share:
         pieces = [self.pieces[i] for i in order]
         return [pieces[i:i + window] for i in range(0, len(pieces), window)]
 
-    def _window_table(self, pieces, epoch, seed, shuffle, index):
+    def _window(self, pieces, epoch, seed, shuffle, index, columns):
+        """(a window's rows as read, the order to take them in: drawn from seed, epoch, window)."""
         import numpy as np
         import pyarrow as pa
 
-        table = pa.concat_tables([self.read(p) for p in pieces])
-        if shuffle:
-            table = table.take(np.random.default_rng([seed, epoch, index]).permutation(table.num_rows))
-        return table
+        # One chunk per column: a batch's rows are then gathered straight from it (taking from a
+        # column of several chunks joins them first, for every batch)
+        table = pa.concat_tables([self.read(p, columns) for p in pieces]).combine_chunks()
+        order = (np.random.default_rng([seed, epoch, index]).permutation(table.num_rows)
+                 if shuffle else np.arange(table.num_rows))
+        return table, order
 
     def batches(self, batch_size, epoch=0, seed=0, shuffle=True, drop_last=False, window=2,
-                start_batch=0):
-        """One epoch's batches as ``pyarrow.Table``s, from batch `start_batch` on."""
+                start_batch=0, columns=None):
+        """One epoch's batches as ``pyarrow.Table``s, from batch `start_batch` on; only
+        `columns` are read (default: the plan's)."""
         import pyarrow as pa
 
         check_batch_args(batch_size, window, start_batch)
-        n_batches, total = self.equal_length(batch_size, drop_last)
+        _, total = self.equal_length(batch_size, drop_last)
         position = min(start_batch * batch_size, total)
         pending, pending_rows = [], 0
 
-        def cut(table):  # the batches `table` completes, the rest kept for the next one
+        def cut(table, order):
+            # Rows are taken batch by batch (copies: the window is freed once its last batch is
+            # out, and it is never copied whole); the rest waits for the next window.
             nonlocal pending, pending_rows
-            while table.num_rows:
-                take = min(batch_size - pending_rows, table.num_rows)
-                pending.append(table.slice(0, take))
+            while len(order):
+                take = min(batch_size - pending_rows, len(order))
+                pending.append(table.take(order[:take]))
                 pending_rows += take
-                table = table.slice(take)
+                order = order[take:]
                 if pending_rows == batch_size:
-                    yield pa.concat_tables(pending)
+                    yield pa.concat_tables(pending).combine_chunks()
                     pending, pending_rows = [], 0
 
-        at, last = 0, None
+        at = 0
         windows = self.windows(epoch, seed, shuffle, window)
         for index, pieces in enumerate(windows):
             size = sum(hi - lo for _, _, lo, hi in pieces)
             if at + size > position and at < total:
-                last = self._window_table(pieces, epoch, seed, shuffle, index)
-                lo, hi = position - at, min(size, total - at)
-                yield from cut(last.slice(lo, hi - lo))
+                table, order = self._window(pieces, epoch, seed, shuffle, index, columns)
+                hi = min(size, total - at)
+                yield from cut(table, order[position - at:hi])
+                del table  # (before the next window is read; its memory goes back to the OS, so
+                pa.default_memory_pool().release_unused()  # a rank's RSS stays flat)
                 position = at + hi
             at += size
         if total > self.rows and position < total:  # one row short: repeat rows of the last window
-            if last is None:
-                last = self._window_table(windows[-1], epoch, seed, shuffle, len(windows) - 1)
+            table, order = self._window(windows[-1], epoch, seed, shuffle, len(windows) - 1,
+                                        columns)
             skip = position - self.rows
-            indices = [(skip + i) % last.num_rows for i in range(total - position)]
-            yield from cut(last.take(indices))
+            yield from cut(table, order[[(skip + i) % len(order) for i in range(total - position)]])
         if pending_rows:
-            yield pa.concat_tables(pending)
+            yield pa.concat_tables(pending).combine_chunks()
 
 
 def check_batch_args(batch_size, window, start_batch):
