@@ -233,5 +233,5 @@ def test_spark_data(tmp_path):
     shown = view(nb, stream)
     for rank in range(2):
         assert re.search(rf"rank {rank}: streamed a 61 MiB shard twice; memory grew \d+ MiB "
-                         r"\(under half the shard: True\)", shown)
+                         r"after the first batch \(under a quarter of the shard: True\)", shown)
     assert not errors(stream)
