@@ -194,8 +194,11 @@ def main():
 
     from hvd_magic.launch.spark import embedded_session
 
+    # (files of up to 1 GB are one partition each: the barrier stage of the floor then has N
+    # tasks, one per file, as the table is written in N files)
     spark = embedded_session(args.np, conf={"spark.driver.memory": "6g",
-                                            "spark.sql.execution.arrow.pyspark.enabled": "true"})
+                                            "spark.sql.execution.arrow.pyspark.enabled": "true",
+                                            "spark.sql.files.maxPartitionBytes": str(1 << 30)})
     work = tempfile.mkdtemp(prefix="bench_shards-")
     cache = os.path.join(work, "cache")
     try:
