@@ -65,6 +65,18 @@ def connect(tmp_path_factory):
             os.killpg(proc.pid, 9)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _data_cache_both_sides_see():
+    """The server cannot see the tests' folders (see `connect`): converted --data DataFrames go
+    to a folder outside them."""
+    shared = tempfile.mkdtemp(prefix="hvd_magic-connect-cache-")
+    before = os.environ.get("HVD_MAGIC_DATA_CACHE")
+    os.environ["HVD_MAGIC_DATA_CACHE"] = shared
+    yield
+    os.environ["HVD_MAGIC_DATA_CACHE"] = before or ""
+    shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_a_cell_runs_through_the_active_connect_session(ip, connect):
     value = ip.run_cell_magic("horovod", "--np 2 --text", ALLREDUCE_CELL)
     run = hvd_magic.last_run()
