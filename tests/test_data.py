@@ -257,6 +257,9 @@ def test_data_in_a_warm_session_per_cell(ip, fresh_ns, spark, table_dir):
         ip.run_cell_magic("horovod", "--data evens --text",
                           "sorted(hvd_magic.shard().column('id').to_pylist())")
         assert [i for r in hvd_magic.last_run().results for i in r] == list(range(0, 40, 2))
+        ip.run_cell_magic("horovod", "--text", "t = hvd_magic.shard()")
+        # the same DataFrame again (its conversion reused): what the ranks read of it is kept
+        assert ip.run_cell_magic("horovod", "--data evens --text", "hvd_magic.shard() is t")
     finally:
         ip.run_line_magic("horovod_session", "stop")
 

@@ -29,7 +29,10 @@ FILTER_OPS = {"==": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">"
 def use_plan(plan):
     """The plan this process's cell reads (None: the cell has no --data). The same plan again (a
     warm session's next cell over an unchanged DataFrame) keeps what was read of it."""
-    if plan is not None and plan == _PLAN.get("plan"):
+    def rows(p):  # (what the plan reads, not how the driver came by the files)
+        return p and {k: v for k, v in p.items() if k != "source"}
+
+    if plan is not None and rows(plan) == rows(_PLAN.get("plan")):
         return
     _PLAN.clear()
     if plan is not None:
