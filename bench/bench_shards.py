@@ -14,6 +14,8 @@ interleaved, `--reps` times each:
   then each repetition reuses it as ``shards`` does;
 - ``toPandas``: ``frame = df.toPandas()`` (Arrow-enabled) and ``hvd_magic.run(hold, np=N,
   args=(frame,))``;
+- ``petastorm``: its Spark converter, where it can be installed beside our pyarrow (otherwise
+  the row says why not);
 - ``spark-arrow`` (Spark's own floor for a Python stage): a bare ``mapInArrow(barrier=True)``
   stage whose tasks write the Arrow batches Spark feeds them to a local file, and nothing else:
   what the path before this one (``--data`` as a barrier stage over the DataFrame) cost at best.
@@ -255,10 +257,25 @@ def main():
         print(f"first batch: median {statistics.median(firsts):.2f} s from the call, "
               f"{statistics.median(in_rank):.2f} s from the rank's numpy_batches()", flush=True)
         out.append(stream_rss(spark, work, args))
+        out.append(petastorm_row(args))
         write(args.json, out)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def petastorm_row(args):
+    """Petastorm's converter, where it can run beside our pyarrow; otherwise why not."""
+    import pyarrow
+    try:
+        from petastorm.spark import make_spark_converter  # noqa: F401
+        why = "installed, not measured yet"
+    except Exception as exc:  # ImportError, or its own imports of pyarrow.filesystem failing
+        why = (f"cannot run beside pyarrow {pyarrow.__version__} ({type(exc).__name__}: {exc}): "
+               "petastorm 0.13.1, its latest release, imports pyarrow.filesystem, which pyarrow "
+               "15 removed (petastorm issues #805, #806)")
+    print(f"petastorm: {why}", flush=True)
+    return dict(row("shards", "petastorm", args.np, []), error=why)
 
 
 def stream_rss(spark, work, args):
