@@ -12,7 +12,7 @@ import it too, and must start as fresh interpreters. The API is loaded on first 
 """
 
 from .errors import HorovodMagicError, LaunchError, RankError, RunCancelled, RunTimeout
-from .rank.data import numpy_batches, shard, tf_dataset, torch_batches
+from .rank.data import batch_count, numpy_batches, shard, tf_dataset, torch_batches
 from .rank.reporting import report, tensorboard_dir
 
 __version__ = "0.1.0"
@@ -55,5 +55,5 @@ def unload_ipython_extension(ip):
                 del ip.magics_manager.magics[kind][name]
 
 
-__all__ = ["shard", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
+__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
            "LaunchError", "RunCancelled", "RunTimeout", "HorovodMagicError"]

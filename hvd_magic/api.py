@@ -43,14 +43,15 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
         broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
-        verbose=False, data=None, equal_shards=False, mlflow=None):
+        verbose=False, data=None, equal_shards=False, data_cache=None, mlflow=None):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
     ``local[N]`` one); `np` < 0 runs -np ranks as processes of this machine, without Spark.
     Raises `RankError` with the first failing rank's traceback; `UsageError` for bad arguments.
-    `data`: a Spark DataFrame; each rank gets a disjoint shard of its rows, read on the rank with
-    `hvd_magic.shard()` (`equal_shards`: as many rows on every rank, the rest dropped).
+    `data`: a Spark DataFrame; each rank reads a disjoint shard of its rows from Parquet files,
+    with `hvd_magic.shard()` or the batch functions (`equal_shards`: as many rows on every rank,
+    the rest dropped; `data_cache`: where a DataFrame that is not plain Parquet is converted).
     `mlflow`: see `launch`.
 
     Examples
@@ -77,7 +78,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
                   horovod_env=horovod_env, env=env, broadcast_bytes=broadcast_bytes,
                   retries=retries, name=name, timeline=timeline, stall_timeout=stall_timeout,
                   on_stall=on_stall, tensorboard=tensorboard, verbose=verbose, data=data,
-                  equal_shards=equal_shards, mlflow=mlflow)
+                  equal_shards=equal_shards, data_cache=data_cache, mlflow=mlflow)
 
 
 def run_cell(cell_fn, np, **options):
@@ -96,16 +97,13 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
            broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
            timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn",
            run_root="hvd_runs", tensorboard=None, verbose=False, data=None, equal_shards=False,
-           mlflow=None):
+           data_cache=None, mlflow=None):
     """Start a pickled job on `np` ranks with the launcher `np` asks for; return the `Run`.
     A Spark JVM started now writes to run_root/spark-<time>.log (and to stderr if `verbose`).
     `mlflow`: None logs to the notebook's active MLflow run if there is one, True or an
     experiment's name to a new run, False never (`hvd_magic.driver.tracking`)."""
     if data is not None:
-        from .launch.frames import is_dataframe
-        if not is_dataframe(data):
-            raise UsageError(f"data= takes a Spark DataFrame, not a {type(data).__name__}; pass "
-                             "other values as arguments (or name them in the cell).")
+        _check_data_arg(data)
         if np < 0:
             raise UsageError("data= needs Spark: the shards are made by Spark's executors. Use "
                              f"np={-np} (a Spark barrier stage) instead of np={np}.")
@@ -119,7 +117,7 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
                allow_retry=retries > 0, name=name, timeline=timeline,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root,
                tensorboard=tensorboard and os.path.abspath(tensorboard), data=data,
-               equal_shards=equal_shards)
+               equal_shards=equal_shards, data_cache=data_cache)
     return run_.launch(job, kwargs_pickled, background=background)
 
 
@@ -140,13 +138,24 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     return session
 
 
+def _check_data_arg(data):
+    from .launch.frames import is_dataframe
+    if not is_dataframe(data):
+        raise UsageError(f"data= takes a Spark DataFrame, not a {type(data).__name__}; pass "
+                         "other values as arguments (or name them in the cell).")
+
+
 def run_in_session(session, cell, *, view=None, timeout=None, background=False, name=None,
                    broadcast_bytes=DEFAULT_BROADCAST_BYTES, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                   on_stall="warn", run_root="hvd_runs", mlflow=None):
+                   on_stall="warn", run_root="hvd_runs", data=None, equal_shards=False,
+                   data_cache=None, mlflow=None):
     """Run a captured session cell (`hvd_magic.capture.session.SessionCell`) on the session's
-    ranks; return the finished `Run`, as `run` does."""
+    ranks; return the finished `Run`, as `run` does. `data`: as for `run`, for this cell (and
+    the session's later cells, until another `data`)."""
     from .launch.session import SessionLauncher
 
+    if data is not None:
+        _check_data_arg(data)
     pickled = pickle_values(dict(cell.values))
     job = {"code": cell.code, "assigns": list(cell.assigns), "sources": cell.sources,
            "export": list(cell.export),
@@ -155,7 +164,8 @@ def run_in_session(session, cell, *, view=None, timeout=None, background=False, 
     view, _ = tracked(mlflow, view, None, job, cell, {"timeout": timeout, "name": name})
     run_ = Run(session.np, launcher=SessionLauncher(session), view=view, timeout=timeout,
                cell=cell, broadcast_bytes=broadcast_bytes, name=name,
-               stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root)
+               stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root, data=data,
+               equal_shards=equal_shards, data_cache=data_cache)
     try:
         return run_.launch(job, pickled, background=background)
     finally:

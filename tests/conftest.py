@@ -57,6 +57,14 @@ def _stop_spark():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _data_cache(tmp_path_factory):
+    """DataFrames the tests convert (--data) go to a cache of the test run's, not the user's."""
+    os.environ["HVD_MAGIC_DATA_CACHE"] = str(tmp_path_factory.mktemp("data-cache"))
+    yield
+    os.environ.pop("HVD_MAGIC_DATA_CACHE", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _stop_spark_at_exit():
     yield
     _stop_spark()

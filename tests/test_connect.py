@@ -2,9 +2,11 @@
 wheel's jars, local[4]) and this process as its client, with no SparkContext of its own."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -63,6 +65,18 @@ def connect(tmp_path_factory):
             os.killpg(proc.pid, 9)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _data_cache_both_sides_see():
+    """The server cannot see the tests' folders (see `connect`): converted --data DataFrames go
+    to a folder outside them."""
+    shared = tempfile.mkdtemp(prefix="hvd_magic-connect-cache-")
+    before = os.environ.get("HVD_MAGIC_DATA_CACHE")
+    os.environ["HVD_MAGIC_DATA_CACHE"] = shared
+    yield
+    os.environ["HVD_MAGIC_DATA_CACHE"] = before or ""
+    shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_a_cell_runs_through_the_active_connect_session(ip, connect):
     value = ip.run_cell_magic("horovod", "--np 2 --text", ALLREDUCE_CELL)
     run = hvd_magic.last_run()
@@ -94,16 +108,37 @@ def test_a_rank_error_comes_back_through_connect(ip, connect):
     assert "rank 1" in str(info.value) and "KeyError: 'no such column'" in str(info.value)
 
 
-def test_data_shards_through_connect(ip, fresh_ns, connect):
+def test_data_shards_through_connect(ip, fresh_ns, connect, tmp_path, monkeypatch, capsys):
+    from IPython.core.error import UsageError
+
+    # the server cannot see the tests' folders (see `connect`): a cache there is refused
+    monkeypatch.setenv("HVD_MAGIC_DATA_CACHE", str(tmp_path / "cache"))
     fresh_ns["df"] = connect.range(0, 1003, 1, 3).selectExpr("id", "id * 2.0 as x")
-    ip.run_cell_magic("horovod", "--np 4 --data df --equal-shards --text",
-                      "import hvd_magic\nt = hvd_magic.shard()\n"
-                      "(t.num_rows, t.column('id').to_pylist())")
+    cell = "import hvd_magic\nt = hvd_magic.shard()\n(t.num_rows, t.column('id').to_pylist())"
+    with pytest.raises(UsageError, match="the executors cannot write where this machine reads"):
+        ip.run_cell_magic("horovod", "--np 4 --data df --text", cell)
+    shared = tempfile.mkdtemp(prefix="hvd_magic-connect-")  # a folder both sides see
+    try:
+        monkeypatch.setenv("HVD_MAGIC_DATA_CACHE", shared)
+        _data_through_connect(ip, fresh_ns, connect, shared, cell, capsys)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _data_through_connect(ip, fresh_ns, connect, shared, cell, capsys):
+    ip.run_cell_magic("horovod", "--np 4 --data df --equal-shards --text", cell)
     run = hvd_magic.last_run()
     counts = {n for n, _ in run.results}
-    assert len(counts) == 1 and counts == {min(run.shards)} and sum(run.shards) == 1003
+    assert counts == {250} and run.shards == [250] * 4
     ids = [i for _, chunk in run.results for i in chunk]
-    assert len(set(ids)) == 4 * min(run.shards) and set(ids) <= set(range(1003))
+    assert len(set(ids)) == 1000 and set(ids) <= set(range(1003))
+    connect.range(0, 100, 1, 2).write.parquet(shared + "/t")  # read directly: no Spark job
+    fresh_ns["df"] = connect.read.parquet(shared + "/t").select("id")
+    ip.run_cell_magic("horovod", "--np 4 --data df --text", cell)
+    assert sorted(i for _, chunk in hvd_magic.last_run().results for i in chunk) == list(range(100))
+    err = capsys.readouterr().err
+    assert "(--equal-shards dropped 3 of 1,003 rows), converted once" in err
+    assert "100 rows in 4 shards of 25 rows each, read directly from 2 Parquet files" in err
 
 
 def test_a_large_value_and_result_are_chunked_under_the_grpc_limit(ip, fresh_ns, connect):
@@ -203,8 +238,8 @@ def test_a_warm_session_and_horovod_env_through_connect(ip, connect):
         ip.run_cell_magic("horovod", "--text", "import horovod.torch as hvd\nhvd.init()\nw = hvd.rank() * 10")
         assert ip.run_cell_magic("horovod", "--text", "w + 1") == 1
         assert hvd_magic.last_run().results == [1, 11]
-        with pytest.raises(UsageError, match="--data cannot be used in warm session"):
-            ip.run_cell_magic("horovod", "--data df", "1")
+        with pytest.raises(UsageError, match="the notebook has no variable 'no_such_df'"):
+            ip.run_cell_magic("horovod", "--data no_such_df", "1")
     finally:
         ip.run_line_magic("horovod_session", "stop")
     with pytest.raises(UsageError, match="needs a classic SparkSession"):

@@ -8,7 +8,6 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
-from hvd_magic.task.shard import shards_message
 from conftest import spark_session
 from hvd_magic.launch.spark import embedded_session
 
@@ -65,7 +64,7 @@ def test_shards_are_disjoint_and_add_up_to_the_dataframe(ip, fresh_ns, frame, ca
 
 
 def test_equal_shards_even_the_ranks_and_say_what_was_dropped(ip, fresh_ns, spark, capsys):
-    # 4 partitions of 10, 10, 10 and 13 rows: the stage runs over them as they are
+    # 43 rows: shares of 10 or 11 (converted once, then reused by the second cell)
     fresh_ns["df"] = spark.range(0, 43, 1, 4)
     cell = "import hvd_magic\nhvd_magic.shard().num_rows"
     ip.run_cell_magic("horovod", "--np 4 --data df --text", cell)
@@ -73,16 +72,9 @@ def test_equal_shards_even_the_ranks_and_say_what_was_dropped(ip, fresh_ns, spar
     ip.run_cell_magic("horovod", "--np 4 --data df --equal-shards --text", cell)
     assert hvd_magic.last_run().results == [10, 10, 10, 10]
     out = capsys.readouterr().err
-    assert "--equal-shards gives every rank the same number" in out
+    assert "43 rows in 4 shards of 10 to 11 rows, converted once" in out
+    assert "rows each (--equal-shards dropped 3 of 43 rows), reused" in out
     assert "4 shards of 10 rows each (--equal-shards dropped 3 of 43 rows)" in out
-
-
-def test_an_empty_shard_stops_the_run_with_a_message(ip, fresh_ns, spark):
-    # 4 partitions (so no repartition), one of which the filter leaves empty
-    ids = [row.id for row in spark.range(0, 12, 1, 4).rdd.glom().collect()[2]]
-    fresh_ns["df"] = spark.range(0, 12, 1, 4).where(f"id not in ({', '.join(map(str, ids))})")
-    with pytest.raises(UsageError, match=r"rank 2's shard is empty .*Use fewer ranks"):
-        ip.run_cell_magic("horovod", "--np 4 --data df --text", "import hvd_magic\nhvd_magic.shard()")
 
 
 @pytest.mark.parametrize("make, message", [
@@ -126,41 +118,184 @@ def test_a_dataframe_named_in_the_cell_says_use_data(ip, fresh_ns, spark):
         ip.run_cell_magic("horovod", "--np 2 --text", "df.count()")
 
 
-def test_shard_messages():
-    assert shards_message([5, 5], False) == "--data: 10 rows in 2 shards of 5 rows"
-    assert "of 4 to 6 rows (--equal-shards" in shards_message([4, 6], False)
-    assert "--equal-shards dropped 2 of 10 rows" in shards_message([4, 6], True)
-    assert "rank 1's shard is empty" in shards_message([3, 0], False)
+@pytest.fixture(scope="module")
+def table_dir(spark, tmp_path_factory):
+    """1,000 rows written by Spark as Parquet: 3 files of several small row groups each."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path_factory.mktemp("parquet") / "t")
+    (spark.range(0, 1000, 1, 3).withColumn("x", (F.col("id") * 0.5).cast("float"))
+     .withColumn("s", F.col("id").cast("string"))
+     .write.option("parquet.block.size", 2048).parquet(path))
+    return path
 
 
-def test_batches_cover_the_shard_once_per_epoch_in_a_seeded_order(tmp_path, monkeypatch):
+STREAM_CELL = """import hvd_magic, horovod.torch as hvd
+hvd.init()
+epoch0 = [b.tolist() for b in hvd_magic.numpy_batches(16, "id", epoch=0, seed=3)]
+epoch1 = [b.tolist() for b in hvd_magic.numpy_batches(16, "id", epoch=1, seed=3)]
+resumed = [b.tolist() for b in hvd_magic.numpy_batches(16, "id", epoch=1, seed=3, start_batch=5)]
+x, s = next(hvd_magic.torch_batches(8, ("x", "s"), shuffle=False))
+(epoch0, epoch1 == epoch1, resumed == epoch1[5:], epoch0 != epoch1, tuple(x.shape), list(s[:2]),
+ hvd_magic.shard().column_names, hvd_magic.batch_count(16, drop_last=True))
+"""
+
+
+def test_a_parquet_scan_is_read_directly_in_equal_seeded_resumable_batches(
+        ip, fresh_ns, spark, table_dir, capsys):
+    fresh_ns["df"] = spark.read.parquet(table_dir).where("id >= 100").select("id", "x", "s")
+    ip.run_cell_magic("horovod", "--np 3 --data df --text", STREAM_CELL)
+    results = hvd_magic.last_run().results
+    assert hvd_magic.last_run().shards == [300, 300, 300]
+    ids = [i for r in results for b in r[0] for i in b]
+    assert sorted(ids) == list(range(100, 1000))        # the filter applied, every row once
+    assert {len(r[0]) for r in results} == {19}          # 300 rows: 18 batches of 16 and one of 12
+    assert all(r[1] and r[2] and r[3] for r in results)  # seeded, resumable, new order per epoch
+    assert results[0][4] == (8,) and results[0][5] == ["100", "101"]
+    assert results[0][6] == ["id", "x", "s"] and results[0][7] == 18
+    assert "--data: 900 rows in 3 shards of 300 rows each, read directly from 3 Parquet files" \
+        in capsys.readouterr().err
+
+
+def test_shares_stream_the_same_number_of_batches_and_resume_anywhere(spark, table_dir):
+    from hvd_magic.launch.frames import data_plan
+    from hvd_magic.rank import stream
+
+    plan = data_plan(spark.read.parquet(table_dir).where("id < 998"), 4, lambda df: df,
+                     local=True, cache=None)
+    assert plan["counts"] == [249, 250, 249, 250] and plan["row_groups"] > 4
+    for drop_last, batches, last in ((False, 16, 10), (True, 15, 16)):
+        shares = [stream.Share(plan, r) for r in range(4)]
+        epochs = [[b.column("id").to_pylist() for b in share.batches(
+            16, epoch=2, seed=7, drop_last=drop_last, window=2)] for share in shares]
+        assert [len(e) for e in epochs] == [batches] * 4    # every rank as many batches
+        assert {len(e[-1]) for e in epochs} == {last}       # and the same last batch
+        for share, epoch in zip(shares, epochs):
+            rows = [i for b in epoch for i in b]
+            if not drop_last:  # every row of the share, one repeated where it is one short
+                assert set(rows) == set(share.table().column("id").to_pylist())
+            assert [b.column("id").to_pylist() for b in share.batches(
+                16, epoch=2, seed=7, drop_last=drop_last, window=2, start_batch=7)] == epoch[7:]
+    share = stream.Share(plan, 0)
+    first = [b.column("id").to_pylist() for b in share.batches(16, epoch=0, seed=7)]
+    assert first != [b.column("id").to_pylist() for b in share.batches(16, epoch=1, seed=7)]
+    assert first == [b.column("id").to_pylist() for b in share.batches(16, epoch=0, seed=7)]
+    with pytest.raises(ValueError, match="start_batch must be a whole number"):
+        next(share.batches(16, start_batch=-1))
+
+
+def test_other_dataframes_are_converted_once_and_never_served_stale(ip, spark, tmp_path,
+                                                                    capsys):
+    from pyspark.sql import functions as F
+
+    from hvd_magic.launch import datacache
+    from hvd_magic.launch.frames import data_plan
+
+    source, cache = str(tmp_path / "src"), str(tmp_path / "cache")
+    spark.range(0, 100, 1, 2).write.parquet(source)
+
+    def plan():
+        df = spark.read.parquet(source).withColumn("y", F.col("id") * 2)  # computed: converted
+        return data_plan(df, 2, lambda df: df, local=True, cache=cache)
+
+    first = plan()
+    assert first["source"].startswith("converted once (it computes columns)")
+    assert plan()["source"].startswith("reused") and plan()["files"] == first["files"]
+    [(entry, mb, files, _)] = datacache.entries(cache)
+    assert mb > 0 and files == len(first["files"])
+    os.unlink(stream_path(first["files"][0]))               # a file of the entry deleted
+    assert plan()["source"].startswith("converted once")
+    spark.range(0, 50, 1, 1).write.mode("overwrite").parquet(source)  # the input rewritten
+    again = plan()
+    assert again["source"].startswith("converted once") and sum(again["counts"]) == 50
+    assert len(datacache.entries(cache)) == 2                # the old input's entry is kept
+    ip.run_line_magic("config", f"HorovodMagics.data_cache = {cache!r}")
+    try:
+        ip.run_line_magic("horovod_data", "")
+        assert "2 converted DataFrames in" in capsys.readouterr().out
+        ip.run_line_magic("horovod_data", "clear")
+        assert "removed 2 entries" in capsys.readouterr().out and datacache.entries(cache) == []
+    finally:
+        ip.run_line_magic("config", "HorovodMagics.data_cache = ''")
+    with pytest.raises(UsageError, match="Set one: %config HorovodMagics.data_cache"):
+        datacache.cache_dir(None, local=False)
+
+
+def stream_path(uri):
+    from hvd_magic.rank.stream import local_path
+    return local_path(uri)
+
+
+def test_unreadable_files_are_told_before_any_rank_starts(spark, tmp_path):
+    from hvd_magic.launch.frames import data_plan
+
+    from hvd_magic.rank.stream import Share
+
+    path = str(tmp_path / "t")
+    spark.range(0, 10, 1, 2).write.parquet(path)
+    df = spark.read.parquet(path)
+    plan = data_plan(df, 2, lambda df: df, local=True, cache=None)
+    victim = sorted(f for f in os.listdir(path) if f.endswith(".parquet"))[0]
+    with open(os.path.join(path, victim), "wb") as f:
+        f.write(b"not parquet at all")
+    with pytest.raises(UsageError, match=f"cannot read .*{victim}.*check that the file exists"):
+        data_plan(df, 2, lambda df: df, local=True, cache=None)
+    # a rank given the plan before the file changed refuses to read other rows than planned
+    with pytest.raises(RuntimeError, match=f"{victim} was rewritten after this cell's shards"):
+        Share(plan, 0).table()
+
+
+def test_data_in_a_warm_session_per_cell(ip, fresh_ns, spark, table_dir):
+    fresh_ns["df"] = spark.read.parquet(table_dir).select("id")
+    fresh_ns["evens"] = spark.range(0, 40, 2, 2)
+    ip.run_line_magic("horovod_session", "start --np 2")
+    try:
+        cell = "import hvd_magic\nhvd_magic.shard().num_rows"
+        assert ip.run_cell_magic("horovod", "--data df --text", cell) == 500
+        assert hvd_magic.last_run().results == [500, 500]
+        assert ip.run_cell_magic("horovod", "--text", cell) == 500     # kept for later cells
+        ip.run_cell_magic("horovod", "--data evens --text",
+                          "sorted(hvd_magic.shard().column('id').to_pylist())")
+        assert [i for r in hvd_magic.last_run().results for i in r] == list(range(0, 40, 2))
+        ip.run_cell_magic("horovod", "--text", "t = hvd_magic.shard()")
+        # the same DataFrame again (its conversion reused): what the ranks read of it is kept
+        assert ip.run_cell_magic("horovod", "--data evens --text", "hvd_magic.shard() is t")
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+def test_describe_says_what_each_rank_gets():
+    from hvd_magic.launch.dataplan import describe, equalize
+
+    plan = {"counts": [5, 5], "source": "read directly from 1 Parquet file"}
+    assert describe(plan) == ("--data: 10 rows in 2 shards of 5 rows each, read directly from 1 "
+                              "Parquet file")
+    uneven = dict(plan, counts=[4, 5])
+    assert "of 4 to 5 rows, read directly" in describe(uneven)
+    assert "repeat a row in their last batch" in describe(uneven)
+    assert "--equal-shards dropped 1 of 9 rows" in describe(equalize(uneven), 9)
+
+
+def test_batches_of_a_table_in_a_seeded_order():
     import numpy as np
     import pyarrow as pa
 
-    table = pa.table({"a": np.arange(10, dtype=np.float32), "b": np.arange(10) * 10,
-                      "v": pa.array([[i, i] for i in range(10)], pa.list_(pa.float32()))})
-    path = tmp_path / "shard.arrow"
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    monkeypatch.setenv("HVD_MAGIC_SHARD", str(path))
-    (tmp_path / "shard.rows").write_text("9")        # --equal-shards kept 9 of 10 rows
-    monkeypatch.setenv("HVD_MAGIC_SHARD_READY", str(tmp_path / "shard.rows"))
-    shard = hvd_magic.shard()
-    assert shard.num_rows == 9 and hvd_magic.shard() is shard
+    table = pa.table({"a": np.arange(9, dtype=np.float32), "b": np.arange(9) * 10,
+                      "v": pa.array([[i, i] for i in range(9)], pa.list_(pa.float32()))})
 
     def epoch(e, seed=0):
-        return [b.tolist() for b in hvd_magic.numpy_batches(4, "a", epoch=e, seed=seed)]
+        return [b.tolist() for b in hvd_magic.numpy_batches(4, "a", epoch=e, seed=seed,
+                                                              table=table)]
 
     assert sorted(x for b in epoch(0) for x in b) == list(range(9))   # every row once
     assert [len(b) for b in epoch(0)] == [4, 4, 1]
     assert epoch(0) == epoch(0) and epoch(0) != epoch(1) and epoch(0) != epoch(0, seed=1)
-    drop = list(hvd_magic.numpy_batches(4, "a", drop_last=True))
+    drop = list(hvd_magic.numpy_batches(4, "a", drop_last=True, table=table))
     assert [len(b) for b in drop] == [4, 4]
-    x, y = next(hvd_magic.torch_batches(3, (["a", "v"], "b"), shuffle=False))
+    x, y = next(hvd_magic.torch_batches(3, (["a", "v"], "b"), shuffle=False, table=table))
     assert x.shape == (3, 3) and y.tolist() == [0, 10, 20]
     with pytest.raises(KeyError, match="no column 'c'"):
-        next(hvd_magic.numpy_batches(3, "c"))
-    monkeypatch.delenv("HVD_MAGIC_SHARD")
+        next(hvd_magic.numpy_batches(3, "c", table=table))
     with pytest.raises(RuntimeError, match="started without a DataFrame"):
         hvd_magic.shard()
 
@@ -173,4 +308,3 @@ def test_a_dataframe_of_a_stopped_session_is_refused(ip, fresh_ns, spark):
     fresh_ns["df"] = old
     with pytest.raises(UsageError, match="belongs to another SparkSession"):
         ip.run_cell_magic("horovod", "--np 4 --data df --text", "1")
-    os.environ.pop("HVD_MAGIC_SHARD", None)

@@ -213,13 +213,31 @@ def test_interactive_session(tmp_path):
 
 def test_spark_data(tmp_path):
     nb = execute("spark_data.ipynb", tmp_path)
-    read, train, after = code_cells(nb)
+    (read, train, after, write, direct, start, first, second, stop, make_big,
+     stream) = code_cells(nb)
     assert re.search(r"^569 rows, 31 columns; malignant: 212", view(nb, read), re.M)
     shown = view(nb, train)
-    assert "--data: 2 shards of 284 rows each (--equal-shards dropped 1 of 569 rows)" in shown
+    assert "--data: 2 shards of 284 rows each (--equal-shards dropped 1 of 569 rows), converted " \
+           "once" in shown
     assert "rank 0: 284 rows" in shown and "rank 1: 284 rows" in shown
     assert not errors(train) and float(results(train)[0]) > 0.95  # a trained model, not chance
     assert "rows per shard: [28" in view(nb, after) and not errors(after)
+    assert "522 rows with f0 > 10" in view(nb, write)
+    shown = view(nb, direct)
+    assert "--data: 522 rows in 2 shards of 261 rows each, read directly from" in shown
+    assert "rank 0: 261 rows, 9 batches (batch_count: 9)" in shown
+    assert "rank 1: 261 rows, 9 batches (batch_count: 9)" in shown
+    shown = view(nb, first)
+    assert "569 rows in 2 shards of 284 to 285 rows, reused" in shown
+    assert "rank 0: 284 rows" in shown and "rank 1: 285 rows" in shown
+    shown = view(nb, second)
+    assert "rank 0: still 284 rows, 5 batches" in shown and "rank 1: still 285 rows, 5 batches" in shown
+    assert not errors(stop) and not errors(make_big)
+    shown = view(nb, stream)
+    for rank in range(2):
+        assert re.search(rf"rank {rank}: streamed a 61 MiB shard twice; memory grew \d+ MiB "
+                         r"after the first batch \(under a quarter of the shard: True\)", shown)
+    assert not errors(stream)
 
 
 def test_scripts_and_mlflow(tmp_path):

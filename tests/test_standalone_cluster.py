@@ -1,5 +1,7 @@
 """The same cell on a real Spark standalone cluster: one master, two workers, four ranks."""
 
+import pytest
+
 import hvd_magic
 from conftest import ALLREDUCE_CELL
 
@@ -33,19 +35,26 @@ def test_allreduce_on_two_workers(ip, standalone):
         session.stop()
 
 
-def test_data_shards_on_two_workers(ip, fresh_ns, standalone):
+def test_data_shards_on_two_workers(ip, fresh_ns, standalone, tmp_path):
+    from IPython.core.error import UsageError
+
     session = standalone.session()
+    cell = ("import hvd_magic\nt = hvd_magic.shard()\n"
+            "(t.column('id').to_pylist(), sum(t.column('x').to_pylist()))")
     try:
         fresh_ns["df"] = session.range(0, 2000, 1, 5).selectExpr("id", "id * 0.5 as x")
-        ip.run_cell_magic("horovod", "--np 4 --data df --text",
-                          "import hvd_magic\nt = hvd_magic.shard()\n"
-                          "(t.column('id').to_pylist(), sum(t.column('x').to_pylist()))")
+        # not plain Parquet: converted, into a folder a cluster must be told of
+        with pytest.raises(UsageError, match="Set one: %config HorovodMagics.data_cache"):
+            ip.run_cell_magic("horovod", "--np 4 --data df --text", cell)
+        ip.run_line_magic("config", f"HorovodMagics.data_cache = {str(tmp_path / 'cache')!r}")
+        ip.run_cell_magic("horovod", "--np 4 --data df --text", cell)
         run = hvd_magic.last_run()
         ids = [i for chunk, _ in run.results for i in chunk]
         assert sorted(ids) == list(range(2000))          # disjoint, and all of them
         assert sum(x for _, x in run.results) == sum(range(2000)) * 0.5
-        assert len({r.executor for r in run.ranks}) == 2  # shards made on both workers
+        assert len({r.executor for r in run.ranks}) == 2  # ranks on both workers read them
     finally:
+        ip.run_line_magic("config", "HorovodMagics.data_cache = ''")
         session.stop()
 
 

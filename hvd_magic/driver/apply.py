@@ -1,8 +1,7 @@
 """One event from a task, applied to its run: what the driver loop does with each event.
 
 - lines go to the rank's log; state, progress, blocked and exit events to its `RankState`;
-- task 0's rendezvous port is relayed to the other tasks, and (``--data``) every task's row count
-  to all of them once each task has its shard;
+- task 0's rendezvous port is relayed to the other tasks;
 - files sent back (timeline, TensorBoard logs) land in the run folder;
 - every event but lines and files is recorded in ``events.jsonl``, and the view sees them all.
 
@@ -11,7 +10,6 @@ Not for: when to stop or how (`hvd_magic.driver.loop`); `request_stop` is handed
 
 import time
 
-from ..task.shard import shards_message
 from .folder import FILE_KINDS, FOLDER_KINDS
 
 
@@ -47,11 +45,6 @@ def apply_event(run, event, request_stop):
     elif kind == "rendezvous" and rank == 0:
         # task 0's rendezvous server is up: every other task needs its port
         run._server.announce({"t": "rendezvous", "port": int(event["port"])})
-    elif kind == "shard":
-        r.shard_rows = int(event["rows"])
-        counts = [x.shard_rows for x in run.ranks]
-        if None not in counts:
-            _shards_known(run, counts, request_stop)
     elif kind == "file" and event.get("kind") in FILE_KINDS:
         run.folder.receive(event)
     elif kind == "file" and event.get("kind") in FOLDER_KINDS:
@@ -85,14 +78,3 @@ def _retried(run, rank, request_stop):
     if run.retry is None:
         run.retry = {"rank": rank, "earlier": [dict(f) for f in run.failures]}
     request_stop("retried")
-
-
-def _shards_known(run, counts, request_stop):
-    """Every task has its shard: tell them all the sizes (or stop: a shard is empty)."""
-    run.shards, message = counts, shards_message(counts, run.equal_shards)
-    if min(counts) == 0:
-        run.data_error = message
-        return request_stop("data")
-    run._server.announce({"t": "shards", "rows": counts})
-    if run.view is not None:
-        run.view.event(run, None, {"t": "shards", "message": message})

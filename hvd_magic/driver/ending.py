@@ -53,9 +53,6 @@ def run_error(run, infos, retried):
     launcher = run.launcher
     if run.retry is not None:
         return _retry_error(run)
-    if run.data_error is not None:
-        from IPython.core.error import UsageError
-        return UsageError(run.data_error)
     if run.stop_reason == "stalled":
         return RankError({"rank": None, "type": "Stall", "message": run.stall},
                          {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state

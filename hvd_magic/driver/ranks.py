@@ -26,7 +26,6 @@ class RankState:
         self.ended_at = None
         self.blocked_since = None   # monotonic time it began waiting for its peers, if it does
         self.blocked_op = None      # what it waits in: "init", "synchronize", "join", "barrier"
-        self.shard_rows = None      # rows of the --data DataFrame its task got
         self.last_event = time.monotonic()
 
     def as_dict(self):

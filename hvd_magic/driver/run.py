@@ -72,11 +72,11 @@ def may_record_window(job):
     return any(WINDOW_NAMES & identifiers(text) for text in texts)
 
 
-def _prepare_into(launcher, np, failure, data=None):
+def _prepare_into(launcher, np, failure, data=None, cache=None):
     try:
         launcher.prepare(np)
         if data is not None:
-            launcher.use_data(data, np)  # UsageError for a DataFrame the ranks cannot get
+            launcher.use_data(data, np, cache)  # UsageError for a DataFrame the ranks cannot get
     except BaseException as exc:  # raised in the caller's thread by Run._prepare
         failure.append(exc)
 
@@ -92,7 +92,7 @@ class Run:
                  horovod_env=None, extra_env=None, broadcast_bytes=DEFAULT_BROADCAST_BYTES,
                  allow_retry=False, name=None, timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT,
                  on_stall="warn", run_root="hvd_runs", tensorboard=None, data=None,
-                 equal_shards=False):
+                 equal_shards=False, data_cache=None):
         self.id = new_run_id()
         self.np = np
         self.name = name
@@ -130,8 +130,8 @@ class Run:
         self.stop_reason = None
         self.data = data             # a Spark DataFrame whose rows the ranks get (--data)
         self.equal_shards = equal_shards
-        self.shards = None           # rows per rank's shard, once every task had its own
-        self.data_error = None       # why the shards cannot be trained on (an empty one)
+        self.data_cache = data_cache  # where a DataFrame that is not plain Parquet is converted
+        self.shards = None           # rows per rank's shard (--data), once planned
         self._done = threading.Event()
         self._server = None
         self._shared = {}
@@ -198,7 +198,8 @@ class Run:
         """Start the ranks. `job` is {"fn", "args", "sources", ...} with args already pickled."""
         self.background = background  # a view shows a background run at once (its cell ends now)
         self._prepare()
-        self.data = None  # the launcher holds it now
+        self.data = None  # the launcher holds its plan now
+        plan = self._data_plan()
         self.folder.create(self.np)
         small = {n: payload.inband(d) for n, d in kwargs_pickled.items()
                  if len(d) <= self.broadcast_bytes}
@@ -209,7 +210,7 @@ class Run:
             shared[name] = self.launcher.share(kwargs_pickled.pop(name))
         self.broadcast_names = sorted(shared)
         self._shared = shared  # released when the run ends (driver/loop.py)
-        job = dict(job, kwargs=small)
+        job = dict(job, kwargs=small, data=plan)
         self._server = self.launcher.open_channel()
         settings = TaskSettings(
             run_id=self.id, np=self.np,
@@ -217,7 +218,6 @@ class Run:
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
             broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
-            data=self.launcher.data is not None, equal_shards=self.equal_shards,
             timeline_window=may_record_window(job))
         self.started = time.time()
         self.state = "running"
@@ -232,6 +232,21 @@ class Run:
         self._driver.drive()
         return self
 
+    def _data_plan(self):
+        """The --data plan the ranks read their rows by (None without --data); its shards told."""
+        from ..launch.dataplan import describe, equalize
+
+        plan = getattr(self.launcher, "data", None)
+        if plan is None:
+            return None
+        total = sum(plan["counts"])
+        if self.equal_shards:
+            plan = equalize(plan)
+        self.shards = list(plan["counts"])
+        if self.view is not None:
+            self.view.event(self, None, {"t": "shards", "message": describe(plan, total)})
+        return plan
+
     def _prepare(self):
         """`launcher.prepare` in a helper thread, while the view (shown first) says what it waits
         on and a Cancel click or an interrupt can stop it (`launcher.cancel`)."""
@@ -241,7 +256,8 @@ class Run:
             self.view.start(self)
         failure = []
         thread = threading.Thread(target=_prepare_into,
-                                  args=(self.launcher, self.np, failure, self.data),
+                                  args=(self.launcher, self.np, failure, self.data,
+                                        self.data_cache),
                                   name=f"hvd-magic-prepare-{self.id}", daemon=True)
         thread.start()
         cancel_sent = False
@@ -279,8 +295,7 @@ class Run:
         if self.state != "running" or self.stop_reason is not None:
             return None
         seconds = time.time() - self.started
-        if seconds < TASKS_WAIT_SHOWN_AFTER or any(r.state != "pending" or r.shard_rows is not None
-                                                   for r in self.ranks):
+        if seconds < TASKS_WAIT_SHOWN_AFTER or any(r.state != "pending" for r in self.ranks):
             return None
         if self.where == "driver only":
             return "waiting for the ranks to start", seconds
@@ -288,9 +303,6 @@ class Run:
             return (f"waiting for the tasks on {self.where}: none has reached this notebook "
                     f"(if the executors cannot, the run goes on and its logs come back at the "
                     f"end)", seconds)
-        if getattr(self.launcher, "data", None) is not None:
-            return (f"waiting for Spark ({self.where}) to compute the --data DataFrame and start "
-                    f"{self.np} tasks at once", seconds)
         return f"waiting for Spark ({self.where}) to start {self.np} tasks at once", seconds
 
     def _drive_quietly(self):

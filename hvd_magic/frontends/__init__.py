@@ -6,7 +6,8 @@
 - `session_magic`, `tensorboard_magic`: the session and TensorBoard magics' bodies;
 - `horovod_runner`: Databricks' ``HorovodRunner(np).run(main, **kwargs)``;
 - `script`: ``%horovod --np N train.py args`` and ``run_script``: a training script's job;
-- `terminal`: ``python -m hvd_magic`` / ``hvd-run``, the same from a terminal.
+- `terminal`: ``python -m hvd_magic`` / ``hvd-run``, the same from a terminal;
+- `data_magic`: ``%horovod_data``, the cache of converted ``--data`` DataFrames.
 
 Nothing below this room imports it: the API, the driver, the launchers and the ranks know nothing
 of IPython's magics.

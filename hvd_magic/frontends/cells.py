@@ -54,7 +54,7 @@ def run_options(magics, args, data, opening=None):
         broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
         name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
         tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
-        equal_shards=args.equal_shards, mlflow=args.mlflow)
+        equal_shards=args.equal_shards, data_cache=magics.data_cache or None, mlflow=args.mlflow)
 
 
 def data_option(user_ns, name, equal_shards):
@@ -75,10 +75,7 @@ def data_option(user_ns, name, equal_shards):
 
 
 def run_in_session(magics, session, args, cell, opening=None):
-    if args.data or args.equal_shards:
-        raise UsageError(f"--data cannot be used in warm session {session.id}: shards are made as "
-                         "ranks start, and the session's ranks are running already. End it "
-                         "first with %horovod_session stop, then run the cell with --data.")
+    data = data_option(magics.shell.user_ns, args.data, args.equal_shards)
     placement = [flag for flag, given in (("--np", args.np is not None),
                                           ("--master", args.master), ("--env", args.env),
                                           ("--retries", args.retries),
@@ -104,7 +101,9 @@ def run_in_session(magics, session, args, cell, opening=None):
             session, cell_fn, view=view, timeout=timeout, background=args.background,
             name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
             stall_timeout=positive("--stall-timeout", args.stall_timeout or magics.stall_timeout),
-            on_stall=args.on_stall, run_root=magics.run_root, mlflow=args.mlflow)
+            on_stall=args.on_stall, run_root=magics.run_root, data=data,
+            equal_shards=args.equal_shards, data_cache=magics.data_cache or None,
+            mlflow=args.mlflow)
     finally:
         if session.broken and not session.stopped:  # said once, under the cell that broke it
             print(f"[hvd_magic] session {session.id} needs a restart: {session.broken}. "

@@ -12,6 +12,7 @@ from traitlets import Bool, Dict, Float, Int, Unicode
 
 from .options import mlflow_before_script
 from .options import summary_first as _summary_first
+from .data_magic import horovod_data
 from .session_magic import horovod_session
 from .tensorboard_magic import horovod_tensorboard
 from ..view.opening import Opening
@@ -29,6 +30,10 @@ class HorovodMagics(Magics):
     horovod_settings = Dict(help="Extra HOROVOD_* settings for every rank.").tag(config=True)
     verbose = Bool(False, help="Default of --verbose: show Spark's start-up output and C++ "
                                "libraries' INFO lines.").tag(config=True)
+    data_cache = Unicode(
+        "", help="Where --data DataFrames that are not plain Parquet scans are converted once "
+                 "(default: ~/.cache/hvd_magic/data for local[N]; on a cluster, set a "
+                 "directory every executor and this notebook share).").tag(config=True)
     session_idle_timeout = Float(
         3600.0, help="Seconds a warm session may sit idle before its ranks are stopped "
                      "(0: never).").tag(config=True)
@@ -47,10 +52,12 @@ class HorovodMagics(Magics):
                    "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
                    "only, no Spark. Default: HorovodMagics.np (2).")
     @argument("--data", type=str, default=None, metavar="DF",
-              help="A Spark DataFrame of the notebook: each rank gets a disjoint shard of its "
-                   "rows, made by Spark on the executors (never through the notebook), and "
-                   "reads it with hvd_magic.shard() (a memory-mapped pyarrow.Table; "
-                   "hvd_magic.torch_batches / tf_dataset make batches of it).")
+              help="A Spark DataFrame of the notebook: each rank reads a disjoint shard of its "
+                   "rows from Parquet files (the DataFrame's own when it is a plain Parquet "
+                   "scan, else a copy Spark writes once into HorovodMagics.data_cache and "
+                   "reuses), with hvd_magic.shard() (in memory) or hvd_magic.numpy_batches / "
+                   "torch_batches / tf_dataset (streamed, the same number of batches on every "
+                   "rank). In a warm session: for this cell and the next ones.")
     @argument("--equal-shards", action="store_true",
               help="With --data: every rank keeps as many rows as the smallest shard has (the "
                    "rest are dropped, and the count is shown), so no rank runs out of batches "
@@ -159,6 +166,7 @@ class HorovodMagics(Magics):
                 opening.clear()
 
     horovod_session = line_magic(horovod_session)
+    horovod_data = line_magic(horovod_data)
     horovod_tensorboard = line_magic(horovod_tensorboard)
 
     @_summary_first

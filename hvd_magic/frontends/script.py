@@ -80,5 +80,6 @@ def script_line(magics, args, opening=None):
                          "its ranks. Have rank 0 write what you need (a checkpoint) to a file.")
     np = api.check_np(magics.np if args.np is None else args.np)
     data = data_option(magics.shell.user_ns, args.data, args.equal_shards)
-    run = run_script(args.command[0], args.command[1:], np, **run_options(magics, args, data, opening))
+    run = run_script(args.command[0], args.command[1:], np,
+                     **run_options(magics, args, data, opening))
     return run if args.background else None

@@ -9,7 +9,7 @@ Connect) subclasses `Launcher` and implements `start`; nothing else has to chang
 Calls, in the order the driver makes them::
 
     launcher.prepare(np)            # find or start resources; UsageError if N ranks cannot fit
-    launcher.use_data(df, np)       # (--data) check a DataFrame; its rows go to the tasks
+    launcher.use_data(df, np)       # (--data) check a DataFrame, plan the ranks' shards
     ref = launcher.share(data)      # a large pickled value, once per executor (task: ref.value)
     channel = launcher.open_channel()  # where the tasks' events arrive (an EventServer)
     launcher.start(settings, np)    # start N tasks in the background; returns at once
@@ -37,7 +37,7 @@ from ..events import EventServer
 class Launcher:
     where = "?"                   # shown to the user: "local[4]", "spark://…", "driver only"
     driver_host = "127.0.0.1"     # the address tasks connect to for the event channel
-    data = None                   # the DataFrame whose rows the tasks get (`use_data`)
+    data = None                   # the plan the ranks read a --data DataFrame by (`use_data`)
 
     def __init__(self):
         self.phase = None         # what prepare() waits on now, in words; None: nothing slow
@@ -57,12 +57,14 @@ class Launcher:
     def prepare(self, np):
         """Make sure `np` ranks can run now; raise `UsageError` saying what to do if not."""
 
-    def use_data(self, df, np):
-        """Check that each of `np` tasks can get a shard of the DataFrame `df`, and keep it:
-        `start` then runs the tasks over its rows. UsageError saying why not."""
+    def use_data(self, df, np, cache=None):
+        """Plan how each of `np` ranks reads its rows of the DataFrame `df` (into `data`; `cache`:
+        where a DataFrame that is not plain Parquet is converted to). UsageError saying why
+        they cannot."""
         from IPython.core.error import UsageError
         raise UsageError(f"--data needs Spark: ranks {self.where} cannot get DataFrame shards. "
-                         "Run the cell with --np N (N > 0) and no warm session.")
+                         "Run the cell with --np N (N > 0), or start the warm session with "
+                         "%horovod_session start --np N.")
 
     def _set_phase(self, phase):
         if phase != self.phase:

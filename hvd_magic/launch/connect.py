@@ -25,7 +25,7 @@ from IPython.core.error import UsageError
 from ..errors import LaunchError
 from ..task.plan import _local_ip_towards, _resolve
 from .base import Launcher
-from .frames import barrier_stage, check_data, collect_outcomes
+from .frames import barrier_stage, check_data, collect_outcomes, data_plan
 
 
 def connect_session(spark=None):
@@ -98,12 +98,14 @@ class ConnectLauncher(Launcher):
             return "127.0.0.1"
         return _local_ip_towards(_resolve(host))
 
-    def use_data(self, df, np):
-        self._set_phase("checking the --data DataFrame")
+    def use_data(self, df, np, cache=None):
+        from .spark import local_slots
+
+        self._set_phase("planning the --data DataFrame's shards")
         try:
-            # Connect cannot tell a DataFrame's partition count without running it: always
-            # repartition into N even parts (on the executors).
-            self.data = check_data(df, np, self.where, self._same_session).repartition(np)
+            local = self.master is not None and local_slots(self.master) is not None
+            self.data = data_plan(df, np, lambda df: check_data(df, np, self.where, self._same_session),
+                                  local=local, cache=cache)
         finally:
             self._set_phase(None)
 
@@ -113,7 +115,7 @@ class ConnectLauncher(Launcher):
 
     def start(self, settings, np):
         self.tag = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
-        frame = self.data if self.data is not None else self.session.range(0, np, 1, np)
+        frame = self.session.range(0, np, 1, np)
         # The tasks check that they can reach this notebook, and run offline if not.
         settings = dataclasses.replace(settings, connect=True)
         self._in_background(self._collect, "hvd-magic-connect", frame, settings)

@@ -1,10 +1,10 @@
-"""DataFrames on the driver's side: checking a ``--data`` DataFrame, and the barrier stage over
-a DataFrame that both Spark launchers run (`hvd_magic.task.shard.frame_task` on each task).
+"""DataFrames on the driver's side: checking a ``--data`` DataFrame, the plan its ranks read it
+by, and the barrier stage over a DataFrame that Spark Connect launches run
+(`hvd_magic.task.shard.frame_task` on each task).
 
-Nothing here collects or counts rows: the checks read the schema, and the stage runs where the
-DataFrame's partitions are. An empty DataFrame, or one with fewer rows than ranks, is found by the
-tasks themselves, which tell the driver their row counts before any rank starts
-(`hvd_magic.driver.loop.shards_message` says what is wrong).
+`data_plan`: a plain Parquet scan is read by the ranks from its own files
+(`hvd_magic.launch.parquet`); any other DataFrame is written once by Spark into the data cache
+(`hvd_magic.launch.datacache`) and read from there. Nothing here collects rows.
 """
 
 import functools
@@ -64,6 +64,26 @@ def check_data(df, np, session, same_session):
         from pyspark.ml.functions import vector_to_array
         df = df.withColumns({name: vector_to_array(df[name]) for name in vectors})
     return df
+
+
+def data_plan(df, np, check, local, cache):
+    """The plan of `df` for `np` ranks (`hvd_magic.launch.dataplan`): `check` is `check_data`
+    with the launcher's session bound; `local` whether the executors share this machine's
+    disk; `cache` the configured cache directory (or None)."""
+    from .datacache import cache_dir, converted
+    from .dataplan import build_plan
+    from .parquet import NotDirect, scan
+
+    df = check(df)
+    try:
+        files, columns, spec = scan(df)
+        source = f"read directly from {len(files)} Parquet file{'s' if len(files) > 1 else ''}"
+    except NotDirect as why:
+        directory = cache_dir(cache, local)
+        files, reused = converted(df, directory)
+        columns, spec = list(df.columns), None
+        source = (f"{'reused' if reused else 'converted once'} ({why}) in {directory}")
+    return build_plan(files, columns, spec, np, source)
 
 
 def barrier_stage(frame, settings):

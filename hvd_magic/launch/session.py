@@ -96,6 +96,12 @@ class SessionLauncher(Launcher):
     def prepare(self, np):
         self.session.check_usable()
 
+    def use_data(self, df, np, cache=None):
+        """The plan, made by the launcher the session's ranks were started with."""
+        inner = self.session.launcher
+        inner.use_data(df, np, cache)
+        self.data, inner.data = inner.data, None
+
     def open_channel(self):
         self.channel = self.session.open_cell()
         return self.channel

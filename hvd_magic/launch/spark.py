@@ -27,7 +27,7 @@ from .. import payload
 from ..errors import LaunchError, RunCancelled
 from ..task import spark_task
 from .base import Launcher
-from .frames import barrier_stage, check_data, collect_outcomes
+from .frames import check_data, data_plan
 from .sparkstart import SparkStart
 
 EMBEDDED_MARK = "spark.hvd_magic.embedded"
@@ -279,13 +279,12 @@ class SparkLauncher(Launcher):
             return payload.LocalFile(data)  # tasks on this machine: no broadcast file on disk
         return self.session.sparkContext.broadcast(payload.inband(data))
 
-    def use_data(self, df, np):
-        self._set_phase("checking the --data DataFrame")
+    def use_data(self, df, np, cache=None):
+        self._set_phase("planning the --data DataFrame's shards")
         try:
-            df = check_data(df, np, self.where, self._same_session)
-            # The stage runs over the DataFrame's own partitions when there are N of them (no
-            # shuffle); otherwise Spark repartitions it, on the executors, into N even parts.
-            self.data = df if df.rdd.getNumPartitions() == np else df.repartition(np)
+            self.data = data_plan(
+                df, np, lambda df: check_data(df, np, self.where, self._same_session),
+                local=local_slots(self.session.sparkContext.master) is not None, cache=cache)
         finally:
             self._set_phase(None)
 
@@ -311,16 +310,10 @@ class SparkLauncher(Launcher):
                 sc.setJobGroup(self.group, f"hvd_magic run {settings.run_id} (np={np})",
                                interruptOnCancel=True)
                 with workers_python(sc):
-                    if self.data is not None:  # --data: the stage runs over the DataFrame
-                        stage = barrier_stage(self.data, settings)
-                    else:
-                        stage = sc.parallelize(range(np), np).barrier().mapPartitions(
-                            functools.partial(spark_task, settings))
-                        stage._jrdd  # the Python function is wrapped now, with our interpreter
-                if self.data is not None:
-                    self.outcomes, _ = collect_outcomes(stage)
-                else:
-                    self.outcomes = stage.collect()
+                    rdd = sc.parallelize(range(np), np).barrier().mapPartitions(
+                        functools.partial(spark_task, settings))
+                    rdd._jrdd  # the Python function is wrapped now, with our interpreter
+                self.outcomes = rdd.collect()
             except BaseException as exc:  # reported by the driver loop, never lost
                 self.error = exc if self._cancelled else LaunchError(
                     java_message(exc, sc.pythonExec))

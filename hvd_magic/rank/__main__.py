@@ -18,7 +18,7 @@ import sys
 import traceback
 
 from .. import payload
-from . import keras_alias, reporting, script, stall
+from . import keras_alias, reporting, script, stall, stream
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -115,6 +115,7 @@ def main(workdir):
     for filename, source in job.get("sources", {}).items():
         _register_source(filename, source)
     install_modules(job.get("modules"), os.path.join(workdir, "modules"))
+    stream.use_plan(job.get("data"))  # --data: what hvd_magic.shard() and the batches read
     reporting.state("running")
     try:
         fn = pickle.loads(job["fn"])

@@ -1,10 +1,11 @@
-"""A rank's share of the ``--data`` DataFrame: `shard()`, and batches of it for PyTorch and
-TensorFlow.
+"""A rank's share of the ``--data`` DataFrame: `shard()`, and batches of it for numpy, PyTorch
+and TensorFlow.
 
-The task writes this rank's rows to a local Arrow IPC file while the rank starts
-(`hvd_magic.task.shard`); `shard()` waits until they are all there, then memory-maps the file, so the table costs no copy, a second call is
-free, and pages the rank does not touch are never read. Batches are gathered from it one at a
-time (`Table.take`), so a rank holds its shard once plus one batch.
+The rows come straight from Parquet files (the DataFrame's own when it is a plain Parquet scan,
+else the copy Spark wrote once into the data cache): `hvd_magic.rank.stream` reads them.
+`shard()` reads the rank's whole share into memory (for data that fits); the batch functions
+stream it a window of row groups at a time, give every rank the same number of batches, and can
+start at any (epoch, batch).
 
 `columns` says what a batch holds, in order: a column name gives one array (a column of
 fixed-length arrays or ML vectors gives a 2-D one), a list of names gives their values side by side
@@ -12,15 +13,12 @@ as one 2-D array. ``columns=(["x1", "x2"], "label")`` gives ``(features, labels)
 Keras' ``fit`` and most PyTorch loops want them.
 """
 
-import os
-
-_SHARD = {}
-
+from . import stream
 
 def shard():
-    """This rank's rows of the ``--data`` DataFrame, as a ``pyarrow.Table`` backed by a
-    memory-mapped local Arrow file. Shards are disjoint, and all of them together are the
-    DataFrame; with ``--equal-shards`` every rank has the same number of rows.
+    """This rank's rows of the ``--data`` DataFrame, as a ``pyarrow.Table`` in memory. Shards are
+    disjoint, all of them together are the DataFrame, and they differ by at most one row (none
+    with ``--equal-shards``). For data larger than memory, use the batch functions instead.
 
     Examples
     --------
@@ -29,32 +27,19 @@ def shard():
     (2500, ['x1', 'x2', 'label'])
     >>> table.to_pandas()         # a copy, when pandas is handier
     """
-    path = os.environ.get("HVD_MAGIC_SHARD")
-    if not path:
+    share = _share()
+    if share.cached is None:
+        share.cached = share.table()
+    return share.cached
+
+
+def _share():
+    share = stream.my_share()
+    if share is None:
         raise RuntimeError(
             "hvd_magic.shard() has nothing to return: this run was started without a DataFrame. "
             "Start it with `%%horovod --np N --data df` (or hvd_magic.run(fn, np=N, data=df)).")
-    if path not in _SHARD:
-        import pyarrow as pa
-
-        rows = _wait_for_rows(os.environ.get("HVD_MAGIC_SHARD_READY"))
-        table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
-        _SHARD[path] = table.slice(0, rows) if rows is not None and rows < table.num_rows else table
-    return _SHARD[path]
-
-
-def _wait_for_rows(ready):
-    """The rows this rank may read, once its task wrote them all and every task agreed on the
-    shards' sizes (the rank starts while Spark still sends them). If the run stops meanwhile,
-    the task ends this process."""
-    if not ready:
-        return None
-    import time
-
-    while not os.path.exists(ready):
-        time.sleep(0.005)
-    with open(ready) as f:
-        return int(f.read())
+    return share
 
 
 def batch_indices(rows, batch_size, epoch=0, seed=0, shuffle=True, drop_last=False):
@@ -92,8 +77,7 @@ def _as_numpy(column, name):
     return column.to_numpy(zero_copy_only=False)
 
 
-def _spec(table, columns):
-    names = table.column_names
+def _spec(names, columns):
     spec = list(names) if columns is None else [columns] if isinstance(columns, str) else list(columns)
     for item in spec:
         for name in [item] if isinstance(item, str) else item:
@@ -102,28 +86,56 @@ def _spec(table, columns):
     return spec, isinstance(columns, str)
 
 
-def numpy_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_last=False,
-                  table=None):
-    """Batches of the shard (or `table`) as numpy arrays; see the module's doc for `columns`."""
+def _convert(rows, spec, single):
     import numpy as np
 
-    table = shard() if table is None else table
-    spec, single = _spec(table, columns)
-    for indices in batch_indices(table.num_rows, batch_size, epoch, seed, shuffle, drop_last):
-        rows = table.take(indices)
-        arrays = []
-        for item in spec:
-            if isinstance(item, str):
-                arrays.append(_as_numpy(rows.column(item), item))
-            else:
-                parts = [_as_numpy(rows.column(n), n) for n in item]
-                arrays.append(np.column_stack(parts))
-        yield arrays[0] if single else tuple(arrays)
+    arrays = []
+    for item in spec:
+        if isinstance(item, str):
+            arrays.append(_as_numpy(rows.column(item), item))
+        else:
+            arrays.append(np.column_stack([_as_numpy(rows.column(n), n) for n in item]))
+    return arrays[0] if single else tuple(arrays)
+
+
+def numpy_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_last=False,
+                  table=None, start_batch=0, window=2):
+    """One epoch of batches of the rank's share (or of `table`) as numpy arrays; see the module's
+    doc for `columns`.
+
+    The share is streamed from its Parquet files `window` row groups at a time, in an order drawn
+    from (`seed`, `epoch`), rows shuffled within each window. Every rank yields the same number of
+    batches: ``drop_last=True`` stops at the smallest share's last full batch, otherwise a share
+    one row short repeats a row so that every rank's last batch has the same size.
+    `start_batch` resumes an epoch there (e.g. after an elastic restart) without reading what
+    comes before it."""
+    if table is not None:
+        spec, single = _spec(table.column_names, columns)
+        for i, indices in enumerate(batch_indices(table.num_rows, batch_size, epoch, seed,
+                                                  shuffle, drop_last)):
+            if i >= start_batch:
+                yield _convert(table.take(indices), spec, single)
+        return
+    share = _share()
+    names = share.plan["columns"]
+    spec, single = _spec(names, columns)
+    wanted = [n for n in names if any(n == item or (not isinstance(item, str) and n in item)
+                                      for item in spec)]  # only these are read from the files
+    for rows in share.batches(batch_size, epoch, seed, shuffle, drop_last, window, start_batch,
+                              wanted):
+        yield _convert(rows, spec, single)
+
+
+def batch_count(batch_size, drop_last=False):
+    """How many batches each rank's `numpy_batches` (or torch's, tf's) yields per epoch: the same
+    on every rank."""
+    stream.check_batch_args(batch_size, 1, 0)
+    return _share().equal_length(batch_size, drop_last)[0]
 
 
 def torch_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_last=False,
-                  table=None):
-    """Batches of the shard as torch tensors (string columns stay numpy arrays of str).
+                  table=None, start_batch=0, window=2):
+    """`numpy_batches` as torch tensors (string columns stay numpy arrays of str).
 
     >>> for epoch in range(3):
     ...     for x, y in hvd_magic.torch_batches(64, (["x1", "x2"], "label"), epoch=epoch):
@@ -136,18 +148,19 @@ def torch_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_
         # (a batch is read-only Arrow memory: torch wants its own writable copy)
         return torch.from_numpy(np.require(a, requirements=["C", "W"])) if a.dtype != object else a
 
-    for batch in numpy_batches(batch_size, columns, epoch, seed, shuffle, drop_last, table):
+    for batch in numpy_batches(batch_size, columns, epoch, seed, shuffle, drop_last, table,
+                               start_batch, window):
         yield tuple(tensor(a) for a in batch) if isinstance(batch, tuple) else tensor(batch)
 
 
 def tf_dataset(batch_size, columns=None, epochs=1, seed=0, shuffle=True, drop_last=False,
-               table=None):
-    """The shard as a ``tf.data.Dataset`` of batches, `epochs` epochs in a row, each in a new
-    order (seeded): ``model.fit(hvd_magic.tf_dataset(64, (["x1", "x2"], "label")))``."""
+               table=None, start=(0, 0), window=2):
+    """The share as a ``tf.data.Dataset`` of batches, `epochs` epochs in a row, each in a new
+    order (seeded), from the (epoch, batch) position `start`:
+    ``model.fit(hvd_magic.tf_dataset(64, (["x1", "x2"], "label")))``."""
     import tensorflow as tf
 
-    table = shard() if table is None else table
-    first = next(numpy_batches(1, columns, shuffle=False, table=table.slice(0, 1)))
+    first = next(numpy_batches(1, columns, shuffle=False, table=table, window=1))
     single = not isinstance(first, tuple)
 
     def signature(a):
@@ -156,7 +169,8 @@ def tf_dataset(batch_size, columns=None, epochs=1, seed=0, shuffle=True, drop_la
     spec = signature(first) if single else tuple(signature(a) for a in first)
 
     def generate():
-        for epoch in range(epochs):
-            yield from numpy_batches(batch_size, columns, epoch, seed, shuffle, drop_last, table)
+        for epoch in range(start[0], epochs):
+            yield from numpy_batches(batch_size, columns, epoch, seed, shuffle, drop_last, table,
+                                     start[1] if epoch == start[0] else 0, window)
 
     return tf.data.Dataset.from_generator(generate, output_signature=spec)

@@ -23,7 +23,7 @@ import signal
 import struct
 import sys
 
-from . import reporting
+from . import reporting, stream
 
 END_OF_CELL = "\x00hvd_magic end of cell\x00"
 VALUE_NAME = "__hvd_magic_value__"
@@ -71,6 +71,8 @@ def serve(workdir, user_traceback, exports, register_source, install_modules):
         for filename, source in job.get("sources", {}).items():
             register_source(filename, source)
         install_modules(job.get("modules"), os.path.join(workdir, "modules"))
+        if job.get("data") is not None:  # this cell's --data; later cells keep reading it
+            stream.use_plan(job["data"])
         reporting.state("running", cell=cell)
         status, summary, payload = "ok", None, b""
         try:

@@ -104,8 +104,6 @@ class DriverLink:
         self.session = None          # a warm session's `SessionRank`, which takes cells
         self.stopping = threading.Event()
         self._rendezvous = threading.Event()
-        self._answers = {}           # kind -> what the driver answered ("shards": row counts)
-        self._answered = threading.Condition()
         if client is None:
             client = EventClient(settings.events_address, settings.token)
         client.start_reading(self._on_message)
@@ -119,10 +117,6 @@ class DriverLink:
         elif kind == "rendezvous":
             self.port = int(msg["port"])
             self._rendezvous.set()
-        elif kind == "shards":
-            with self._answered:
-                self._answers[kind] = [int(n) for n in msg["rows"]]
-                self._answered.notify_all()
         elif kind == "dump" and self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGUSR1)
         elif kind in ("cell", "cell_part", "interrupt") and self.session is not None:
@@ -132,8 +126,6 @@ class DriverLink:
         """Stop the rank (now, or as soon as it is started) and every wait of this task."""
         self.stopping.set()
         self._rendezvous.set()
-        with self._answered:
-            self._answered.notify_all()
         if self.proc is not None:
             threading.Thread(target=stop_group, args=(self.proc,), daemon=True).start()
 
@@ -142,13 +134,6 @@ class DriverLink:
         if not self._rendezvous.wait(timeout) or self.stopping.is_set():
             return None
         return self.port
-
-    def wait_answer(self, kind, timeout):
-        """The driver's answer of this kind (once every task asked); None if the run stopped."""
-        with self._answered:
-            self._answered.wait_for(lambda: kind in self._answers or self.stopping.is_set(),
-                                    timeout)
-            return None if self.stopping.is_set() else self._answers.get(kind)
 
     def close(self):
         self.client.close()

@@ -7,7 +7,7 @@ notebook itself, which the executors always reach). Their tasks first try the dr
 server for `REACH_TIMEOUT` seconds, then agree (one barrier ``allGather``) on whether all of them
 got through: a run is live for every rank, or for none. Offline, an `OfflineLink` stands in for
 `DriverLink`: events go to a local file (returned with the outcome); the rendezvous port and the
-shards' sizes are exchanged with ``allGather`` instead of through the driver.
+port is exchanged with ``allGather`` instead of through the driver.
 """
 
 import json
@@ -62,7 +62,6 @@ class OfflineLink(DriverLink):
         self.session = None
         self.stopping = threading.Event()
         self._rendezvous = threading.Event()
-        self._answered = threading.Condition()
         self.coord = coord
         self.np = settings.np
         self._mine = {}              # what this task would have told the driver, by event kind
@@ -72,7 +71,7 @@ class OfflineLink(DriverLink):
                            "host": socket.gethostname()})
 
     def send(self, event):  # (the Forwarder's client)
-        if event.get("t") in ("rendezvous", "shard"):
+        if event.get("t") == "rendezvous":
             self._mine[event["t"]] = event
         self.client.send(event)
 
@@ -80,12 +79,6 @@ class OfflineLink(DriverLink):
         mine = self._mine.get("rendezvous")
         ports = self.coord.ctx.allGather(str(mine["port"]) if mine else "")
         return int(ports[0])
-
-    def wait_answer(self, kind, timeout):
-        rows = [int(n) for n in self.coord.ctx.allGather(str(self._mine["shard"]["rows"]))]
-        if min(rows) == 0:  # what the driver would have stopped the run for (it says why at the
-            return None     # end, from the `shard` events that come back with the outcomes)
-        return rows
 
     def close(self):
         self.client.close()

@@ -43,10 +43,9 @@ def spark_task(settings, _iterator):
     yield run_task(settings, SparkCoordinator())
 
 
-def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=None):
-    """Run this task's rank to its end; its ``(rank, status, payload)``. `shard`: the task's rows
-    of a ``--data`` DataFrame (`hvd_magic.task.shard.ShardFile`), for `hvd_magic.shard()`;
-    `make_link(rank)`: the link to the driver (default: a `DriverLink` of its own)."""
+def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
+    """Run this task's rank to its end; its ``(rank, status, payload)``. `make_link(rank)`: the
+    link to the driver (default: a `DriverLink` of its own)."""
     if coord.attempt > 0 and not settings.allow_retry:
         return (None, "retried", {
             "partition": coord.partition_id, "attempt": coord.attempt,
@@ -78,11 +77,6 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=N
         env.update(settings.extra_env)
         env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, port,
                                     _iface_of(_local_ip_towards(rendezvous_ip))))
-        if shard is not None:
-            # The rank starts while Spark still sends the rows; hvd_magic.shard() waits for them.
-            env["HVD_MAGIC_SHARD"], env["HVD_MAGIC_SHARD_READY"] = shard.path, shard.ready
-            threading.Thread(target=_agree_on_shards, args=(link, shard, settings.equal_shards),
-                             name="hvd-magic-shards", daemon=True).start()
         gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -93,24 +87,6 @@ def run_task(settings: TaskSettings, coord: Coordinator, shard=None, make_link=N
         link.close()
         if rendezvous is not None:
             rendezvous.stop()
-
-
-def _agree_on_shards(link, shard, equal):
-    """Once this task's rows are written: every task's row count (through the driver), then the
-    rows the rank may read (all of them, or the smallest count with --equal-shards), in the file
-    its `hvd_magic.shard()` waits for. A run that stops meanwhile (an empty shard) stops the rank."""
-    shard.written.wait()
-    if shard.error:
-        link.forward.send({"t": "lines", "stream": "stderr",
-                           "lines": [f"hvd_magic: this rank's shard could not be written: {shard.error}"]})
-    link.forward.send({"t": "shard", "rows": shard.rows})
-    rows = link.wait_answer("shards", None)
-    if rows is None:
-        link.stop_rank()
-        return
-    with open(shard.ready + ".tmp", "w") as f:
-        f.write(str(min(rows) if equal else shard.rows))
-    os.replace(shard.ready + ".tmp", shard.ready)
 
 
 def _write_job(workdir, settings):

@@ -19,8 +19,6 @@ class TaskSettings:
     timeline: bool = False          # record a Horovod timeline on rank 0 for the whole run
     timeline_window: bool = True    # HOROVOD_TIMELINE=DYNAMIC, for `hvd_magic.timeline()` blocks
     session: bool = False           # a warm session: the rank takes cells until stopped
-    data: bool = False              # tasks get rows of a DataFrame (--data): `hvd_magic.shard()`
-    equal_shards: bool = False      # every rank keeps as many rows as the smallest shard has
     connect: bool = False           # Spark Connect: the executors may not reach the driver
 
 

@@ -1,0 +1,164 @@
+"""DataFrames converted once: Spark's own Parquet writer, into a cache directory, reused.
+
+An entry's name is a hash of the DataFrame's plan (its canonical form and ``semanticHash``,
+which ignore the names Spark gives columns each time a DataFrame is made) and of its input
+files' paths, sizes and modification times: the same DataFrame in a later cell, or a later run of
+the notebook, finds its entry; changed input files make a new one, never a stale read. An entry
+is written under a temporary name and renamed when complete, so a killed kernel leaves no entry
+half-written (`entries` sweeps the temporary folders of processes that are gone). An entry whose
+files were deleted or rewritten since is converted again.
+
+The directory: ``HorovodMagics.data_cache`` (``%config``; ``data_cache=`` in the API), else
+``$HVD_MAGIC_DATA_CACHE`` or ``~/.cache/hvd_magic/data`` when Spark runs on this machine
+(``local[N]``). On a cluster it must
+be a directory every executor and this notebook see at the same path (a shared mount).
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+
+from IPython.core.error import UsageError
+
+MANIFEST = "_hvd_magic.json"
+ROW_GROUP_MB = 16
+
+
+def default_dir():
+    if os.environ.get("HVD_MAGIC_DATA_CACHE"):
+        return os.environ["HVD_MAGIC_DATA_CACHE"]
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "hvd_magic", "data")
+
+
+def cache_dir(configured, local):
+    """The directory to convert into; a UsageError on a cluster without one configured."""
+    if configured:
+        return os.path.abspath(os.path.expanduser(configured))
+    if local:
+        return default_dir()
+    raise UsageError(
+        "--data: this DataFrame is not a plain Parquet scan, so Spark converts it once into a "
+        "cache directory that every executor and this notebook must see at the same path. Set "
+        "one: %config HorovodMagics.data_cache = '/shared/path' (or data_cache= in the API).")
+
+
+def _inputs(df):
+    """(path, size, mtime) of each input file Spark lists; files it cannot stat count by name."""
+    from ..rank.stream import local_path
+
+    stats = []
+    for uri in sorted(df.inputFiles()):
+        try:
+            st = os.stat(local_path(uri))
+            stats.append((uri, st.st_size, st.st_mtime_ns))
+        except OSError:
+            stats.append((uri, None, None))
+    return stats
+
+
+def key(df):
+    """The entry name for `df`: its plan and its input files."""
+    parts = [str(df.semanticHash()), df.schema.json()]
+    if hasattr(df, "_jdf"):
+        parts.append(df._jdf.queryExecution().analyzed().canonicalized().toString())
+    parts.append(json.dumps(_inputs(df)))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _intact(entry):
+    """The entry's files, when its manifest says they are all there unchanged."""
+    try:
+        with open(os.path.join(entry, MANIFEST)) as f:
+            manifest = json.load(f)
+        for name, size in manifest["files"].items():
+            if os.path.getsize(os.path.join(entry, name)) != size:
+                return None
+    except (OSError, ValueError, KeyError):
+        return None
+    return ["file://" + os.path.join(entry, name) for name in sorted(manifest["files"])]
+
+
+def converted(df, directory):
+    """The Parquet files of `df` in the cache: (file URIs, reused?)."""
+    os.makedirs(directory, exist_ok=True)
+    entry = os.path.join(directory, key(df))
+    files = _intact(entry)
+    if files is not None:
+        return files, True
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        # Row groups of ROW_GROUP_MB: what a rank reads at a time (Spark's 128 MB default would
+        # make a rank read far past its share, and hold that much while streaming).
+        df.write.option("parquet.block.size", ROW_GROUP_MB << 20).parquet(
+            "file://" + tmp if "://" not in tmp else tmp)
+        names = sorted(n for n in (os.listdir(tmp) if os.path.isdir(tmp) else [])
+                       if n.endswith(".parquet"))
+        if not names:
+            raise UsageError(
+                f"--data: Spark wrote the DataFrame into {directory}, but this notebook sees no "
+                "file there: the executors cannot write where this machine reads. Set "
+                "%config HorovodMagics.data_cache to a directory that every executor and this "
+                "notebook share (the same path on every machine).")
+        manifest = {"files": {n: os.path.getsize(os.path.join(tmp, n)) for n in names},
+                    "created": time.time(), "columns": df.columns}
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f)
+        shutil.rmtree(entry, ignore_errors=True)  # (damaged: files deleted or rewritten)
+        try:
+            os.rename(tmp, entry)
+        except OSError:  # another process finished the same entry first: use its
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    files = _intact(entry)
+    if files is None:
+        raise UsageError(f"--data: the converted DataFrame in {entry} changed while it was "
+                         "being written; run the cell again.")
+    return files, False
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def entries(directory):
+    """[(name, MB, files, created)] of the cache's complete entries; leftovers of processes that
+    died while converting are removed."""
+    if not os.path.isdir(directory):
+        return []
+    rows = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.startswith(".tmp-"):
+            pid = int(name.split("-")[1]) if name.split("-")[1].isdigit() else 0
+            if not _alive(pid):
+                shutil.rmtree(path, ignore_errors=True)
+            continue
+        try:
+            with open(os.path.join(path, MANIFEST)) as f:
+                manifest = json.load(f)
+        except (OSError, ValueError):
+            continue
+        size = sum(manifest["files"].values())
+        rows.append((name, size / 1e6, len(manifest["files"]), manifest.get("created", 0.0)))
+    return rows
+
+
+def clear(directory, name=None):
+    """Remove every entry (or the one called `name`); how many were removed."""
+    removed = 0
+    for entry, *_ in entries(directory):
+        if name is None or entry == name:
+            shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+            removed += 1
+    return removed
