@@ -51,6 +51,8 @@ def run_error(run, infos, retried):
     failures += [dict(i, rank=r) for r, i in sorted(infos.items())
                  if i["status"] not in ("stopped",) and r not in {f["rank"] for f in failures}]
     launcher = run.launcher
+    if run.elastic is not None and launcher.error is not None and not failures:
+        return launcher.error  # too few ranks left for too long: it names what was lost
     if run.retry is not None:
         return _retry_error(run)
     if run.data_error is not None:
@@ -77,7 +79,7 @@ def run_error(run, infos, retried):
         return RunCancelled(f"run {run.id} was cancelled; every rank was stopped.")
     if launcher.error is not None:
         return lost_task or launcher.error
-    if not launcher.outcomes or len(launcher.outcomes) != run.np:
+    if not launcher.outcomes or (run.elastic is None and len(launcher.outcomes) != run.np):
         return LaunchError(f"run {run.id} ended without results from every rank.")
     return None
 

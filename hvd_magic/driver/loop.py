@@ -183,6 +183,8 @@ class Driver:
                 state.state = "done"
             elif state.rank in infos:
                 state.state = "cancelled" if infos[state.rank]["status"] == "stopped" else "failed"
+        if run.elastic is not None:  # the survivors' values: lost ranks have none
+            results = run.elastic.survivors(results, ok_ranks)
         run.exports = exports
         run.ended = time.time()
         run.error = run_error(run, infos, retried)

@@ -1,0 +1,130 @@
+"""Elastic runs, driver-only: a rank process SIGKILLed mid-training is replaced, the others go on
+from their last commit, and the run ends with the survivors' results (real processes, real
+Horovod elastic, a real kill)."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from IPython.core.error import UsageError
+
+import hvd_magic
+from hvd_magic.view import TextView
+
+COMMIT_EVERY = 10
+FAST_GLOO = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}  # a lost peer is noticed at once anyway
+
+
+def elastic_train():
+    """A Horovod elastic PyTorch loop, as a user writes it: TorchState, commit every k steps.
+    (Made here, nested, so that it travels by value: the ranks cannot import this test file.)"""
+
+    def train_elastic(steps, commit_every, pause):
+        import time
+
+        import horovod.torch as hvd
+        import torch
+
+        import hvd_magic
+
+        hvd.init()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                             named_parameters=model.named_parameters())
+        state = hvd.elastic.TorchState(model, optimizer, step=0)
+        starts = []  # the step each (re)start of the loop began from: a restore goes back to a commit
+
+        @hvd.elastic.run
+        def train(state):
+            starts.append((state.step, hvd.size()))
+            while state.step < steps:
+                x = torch.randn(8, 4)
+                optimizer.zero_grad()
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+                state.step += 1
+                if state.step % commit_every == 0:
+                    state.commit()
+                hvd_magic.report(step=state.step, total=steps, size=hvd.size())
+                time.sleep(pause)
+
+        train(state)
+        return {"step": state.step, "starts": starts, "size": hvd.size(),
+                "weights": [p.detach().flatten().tolist() for p in model.parameters()]}
+    return train_elastic
+
+
+def _wait_for(run, predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if run.state != "running":
+            raise AssertionError(f"the run ended ({run.state}: {run.error}) before {what}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(tmp_path):
+    run = hvd_magic.run(elastic_train(), np=-3, min_np=2, args=(150, COMMIT_EVERY, 0.05),
+                        background=True, view=TextView(quiet=True), horovod_env=FAST_GLOO)
+    try:
+        victim = run.ranks[1]
+        _wait_for(run, lambda: (victim.step or 0) >= 25, 120, "rank 1 to reach step 25")
+        pid, seen = victim.pid, victim.step
+        os.kill(pid, signal.SIGKILL)
+        results = run.wait(240)
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+
+    assert run.state == "done"
+    # every rank that finished has the same weights and the full step count
+    assert len(results) >= 2
+    assert all(r["weights"] == results[0]["weights"] for r in results)
+    assert all(r["step"] == 150 for r in results)
+    # the survivors restarted from a commit no earlier than the last one before the kill
+    last_commit = seen // COMMIT_EVERY * COMMIT_EVERY
+    survivors = [results[0], results[-1]]
+    for r in survivors:
+        steps = [s for s, _ in r["starts"]]
+        assert all(s % COMMIT_EVERY == 0 for s in steps), r["starts"]
+        assert steps == sorted(steps), r["starts"]
+    restarts = [s for s, _ in results[0]["starts"][1:]]
+    assert restarts and restarts[0] >= last_commit, (results[0]["starts"], seen)
+
+    # membership: rank 1 lost by SIGKILL with its last line and key, a replacement joined, the
+    # ring went 3 -> 2 -> 3; all of it in events.jsonl and run.json
+    kinds = [c["t"] for c in run.membership]
+    lost = next(c for c in run.membership if c["t"] == "lost")
+    assert lost["rank"] == 1 and lost["pid"] == pid and lost["code"] == -signal.SIGKILL
+    assert lost["key"] == "hvd-s1-a1"
+    joined = next(c for c in run.membership if c["t"] == "joined")
+    assert joined["rank"] == 1 and joined["key"] == "hvd-s1-a2"
+    sizes = [c["size"] for c in run.membership if c["t"] == "ring"]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, sizes
+    assert kinds.index("lost") < kinds.index("joined")
+    with open(os.path.join(run.run_dir, "events.jsonl")) as f:
+        recorded = [json.loads(line)["t"] for line in f]
+    assert {"lost", "joined", "ring"} <= set(recorded)
+    with open(os.path.join(run.run_dir, "run.json")) as f:
+        assert [c["t"] for c in json.load(f)["membership"]] == kinds
+    # both attempts' logs are kept
+    first, second = (os.path.join(run.run_dir, n) for n in ("rank-1.log", "rank-1.attempt2.log"))
+    assert os.path.exists(first) and os.path.exists(second)
+    assert run.log_path(1) == second
+    assert hvd_magic.last_run().membership == run.membership
+    assert not run.unended()
+
+
+def test_elastic_options_are_checked():
+    with pytest.raises(UsageError, match="driver only for now"):
+        hvd_magic.run(elastic_train(), np=3, min_np=2)
+    with pytest.raises(UsageError, match="min_np <= ranks <= max_np"):
+        hvd_magic.run(elastic_train(), np=-3, min_np=4)
+    with pytest.raises(UsageError, match="add --min-np"):
+        hvd_magic.run(elastic_train(), np=-3, max_np=4)
