@@ -11,50 +11,48 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
+from hvd_magic.errors import LaunchError
+from hvd_magic.launch import elastic
 from hvd_magic.view import TextView
 
 COMMIT_EVERY = 10
 FAST_GLOO = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}  # a lost peer is noticed at once anyway
 
 
-def elastic_train():
-    """A Horovod elastic PyTorch loop, as a user writes it: TorchState, commit every k steps.
-    (Made here, nested, so that it travels by value: the ranks cannot import this test file.)"""
+# A cell written against Horovod's elastic API, as a user writes it: TorchState, commit every
+# COMMIT_EVERY steps, the step each (re)start of the loop began from kept (a restore goes back
+# to a commit).
+ELASTIC_CELL = """\
+import time
+import horovod.torch as hvd
+import torch
+import hvd_magic
 
-    def train_elastic(steps, commit_every, pause):
-        import time
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, optimizer, step=0)
+starts = []
 
-        import horovod.torch as hvd
-        import torch
+@hvd.elastic.run
+def train(state):
+    starts.append(state.step)
+    while state.step < steps:
+        x = torch.randn(8, 4)
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % commit_every == 0:
+            state.commit()
+        hvd_magic.report(step=state.step, total=steps)
+        time.sleep(0.05)
 
-        import hvd_magic
-
-        hvd.init()
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                             named_parameters=model.named_parameters())
-        state = hvd.elastic.TorchState(model, optimizer, step=0)
-        starts = []  # the step each (re)start of the loop began from: a restore goes back to a commit
-
-        @hvd.elastic.run
-        def train(state):
-            starts.append((state.step, hvd.size()))
-            while state.step < steps:
-                x = torch.randn(8, 4)
-                optimizer.zero_grad()
-                model(x).pow(2).mean().backward()
-                optimizer.step()
-                state.step += 1
-                if state.step % commit_every == 0:
-                    state.commit()
-                hvd_magic.report(step=state.step, total=steps, size=hvd.size())
-                time.sleep(pause)
-
-        train(state)
-        return {"step": state.step, "starts": starts, "size": hvd.size(),
-                "weights": [p.detach().flatten().tolist() for p in model.parameters()]}
-    return train_elastic
+train(state)
+{"step": state.step, "starts": starts, "weights": [p.detach().flatten().tolist() for p in model.parameters()]}
+"""
 
 
 def _wait_for(run, predicate, timeout, what):
@@ -68,14 +66,13 @@ def _wait_for(run, predicate, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(tmp_path):
-    run = hvd_magic.run(elastic_train(), np=-3, min_np=2, args=(150, COMMIT_EVERY, 0.05),
-                        background=True, view=TextView(quiet=True), horovod_env=FAST_GLOO)
+def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns):
+    fresh_ns.update(steps=150, commit_every=COMMIT_EVERY)
+    run = ip.run_cell_magic(
+        "horovod", "--np -3 --min-np 2 --background --quiet "
+                   "--env HOROVOD_GLOO_TIMEOUT_SECONDS=10", ELASTIC_CELL)
     try:
-        victim = run.ranks[1]
-        _wait_for(run, lambda: (victim.step or 0) >= 25, 120, "rank 1 to reach step 25")
-        pid, seen = victim.pid, victim.step
-        os.kill(pid, signal.SIGKILL)
+        pid, seen = _kill_rank_1_at_step(run, 25)
         results = run.wait(240)
     finally:
         if run.state == "running":
@@ -91,10 +88,9 @@ def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(tmp_path):
     last_commit = seen // COMMIT_EVERY * COMMIT_EVERY
     survivors = [results[0], results[-1]]
     for r in survivors:
-        steps = [s for s, _ in r["starts"]]
-        assert all(s % COMMIT_EVERY == 0 for s in steps), r["starts"]
-        assert steps == sorted(steps), r["starts"]
-    restarts = [s for s, _ in results[0]["starts"][1:]]
+        assert all(s % COMMIT_EVERY == 0 for s in r["starts"]), r["starts"]
+        assert r["starts"] == sorted(r["starts"]), r["starts"]
+    restarts = results[0]["starts"][1:]
     assert restarts and restarts[0] >= last_commit, (results[0]["starts"], seen)
 
     # membership: rank 1 lost by SIGKILL with its last line and key, a replacement joined, the
@@ -121,10 +117,41 @@ def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(tmp_path):
     assert not run.unended()
 
 
+def _kill_rank_1_at_step(run, step):
+    victim = run.ranks[1]
+    _wait_for(run, lambda: (victim.step or 0) >= step, 120, f"rank 1 to reach step {step}")
+    seen = victim.step
+    os.kill(victim.pid, signal.SIGKILL)  # a real kill of the rank process, from outside
+    return victim.pid, seen
+
+
+def test_too_few_ranks_for_longer_than_the_elastic_timeout_is_a_clear_error(
+        ip, fresh_ns, monkeypatch):
+    monkeypatch.setattr(elastic, "REPLACEMENTS_PER_SLOT", 0)  # a lost rank stays lost
+    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY)
+    run = ip.run_cell_magic(
+        "horovod", "--np -2 --min-np 2 --elastic-timeout 3 --background --quiet "
+                   "--env HOROVOD_GLOO_TIMEOUT_SECONDS=10", ELASTIC_CELL)
+    try:
+        pid, _ = _kill_rank_1_at_step(run, 5)
+        with pytest.raises(LaunchError) as caught:
+            run.wait(120)
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+    message = str(caught.value)
+    assert "fewer than --min-np 2" in message and "(3 s)" in message
+    assert "rank 1 (hvd-s1-a1) killed by SIGKILL at " in message
+    assert run.state == "failed" and not run.unended()
+    lost = [c for c in run.membership if c["t"] == "lost"]
+    assert lost[0]["rank"] == 1 and lost[0]["pid"] == pid
+
+
 def test_elastic_options_are_checked():
     with pytest.raises(UsageError, match="driver only for now"):
-        hvd_magic.run(elastic_train(), np=3, min_np=2)
+        hvd_magic.run(print, np=3, min_np=2)
     with pytest.raises(UsageError, match="min_np <= ranks <= max_np"):
-        hvd_magic.run(elastic_train(), np=-3, min_np=4)
+        hvd_magic.run(print, np=-3, min_np=4)
     with pytest.raises(UsageError, match="add --min-np"):
-        hvd_magic.run(elastic_train(), np=-3, max_np=4)
+        hvd_magic.run(print, np=-3, max_np=4)

@@ -51,8 +51,10 @@ def run_error(run, infos, retried):
     failures += [dict(i, rank=r) for r, i in sorted(infos.items())
                  if i["status"] not in ("stopped",) and r not in {f["rank"] for f in failures}]
     launcher = run.launcher
-    if run.elastic is not None and launcher.error is not None and not failures:
-        return launcher.error  # too few ranks left for too long: it names what was lost
+    if run.elastic is not None and launcher.error is not None:
+        # too few ranks left for too long: it names what was lost (the survivors' own errors,
+        # such as a rendezvous that went away, follow from it)
+        return launcher.error
     if run.retry is not None:
         return _retry_error(run)
     if run.data_error is not None:

@@ -41,7 +41,8 @@ def run_cell(magics, args, cell):
         broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
         name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
         tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
-        equal_shards=args.equal_shards)
+        equal_shards=args.equal_shards, min_np=args.min_np, max_np=args.max_np,
+        elastic_timeout=args.elastic_timeout)
     if args.background:
         return run
     if run.exports:
@@ -75,7 +76,8 @@ def run_in_session(magics, session, args, cell):
                                           ("--master", args.master), ("--env", args.env),
                                           ("--retries", args.retries),
                                           ("--timeline", args.timeline),
-                                          ("--tensorboard", args.tensorboard)) if given]
+                                          ("--tensorboard", args.tensorboard),
+                                          ("--min-np", args.min_np is not None)) if given]
     if placement:
         raise UsageError(
             f"{' and '.join(placement)} cannot change where a cell runs while session "

@@ -43,6 +43,16 @@ class HorovodMagics(Magics):
               help="Number of ranks. N > 0: a Spark barrier stage of N tasks (the active "
                    "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
                    "only, no Spark. Default: HorovodMagics.np (2).")
+    @argument("--min-np", type=int, default=None, metavar="M",
+              help="An elastic run (driver only for now: --np -N): a rank process that is lost "
+                   "is replaced and the others go on from their last commit, with code written "
+                   "for Horovod's elastic API (@hvd.elastic.run, hvd.elastic.TorchState). The "
+                   "run ends if fewer than M ranks are left for longer than --elastic-timeout.")
+    @argument("--max-np", type=int, default=None, metavar="N",
+              help="With --min-np: at most N ranks (default: the ranks of --np).")
+    @argument("--elastic-timeout", type=float, default=None, metavar="S",
+              help="With --min-np: seconds the run may have fewer than --min-np ranks "
+                   "(default 600, Horovod's).")
     @argument("--data", type=str, default=None, metavar="DF",
               help="A Spark DataFrame of the notebook: each rank gets a disjoint shard of its "
                    "rows, made by Spark on the executors (never through the notebook), and "

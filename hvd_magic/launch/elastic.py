@@ -34,6 +34,9 @@ from .base import Launcher
 
 SLOT_KEY = "hvd-s{slot}-a{attempt}"
 REPLACE_AFTER = 5.0   # seconds after a ring without the lost keys formed, if no step is heard
+# A slot whose processes died this many times more is not replaced again (a crash loop): the
+# run goes on with the others, or ends after the elastic timeout if they are too few.
+REPLACEMENTS_PER_SLOT = 3
 
 
 def slot_of(key):
@@ -109,7 +112,8 @@ class ElasticLocalLauncher(Launcher):
             return
         for slot in sorted(self._waiting):
             _, attempt = slot_of(self._keys[slot])
-            self._keys[slot] = SLOT_KEY.format(slot=slot, attempt=attempt + 1)
+            if attempt <= REPLACEMENTS_PER_SLOT:
+                self._keys[slot] = SLOT_KEY.format(slot=slot, attempt=attempt + 1)
         self._waiting.clear()
         self._ring_at = None
 
@@ -162,7 +166,8 @@ class ElasticLocalLauncher(Launcher):
             for slot, key, code, when in self._lost) or "none"
         return (f"the elastic run ended: fewer than --min-np {self.min_np} ranks were left for "
                 f"longer than the elastic timeout ({self.elastic_timeout or 600:g} s), or every "
-                f"rank failed. Lost: {lost}. Their logs are in the run folder.")
+                f"rank was lost. Lost: {lost}. A rank is replaced at most "
+                f"{REPLACEMENTS_PER_SLOT} times; every attempt's log is in the run folder.")
 
     def _create_worker(self, slot_info, events):
         """Horovod's `create_worker_fn`: run one worker to its end; (exit code, time)."""
