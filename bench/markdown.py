@@ -22,12 +22,14 @@ TITLES = {
     "report": "`hvd_magic.report()` per call (ratio: share of a 5 ms step)",
     "reinit": "hvd.init()/shutdown cycles under load; hvd.init() skew",
     "shards": "DataFrame shards beside `toPandas()`",
+    "elastic": "Elastic recovery: kill → first step after it, steps redone (np 3, --min-np 2)",
 }
 REFERENCES = {
     "launch": "the floor (N bare rank processes rendezvousing directly)",
     "training": "`horovodrun` on the same script", "training-keras": "`horovodrun` on the same script",
     "timeline": "no timeline", "logs": "the same loop printing to /dev/null",
     "payload": "the 8-byte value", "session": "`%%px`",
+    "elastic": "`horovodrun --min-np` with a discovery script, same loop and kill",
 }
 
 

@@ -58,6 +58,7 @@ BENCHMARKS = {
     "report": ("bench_report.py", [], ["--calls", "20000", "--reps", "2"]),
     "reinit": ("bench_reinit.py", [], ["--cycles", "20", "--loops", "1", "--skew-runs", "3",
                                        "--np", "2"]),
+    "elastic": ("bench_elastic.py", ["--reps", "3"], ["--reps", "1"]),
     # --- DataFrame shards (issue #17): bench/bench_shards.py, when it exists, writes the same
     # rows (bench "shards": shard throughput, ratio to toPandas()) and takes --json PATH and
     # --quick; until then the file notes it as not run, and make bench does not fail for it.

@@ -2,6 +2,7 @@
 from their last commit, and the run ends with the survivors' results (real processes, real
 Horovod elastic, a real kill)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from hvd_magic.launch import elastic
 from hvd_magic.view import TextView
 
 COMMIT_EVERY = 10
-FAST_GLOO = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}  # a lost peer is noticed at once anyway
+GLOO_TIMEOUT = 10  # bounds how long a survivor may wait on the lost peer before it resets
 
 
 # A cell written against Horovod's elastic API, as a user writes it: TorchState, commit every
@@ -68,16 +69,9 @@ def _wait_for(run, predicate, timeout, what):
 
 def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns):
     fresh_ns.update(steps=150, commit_every=COMMIT_EVERY)
-    run = ip.run_cell_magic(
-        "horovod", "--np -3 --min-np 2 --background --quiet "
-                   "--env HOROVOD_GLOO_TIMEOUT_SECONDS=10", ELASTIC_CELL)
-    try:
+    with _elastic_run(ip, "--np -3 --min-np 2") as run:
         pid, seen = _kill_rank_1_at_step(run, 25)
         results = run.wait(240)
-    finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
 
     assert run.state == "done"
     # every rank that finished has the same weights and the full step count
@@ -117,6 +111,19 @@ def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_n
     assert not run.unended()
 
 
+@contextlib.contextmanager
+def _elastic_run(ip, options):
+    """ELASTIC_CELL in the background with `options`; cancelled if a test fails half-way."""
+    run = ip.run_cell_magic("horovod", f"{options} --background --quiet --env "
+                                       f"HOROVOD_GLOO_TIMEOUT_SECONDS={GLOO_TIMEOUT}", ELASTIC_CELL)
+    try:
+        yield run
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+
+
 def _kill_rank_1_at_step(run, step):
     victim = run.ranks[1]
     _wait_for(run, lambda: (victim.step or 0) >= step, 120, f"rank 1 to reach step {step}")
@@ -129,17 +136,10 @@ def test_too_few_ranks_for_longer_than_the_elastic_timeout_is_a_clear_error(
         ip, fresh_ns, monkeypatch):
     monkeypatch.setattr(elastic, "REPLACEMENTS_PER_SLOT", 0)  # a lost rank stays lost
     fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY)
-    run = ip.run_cell_magic(
-        "horovod", "--np -2 --min-np 2 --elastic-timeout 3 --background --quiet "
-                   "--env HOROVOD_GLOO_TIMEOUT_SECONDS=10", ELASTIC_CELL)
-    try:
+    with _elastic_run(ip, "--np -2 --min-np 2 --elastic-timeout 3") as run:
         pid, _ = _kill_rank_1_at_step(run, 5)
         with pytest.raises(LaunchError) as caught:
             run.wait(120)
-    finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
     message = str(caught.value)
     assert "fewer than --min-np 2" in message and "(3 s)" in message
     assert "rank 1 (hvd-s1-a1) killed by SIGKILL at " in message
