@@ -12,7 +12,10 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
-from hvd_magic.errors import LaunchError
+from hvd_magic.driver.membership import Membership
+from hvd_magic.driver.ranks import RankState
+from hvd_magic.driver.watchdog import stall_message
+from hvd_magic.errors import LaunchError, RunTimeout
 from hvd_magic.launch import elastic
 from hvd_magic.view import TextView
 
@@ -146,6 +149,27 @@ def test_too_few_ranks_for_longer_than_the_elastic_timeout_is_a_clear_error(
     assert run.state == "failed" and not run.unended()
     lost = [c for c in run.membership if c["t"] == "lost"]
     assert lost[0]["rank"] == 1 and lost[0]["pid"] == pid
+
+
+def test_an_elastic_reset_is_not_a_hang():
+    """Survivors waiting in hvd.init() for the ring to re-form, a lost rank: no stall reported;
+    the same ranks in a run that is not elastic are one."""
+    ranks = [RankState(r) for r in range(3)]
+    now = time.monotonic()
+    for r in ranks[::2]:
+        r.blocked_op, r.blocked_since = "init", now - 100
+    ranks[1].state, ranks[1].exit = "lost", {"code": -9, "status": "died"}
+    assert stall_message(ranks, 60, now) is not None
+    assert stall_message(Membership(3, 2, 3).watched(ranks), 60, now) is None
+
+
+def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns):
+    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY)
+    with pytest.raises(RunTimeout):
+        ip.run_cell_magic("horovod", "--np -2 --min-np 1 --timeout 8 --quiet", ELASTIC_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "timeout" and not run.unended()
+    assert all(r.exit is not None for r in run.ranks)
 
 
 def test_elastic_options_are_checked():

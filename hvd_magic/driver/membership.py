@@ -11,6 +11,7 @@ An elastic run (`hvd_magic.launch.elastic`) keeps going when a rank process is l
 - ``ring``: Horovod formed a ring: its size and the slots in it, the ring's size over time.
 
 Not for: starting or replacing processes (the launcher), or drawing (views show the lines).
+The hang watchdog looks only at the ranks `watched` gives: an elastic reset is not a hang.
 """
 
 import signal
@@ -89,6 +90,12 @@ class Membership:
         now offer the lost ranks' replacements: `ElasticLocalLauncher.ring_working`)."""
         if self.changes and self.changes[-1]["t"] == "ring":
             run.launcher.ring_working()
+
+    def watched(self, ranks):
+        """The ranks the hang watchdog compares in an elastic run: not the lost ones, nor those
+        in hvd.init() (there they wait on Horovod's elastic driver for the ring to re-form,
+        bounded by the elastic timeout, not on a peer that forgot a collective)."""
+        return [r for r in ranks if r.state != "lost" and r.blocked_op != "init"]
 
     def survivors(self, results, ok_ranks):
         """The values of the slots whose last process finished, in slot order."""

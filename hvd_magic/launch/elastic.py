@@ -188,6 +188,8 @@ class ElasticLocalLauncher(Launcher):
             outcome = (slot, "died", {"rank": slot, "code": None, "message": str(exc)})
         finally:
             done.set()
+        if outcome[1] == "stopped" and not any(e.is_set() for e in events):
+            self._stop_elastic()  # our driver stopped it (cancel, timeout): no replacement
         with self._lock:
             self._last[slot] = outcome
             code = outcome[2].get("code") if outcome[1] != "ok" else 0
