@@ -15,7 +15,7 @@ import hvd_magic
 from hvd_magic.driver.membership import Membership
 from hvd_magic.driver.ranks import RankState
 from hvd_magic.driver.watchdog import stall_message
-from hvd_magic.errors import LaunchError, RunTimeout
+from hvd_magic.errors import LaunchError, RankError, RunTimeout
 from hvd_magic.launch import elastic
 from hvd_magic.view import TextView
 
@@ -70,9 +70,9 @@ def _wait_for(run, predicate, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns):
+def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd):
     fresh_ns.update(steps=150, commit_every=COMMIT_EVERY)
-    with _elastic_run(ip, "--np -3 --min-np 2") as run:
+    with _elastic_run(ip, "--np -3 --min-np 2", view="--text") as run:
         pid, seen = _kill_rank_1_at_step(run, 25)
         results = run.wait(240)
 
@@ -111,13 +111,19 @@ def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_n
     assert os.path.exists(first) and os.path.exists(second)
     assert run.log_path(1) == second
     assert hvd_magic.last_run().membership == run.membership
+    # the text view said it as it happened, and sums it up at the end
+    out, err = capfd.readouterr()
+    assert f"[hvd_magic] rank 1 lost (hvd-s1-a1, pid {pid}, killed by SIGKILL)" in err
+    assert "[hvd_magic] rank 1 replaced: attempt 2 started (hvd-s1-a2" in err
+    assert "[hvd_magic] ring of 2 ranks: slots 0, 2" in err
+    assert "membership:" in out and "rank 1 joined (attempt 2, hvd-s1-a2)" in out
     assert not run.unended()
 
 
 @contextlib.contextmanager
-def _elastic_run(ip, options):
+def _elastic_run(ip, options, view="--quiet"):
     """ELASTIC_CELL in the background with `options`; cancelled if a test fails half-way."""
-    run = ip.run_cell_magic("horovod", f"{options} --background --quiet --env "
+    run = ip.run_cell_magic("horovod", f"{options} --background {view} --env "
                                        f"HOROVOD_GLOO_TIMEOUT_SECONDS={GLOO_TIMEOUT}", ELASTIC_CELL)
     try:
         yield run
@@ -170,6 +176,17 @@ def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns):
     run = hvd_magic.last_run()
     assert run.state == "timeout" and not run.unended()
     assert all(r.exit is not None for r in run.ranks)
+
+
+def test_an_error_in_the_cell_fails_an_elastic_run_with_its_traceback(ip):
+    """A bug is not a lost rank: no replacement, the others are stopped, the run ends at once."""
+    cell = ("import time, horovod.torch as hvd\nhvd.init()\n"
+            "if hvd.rank() == 1:\n    raise ValueError('a bug on rank 1')\ntime.sleep(600)\n")
+    with pytest.raises(RankError, match="a bug on rank 1"):
+        ip.run_cell_magic("horovod", "--np -2 --min-np 1 --quiet", cell)
+    run = hvd_magic.last_run()
+    assert run.state == "failed" and not run.unended()
+    assert not [c for c in run.membership if c["t"] in ("lost", "joined")]
 
 
 def test_elastic_options_are_checked():

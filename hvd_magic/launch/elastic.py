@@ -37,6 +37,7 @@ REPLACE_AFTER = 5.0   # seconds after a ring without the lost keys formed, if no
 # A slot whose processes died this many times more is not replaced again (a crash loop): the
 # run goes on with the others, or ends after the elastic timeout if they are too few.
 REPLACEMENTS_PER_SLOT = 3
+STOP_HOROVOD_AFTER = 15.0  # seconds after our stop before Horovod's driver is stopped outright
 
 
 def slot_of(key):
@@ -210,12 +211,27 @@ class ElasticLocalLauncher(Launcher):
                 return
 
     def _stop_elastic(self):
+        """Our driver stops the run: no more replacements. Horovod's driver ends by itself once
+        every stopped worker has recorded its failure; stopping it sooner would strand those
+        already waiting in its registry's barrier (a finished driver ignores the others)."""
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
-        if self._driver is not None:
-            threading.Thread(target=self._driver.stop, daemon=True).start()
+        threading.Thread(target=self._stop_horovod_later, daemon=True).start()
+
+    def _stop_horovod_later(self):
+        """The last resort, if Horovod's driver did not end by itself: stop it, and break its
+        registry's barrier (a private attribute) so that no thread of it waits forever."""
+        for thread in self._threads:
+            thread.join(STOP_HOROVOD_AFTER)
+        driver = self._driver
+        if driver is None or not any(t.is_alive() for t in self._threads):
+            return
+        driver.stop()
+        barrier = getattr(getattr(driver, "_worker_registry", None), "_barrier", None)
+        if barrier is not None:
+            barrier.abort()
 
     def cancel(self):
         self._stop_elastic()
