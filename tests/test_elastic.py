@@ -72,7 +72,7 @@ def _wait_for(run, predicate, timeout, what):
 
 def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd):
     fresh_ns.update(steps=150, commit_every=COMMIT_EVERY)
-    with _elastic_run(ip, "--np -3 --min-np 2", view="--text") as run:
+    with _elastic_run(ip, "--np -3 --min-np 2 --export starts", view="--text") as run:
         pid, seen = _kill_rank_1_at_step(run, 25)
         results = run.wait(240)
 
@@ -111,6 +111,7 @@ def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_n
     assert os.path.exists(first) and os.path.exists(second)
     assert run.log_path(1) == second
     assert hvd_magic.last_run().membership == run.membership
+    assert run.exports["starts"] in [r["starts"] for r in results]  # from Horovod's rank 0
     # the text view said it as it happened, and sums it up at the end
     out, err = capfd.readouterr()
     assert f"[hvd_magic] rank 1 lost (hvd-s1-a1, pid {pid}, killed by SIGKILL)" in err

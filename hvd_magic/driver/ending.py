@@ -25,7 +25,8 @@ def collect(outcomes, np, cell):
             value = pickle.loads(payload)
             if cell:
                 value, rank_exports = value
-                if rank == 0 and rank_exports is not None:
+                if rank_exports is not None:  # (only Horovod's rank 0 sends them: in an
+                    # elastic run, not necessarily the view's rank 0)
                     exports = rank_exports
             results[rank] = value
         else:
