@@ -25,12 +25,14 @@ TITLES = {
     "shards-stream": "`--data`: a shard 4× a rank's RSS budget streamed twice (RSS growth, MB)",
     "scripts": "Training scripts and MLflow: logging cost per point (ratio: share of a 5 ms step); "
                "`%horovod script.py` launch beside the same code in a cell",
+    "elastic": "Elastic recovery: kill → first step after it, steps redone (np 3, --min-np 2)",
 }
 REFERENCES = {
     "launch": "the floor (N bare rank processes rendezvousing directly)",
     "training": "`horovodrun` on the same script", "training-keras": "`horovodrun` on the same script",
     "timeline": "no timeline", "logs": "the same loop printing to /dev/null",
     "payload": "the 8-byte value", "session": "`%%px`",
+    "elastic": "`horovodrun --min-np` with a discovery script, same loop and kill",
 }
 
 

@@ -43,7 +43,8 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
         broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
-        verbose=False, data=None, equal_shards=False, data_cache=None, mlflow=None):
+        verbose=False, data=None, equal_shards=False, data_cache=None, mlflow=None,
+        min_np=None, max_np=None, elastic_timeout=None):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
@@ -53,6 +54,10 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     with `hvd_magic.shard()` or the batch functions (`equal_shards`: as many rows on every rank,
     the rest dropped; `data_cache`: where a DataFrame that is not plain Parquet is converted).
     `mlflow`: see `launch`.
+    `min_np` makes the run elastic (driver-only for now: `np` < 0): Horovod's elastic driver
+    runs here, a lost rank process is replaced and the others go on from their last commit
+    (code written with `hvd.elastic.run` and a `State`); fewer than `min_np` ranks for longer
+    than `elastic_timeout` seconds ends the run. `max_np`: at most this many ranks.
 
     Examples
     --------
@@ -78,7 +83,31 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
                   horovod_env=horovod_env, env=env, broadcast_bytes=broadcast_bytes,
                   retries=retries, name=name, timeline=timeline, stall_timeout=stall_timeout,
                   on_stall=on_stall, tensorboard=tensorboard, verbose=verbose, data=data,
-                  equal_shards=equal_shards, data_cache=data_cache, mlflow=mlflow)
+                  equal_shards=equal_shards, data_cache=data_cache, mlflow=mlflow,
+                  min_np=min_np, max_np=max_np, elastic_timeout=elastic_timeout)
+
+
+def check_elastic(np, min_np, max_np, elastic_timeout):
+    """(min_np, max_np, timeout) of an elastic run, or None when `min_np` is None."""
+    if min_np is None:
+        if max_np is not None or elastic_timeout is not None:
+            raise UsageError("--max-np and --elastic-timeout belong to an elastic run: add "
+                             "--min-np M (the fewest ranks the run may go on with).")
+        return None
+    if np > 0:
+        raise UsageError(f"elastic runs work on the driver only for now: use --np {-np} "
+                         f"--min-np {min_np} (ranks as processes of this machine). Elastic runs "
+                         "on Spark are not there yet.")
+    max_np = abs(np) if max_np is None else max_np
+    for name, value in (("min_np", min_np), ("max_np", max_np)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"{name} must be a whole number of ranks >= 1, not {value!r}.")
+    if not min_np <= abs(np) <= max_np:
+        raise UsageError(f"an elastic run needs min_np <= ranks <= max_np; got min_np {min_np}, "
+                         f"{abs(np)} ranks, max_np {max_np}.")
+    if elastic_timeout is not None and elastic_timeout <= 0:
+        raise UsageError(f"elastic_timeout takes a positive number of seconds, not {elastic_timeout!r}.")
+    return min_np, max_np, elastic_timeout
 
 
 def run_cell(cell_fn, np, **options):
@@ -97,11 +126,12 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
            broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
            timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn",
            run_root="hvd_runs", tensorboard=None, verbose=False, data=None, equal_shards=False,
-           data_cache=None, mlflow=None):
+           data_cache=None, mlflow=None, min_np=None, max_np=None, elastic_timeout=None):
     """Start a pickled job on `np` ranks with the launcher `np` asks for; return the `Run`.
     A Spark JVM started now writes to run_root/spark-<time>.log (and to stderr if `verbose`).
     `mlflow`: None logs to the notebook's active MLflow run if there is one, True or an
     experiment's name to a new run, False never (`hvd_magic.driver.tracking`)."""
+    elastic = check_elastic(np, min_np, max_np, elastic_timeout)
     if data is not None:
         _check_data_arg(data)
         if np < 0:
@@ -110,14 +140,18 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
     view, env = tracked(mlflow, view, env, job, cell, {
         "timeout": timeout, "timeline": timeline, "retries": retries, "name": name,
         "data": data is not None or None})
-    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
-                             log_dir=run_root, verbose=verbose)
+    if elastic is not None:
+        from .launch.elastic import ElasticLocalLauncher
+        launcher = ElasticLocalLauncher(*elastic)
+    else:
+        launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
+                                 log_dir=run_root, verbose=verbose)
     run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
                horovod_env=horovod_env, extra_env=env, broadcast_bytes=broadcast_bytes,
                allow_retry=retries > 0, name=name, timeline=timeline,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root,
                tensorboard=tensorboard and os.path.abspath(tensorboard), data=data,
-               equal_shards=equal_shards, data_cache=data_cache)
+               equal_shards=equal_shards, data_cache=data_cache, elastic=elastic)
     return run_.launch(job, kwargs_pickled, background=background)
 
 

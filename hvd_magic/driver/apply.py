@@ -1,6 +1,8 @@
 """One event from a task, applied to its run: what the driver loop does with each event.
 
 - lines go to the rank's log; state, progress, blocked and exit events to its `RankState`;
+- in an elastic run, a lost rank, its replacement and each new ring go to `run.elastic`
+  (`hvd_magic.driver.membership`) instead of failing the run;
 - task 0's rendezvous port is relayed to the other tasks;
 - files sent back (timeline, TensorBoard logs) land in the run folder;
 - every event but lines and files is recorded in ``events.jsonl``, and the view sees them all.
@@ -15,6 +17,8 @@ from .folder import FILE_KINDS, FOLDER_KINDS
 
 def apply_event(run, event, request_stop):
     """Apply `event` to `run`; True when it changed what ``run.json`` says (write it soon)."""
+    if event.get("t") == "ring" and run.elastic is not None:  # from the elastic launcher
+        return run.elastic.ring(run, event)
     rank = event.get("rank")
     if not isinstance(rank, int) or not 0 <= rank < run.np:
         return False
@@ -29,12 +33,17 @@ def apply_event(run, event, request_stop):
             r.last_line = lines[-1].rsplit("\r", 1)[-1]
     elif kind == "state":
         if event.get("state") == "starting" and r.pid is not None and event.get("pid") != r.pid:
-            _retried(run, rank, request_stop)
+            if run.elastic is not None:
+                run.elastic.joined(run, r, event)  # a lost rank's replacement
+            else:
+                _retried(run, rank, request_stop)
         r.state = str(event.get("state", r.state))
         for key in ("host", "local_rank", "pid", "gpus", "executor", "partition"):
             if key in event:
                 setattr(r, key, event[key])
     elif kind == "progress":
+        if run.elastic is not None:
+            run.elastic.progressed(run)
         r.step, r.total = event.get("step"), event.get("total")
         if isinstance(event.get("metrics"), dict):
             r.metrics.update(event["metrics"])
@@ -61,7 +70,9 @@ def apply_event(run, event, request_stop):
         r.ended_at = time.monotonic()
         status = event.get("status")
         r.state = {"ok": "done", "stopped": "cancelled"}.get(status, "failed")
-        if status not in ("ok", "stopped"):
+        if status == "died" and run.elastic is not None and run.stop_reason is None:
+            run.elastic.lost(run, r, event)  # the others go on without it
+        elif status not in ("ok", "stopped"):
             run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
     recorded = kind not in ("lines", "file")
     if recorded:

@@ -25,7 +25,8 @@ def collect(outcomes, np, cell):
             value = pickle.loads(payload)
             if cell:
                 value, rank_exports = value
-                if rank == 0 and rank_exports is not None:
+                if rank_exports is not None:  # (only Horovod's rank 0 sends them: in an
+                    # elastic run, not necessarily the view's rank 0)
                     exports = rank_exports
             results[rank] = value
         else:
@@ -51,6 +52,10 @@ def run_error(run, infos, retried):
     failures += [dict(i, rank=r) for r, i in sorted(infos.items())
                  if i["status"] not in ("stopped",) and r not in {f["rank"] for f in failures}]
     launcher = run.launcher
+    if run.elastic is not None and launcher.error is not None:
+        # too few ranks left for too long: it names what was lost (the survivors' own errors,
+        # such as a rendezvous that went away, follow from it)
+        return launcher.error
     if run.retry is not None:
         return _retry_error(run)
     if run.stop_reason == "stalled":
@@ -74,7 +79,7 @@ def run_error(run, infos, retried):
         return RunCancelled(f"run {run.id} was cancelled; every rank was stopped.")
     if launcher.error is not None:
         return lost_task or launcher.error
-    if not launcher.outcomes or len(launcher.outcomes) != run.np:
+    if not launcher.outcomes or (run.elastic is None and len(launcher.outcomes) != run.np):
         return LaunchError(f"run {run.id} ended without results from every rank.")
     return None
 

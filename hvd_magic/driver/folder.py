@@ -2,6 +2,8 @@
 
     hvd_runs/<run id>/
         rank-<k>.log          every line rank k printed, stdout and stderr, in order
+        rank-<k>.attempt<n>.log   the same for the n-th process of rank k (an elastic run's
+                              replacement of a lost one)
         events.jsonl          every other event (state, progress and metrics, stalls, exits), timed
         run.json              the run's state and each rank's (rewritten as the run goes)
         timeline.json         rank 0's Horovod timeline, when one was recorded
@@ -27,6 +29,7 @@ class RunFolder:
         self.files = {}              # kind -> path of a file received from the ranks
         self.tensorboard = None      # where the ranks' TensorBoard logs came back (a folder)
         self._logs = {}
+        self._attempts = {}          # rank -> its process's attempt, when not the first
         self._events = None
 
     def create(self, np):
@@ -36,7 +39,19 @@ class RunFolder:
         self._events = open(os.path.join(self.path, "events.jsonl"), "a", encoding="utf-8")
 
     def log_path(self, rank):
-        return os.path.join(self.path, f"rank-{rank}.log")
+        """Rank `rank`'s log; in an elastic run, that of its latest attempt."""
+        attempt = self._attempts.get(rank, 1)
+        return os.path.join(self.path, f"rank-{rank}.log" if attempt == 1
+                            else f"rank-{rank}.attempt{attempt}.log")
+
+    def new_attempt(self, rank, attempt):
+        """Rank `rank` has a new process (an elastic replacement): its lines go to a new log,
+        the earlier attempts' logs are kept."""
+        f = self._logs.pop(rank, None)
+        if f is not None:
+            f.close()
+        self._attempts[rank] = attempt
+        self._log(rank)
 
     def _log(self, rank):
         f = self._logs.get(rank)

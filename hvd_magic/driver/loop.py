@@ -80,7 +80,8 @@ class Driver:
         run = self.run
         if run.stall_timeout is None or run.stop_reason is not None or run.stall is not None:
             return
-        run.stall = stall_message(run.ranks, run.stall_timeout)
+        ranks = run.ranks if run.elastic is None else run.elastic.watched(run.ranks)
+        run.stall = stall_message(ranks, run.stall_timeout)
         if run.stall is None:
             return
         run._server.broadcast({"t": "dump"})  # each stuck rank prints its stack (faulthandler)
@@ -183,6 +184,8 @@ class Driver:
                 state.state = "done"
             elif state.rank in infos:
                 state.state = "cancelled" if infos[state.rank]["status"] == "stopped" else "failed"
+        if run.elastic is not None:  # the survivors' values: lost ranks have none
+            results = run.elastic.survivors(results, ok_ranks)
         run.exports = exports
         run.ended = time.time()
         run.error = run_error(run, infos, retried)

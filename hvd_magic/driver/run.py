@@ -23,6 +23,7 @@ from ..task.settings import TaskSettings
 from . import history
 from .folder import RunFolder
 from .loop import Driver
+from .membership import Membership
 from .ranks import RankState
 
 DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
@@ -92,7 +93,7 @@ class Run:
                  horovod_env=None, extra_env=None, broadcast_bytes=DEFAULT_BROADCAST_BYTES,
                  allow_retry=False, name=None, timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT,
                  on_stall="warn", run_root="hvd_runs", tensorboard=None, data=None,
-                 equal_shards=False, data_cache=None):
+                 equal_shards=False, data_cache=None, elastic=None):
         self.id = new_run_id()
         self.np = np
         self.name = name
@@ -132,6 +133,8 @@ class Run:
         self.equal_shards = equal_shards
         self.data_cache = data_cache  # where a DataFrame that is not plain Parquet is converted
         self.shards = None           # rows per rank's shard (--data), once planned
+        # an elastic run's members and every change to them (min_np, max_np, timeout given)
+        self.elastic = Membership(np, *elastic) if elastic is not None else None
         self._done = threading.Event()
         self._server = None
         self._shared = {}
@@ -160,6 +163,12 @@ class Run:
     def files(self):
         """kind -> path of each file the ranks sent back (e.g. the timeline)."""
         return self.folder.files
+
+    @property
+    def membership(self):
+        """An elastic run's membership changes (ranks lost and joined, each ring formed), in
+        order; [] for other runs."""
+        return list(self.elastic.changes) if self.elastic is not None else []
 
     def log_path(self, rank):
         return self.folder.log_path(rank)
@@ -315,7 +324,7 @@ class Run:
         self.folder.write_meta({
             "id": self.id, "np": self.np, "state": self.state, "where": self.where,
             "started": self.started, "ended": self.ended, "name": self.name,
-            "shards": self.shards,
+            "shards": self.shards, "membership": self.membership,
             # what the Spark JVM that this run started printed, if it started one
             "spark_log": getattr(self.launcher, "log_path", None),
             "ranks": [r.as_dict() for r in self.ranks]})

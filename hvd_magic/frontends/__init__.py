@@ -7,7 +7,8 @@
 - `horovod_runner`: Databricks' ``HorovodRunner(np).run(main, **kwargs)``;
 - `script`: ``%horovod --np N train.py args`` and ``run_script``: a training script's job;
 - `terminal`: ``python -m hvd_magic`` / ``hvd-run``, the same from a terminal;
-- `data_magic`: ``%horovod_data``, the cache of converted ``--data`` DataFrames.
+- `data_magic`: ``%horovod_data``, the cache of converted ``--data`` DataFrames;
+- `env_magic`: ``%horovod_env``, the executors' packages beside the driver's.
 
 Nothing below this room imports it: the API, the driver, the launchers and the ranks know nothing
 of IPython's magics.

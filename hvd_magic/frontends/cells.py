@@ -54,7 +54,8 @@ def run_options(magics, args, data, opening=None):
         broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
         name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
         tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
-        equal_shards=args.equal_shards, data_cache=magics.data_cache or None, mlflow=args.mlflow)
+        equal_shards=args.equal_shards, data_cache=magics.data_cache or None, mlflow=args.mlflow,
+        min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout)
 
 
 def data_option(user_ns, name, equal_shards):
@@ -80,7 +81,8 @@ def run_in_session(magics, session, args, cell, opening=None):
                                           ("--master", args.master), ("--env", args.env),
                                           ("--retries", args.retries),
                                           ("--timeline", args.timeline),
-                                          ("--tensorboard", args.tensorboard)) if given]
+                                          ("--tensorboard", args.tensorboard),
+                                          ("--min-np", args.min_np is not None)) if given]
     if placement:
         raise UsageError(
             f"{' and '.join(placement)} cannot change where a cell runs while session "

@@ -13,6 +13,7 @@ from traitlets import Bool, Dict, Float, Int, Unicode
 from .options import mlflow_before_script
 from .options import summary_first as _summary_first
 from .data_magic import horovod_data
+from .env_magic import horovod_env
 from .session_magic import horovod_session
 from .tensorboard_magic import horovod_tensorboard
 from ..view.opening import Opening
@@ -51,6 +52,16 @@ class HorovodMagics(Magics):
               help="Number of ranks. N > 0: a Spark barrier stage of N tasks (the active "
                    "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
                    "only, no Spark. Default: HorovodMagics.np (2).")
+    @argument("--min-np", type=int, default=None, metavar="M",
+              help="An elastic run (driver only for now: --np -N): a rank process that is lost "
+                   "is replaced and the others go on from their last commit, with code written "
+                   "for Horovod's elastic API (@hvd.elastic.run, hvd.elastic.TorchState). The "
+                   "run ends if fewer than M ranks are left for longer than --elastic-timeout.")
+    @argument("--max-np", type=int, default=None, metavar="N",
+              help="With --min-np: at most N ranks (default: the ranks of --np).")
+    @argument("--elastic-timeout", type=float, default=None, metavar="S",
+              help="With --min-np: seconds the run may have fewer than --min-np ranks "
+                   "(default 600, Horovod's).")
     @argument("--data", type=str, default=None, metavar="DF",
               help="A Spark DataFrame of the notebook: each rank reads a disjoint shard of its "
                    "rows from Parquet files (the DataFrame's own when it is a plain Parquet "
@@ -168,6 +179,7 @@ class HorovodMagics(Magics):
     horovod_session = line_magic(horovod_session)
     horovod_data = line_magic(horovod_data)
     horovod_tensorboard = line_magic(horovod_tensorboard)
+    horovod_env = line_magic(horovod_env)
 
     @_summary_first
     @magic_arguments()
@@ -215,50 +227,3 @@ class HorovodMagics(Magics):
         """
         from ..timelines.show import timeline_magic
         return timeline_magic(self, line)
-
-    @_summary_first
-    @magic_arguments()
-    @argument("--timeout", type=float, default=120.0,
-              help="Seconds the probe job may wait for its task slots (default 120).")
-    @argument("--text", action="store_true",
-              help="Print a plain-text table (to paste into an issue) instead of returning "
-                   "the report.")
-    @line_magic
-    def horovod_env(self, line):
-        """Compare the Python packages and GPUs of every Spark executor with the driver's.
-
-        ::
-
-            %horovod_env
-
-        A short Spark job with a task in every slot reports, per executor: the Python,
-        cloudpickle, torch, TensorFlow, horovod (built against which torch and TensorFlow? with
-        Gloo? NCCL?), hvd_magic and pyspark versions, and the GPUs it sees (CUDA_VISIBLE_DEVICES, torch's device count, the GPUs Spark assigns
-        its tasks). Values that differ from the driver's are highlighted; a package that an
-        executor lacks is reported as missing. Different Python or cloudpickle versions are the
-        commonest cause of a cell that unpickles on the driver but not on the workers; a
-        Horovod built against another torch or TensorFlow than the installed one gets a note.
-        Returns the report (``hvd_magic.launch.envcheck.EnvReport``; its ``mismatches`` list them).
-
-        Examples
-        --------
-        ::
-
-            %horovod_env                    # a table of the driver and every executor
-            report = %horovod_env
-            report.mismatches               # [Mismatch(where='10.0.0.7:41234', what='cloudpickle', ...)]
-            %horovod_env --text             # plain text, to paste into an issue
-        """
-        from ..launch.connect import connect_session
-        from ..launch.envcheck import check
-        args = parse_argstring(self.horovod_env, line)
-        if connect_session() is not None:
-            raise UsageError("%horovod_env needs a classic SparkSession (it asks every executor "
-                             "through the SparkContext), and the active one is Spark Connect.")
-        if args.timeout <= 0:
-            raise UsageError("--timeout takes a positive number of seconds.")
-        report = check(timeout=args.timeout)
-        if args.text:
-            print(report.text())
-            return None
-        return report

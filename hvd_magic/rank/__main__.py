@@ -68,9 +68,22 @@ def _user_traceback(exc):
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _horovod_rank():
+    """This process's Horovod rank now: in an elastic run it changes as the ring re-forms, so
+    Horovod's own word first, then the rank it was started as."""
+    for name in ("horovod.torch", "horovod.tensorflow", "horovod.keras"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "rank"):
+            try:
+                return module.rank()
+            except Exception:  # not initialized, or shut down by the cell
+                pass
+    return int(os.environ.get("HOROVOD_RANK", "0"))
+
+
 def _exports(scope, names):
     """Rank 0's values of the --export names (other ranks send none back)."""
-    if not names or os.environ.get("HOROVOD_RANK", "0") != "0":
+    if not names or _horovod_rank() != 0:
         return None
     missing = [n for n in names if n not in scope]
     if missing:

@@ -89,6 +89,24 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             rendezvous.stop()
 
 
+def run_worker(settings, slot, env, executor=None, partition=None, on_link=None):
+    """One rank process for a launcher that plans the ranks itself (Horovod's elastic driver:
+    `hvd_magic.launch.elastic`): `env` holds its Horovod variables, `slot.rank` labels its events
+    (the view's row). `on_link(link)` is called once the driver link is up. Its outcome."""
+    link = DriverLink(settings, slot.rank)
+    try:
+        if on_link is not None:
+            on_link(link)
+        full = rank_base_env()
+        full.update(settings.horovod_env)
+        full.update(settings.extra_env)
+        full.update({k: str(v) for k, v in env.items()})
+        return _run_rank(settings, slot, full, socket.gethostname(), [], link,
+                         executor=executor, partition=partition)
+    finally:
+        link.close()
+
+
 def _write_job(workdir, settings):
     """The job file for the rank: small values inline, large ones as where the rank reads them."""
     import pickle

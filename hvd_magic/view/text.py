@@ -118,4 +118,7 @@ def summary_text(run):
         host = f" on {r.host}" if r.host else ""
         progress = f", step {r.step}/{r.total}" if r.step is not None else ""
         lines.append(f"  rank {r.rank}{host}: {r.state}{progress}, {r.lines} lines\n")
+    elastic = getattr(run, "elastic", None)
+    if elastic is not None and elastic.changes:  # who was lost, who joined, the ring's sizes
+        lines.append(f"  membership:\n{elastic.summary()}\n")
     return "".join(lines)

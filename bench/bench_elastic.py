@@ -1,0 +1,190 @@
+"""Recovery from a killed rank in an elastic run: hvd_magic (driver-only) beside horovodrun.
+
+The same Horovod elastic PyTorch loop (`elastic_loop`: TorchState, a commit every 10 steps) runs
+on 3 ranks with ``--min-np 2``, once under ``hvd_magic.run(..., np=-3, min_np=2)`` and once under
+``horovodrun --gloo -np 3 --min-np 2 --max-np 3 --host-discovery-script D`` (D names three "hosts"
+of this machine: ``localhost``, ``127.0.0.1`` and its own address, one slot each, because Horovod
+blacklists a failed worker's host). Every rank appends ``time pid step size`` to a file per step;
+when the ring reaches step `--kill-at`, this script SIGKILLs the rank process that was rank 1 at
+the start (its pid, from the file it wrote), and reads from the file:
+
+- **recovery**: seconds from the kill to the first step a survivor took after it (the Gloo
+  timeout, the same for both: ``HOROVOD_GLOO_TIMEOUT_SECONDS``, dominates);
+- **redone**: steps the survivors took again (the last step before the kill less the step they
+  went on from);
+- whether the run ended at the last step, and the ring's size then (hvd_magic replaces the lost
+  rank, horovodrun does not: its host stays blacklisted).
+
+    .venv/bin/python bench/bench_elastic.py [--reps 1] [--steps 300] [--kill-at 105]
+
+Not a test: numbers live here only.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+from rows import row, write
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.path.dirname(sys.executable)
+NP, MIN_NP = 3, 2
+
+
+def elastic_loop(folder, steps, commit_every=10, pause=0.02):
+    """The training both launchers run: a Horovod elastic loop that logs every step."""
+    import os
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    with open(os.path.join(folder, f"pid-{hvd.rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    log = os.path.join(folder, "steps.log")
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            optimizer.zero_grad()
+            model(torch.randn(16, 32)).pow(2).mean().backward()
+            optimizer.step()
+            state.step += 1
+            with open(log, "a") as f:
+                f.write(f"{time.time()} {os.getpid()} {state.step} {hvd.size()}\n")
+            if state.step % commit_every == 0:
+                state.commit()
+            time.sleep(pause)
+
+    train(state)
+    return state.step
+
+
+def _steps(folder):
+    try:
+        with open(os.path.join(folder, "steps.log")) as f:
+            return [(float(t), int(p), int(s), int(n)) for t, p, s, n in
+                    (line.split() for line in f if line.count(" ") == 3)]
+    except OSError:
+        return []
+
+
+def _kill_at(folder, kill_at, alive, timeout=180):
+    """SIGKILL the first rank 1 once the ring reached `kill_at`; the kill's time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive():
+        if any(s >= kill_at for _, _, s, _ in _steps(folder)):
+            with open(os.path.join(folder, "pid-1")) as f:
+                pid = int(f.read())
+            killed = time.time()
+            os.kill(pid, signal.SIGKILL)
+            return killed, pid
+        time.sleep(0.02)
+    raise RuntimeError("the run never reached the step to kill at")
+
+
+def _measure(folder, killed, pid, steps):
+    lines = _steps(folder)
+    before = max(s for t, _, s, _ in lines if t <= killed)
+    # the first step in the smaller ring (a step in flight at the kill may be logged just after)
+    after = [(t, s, n) for t, p, s, n in lines if t > killed and p != pid and n < NP]
+    first_t, first_s, _ = min(after)
+    last = max(lines, key=lambda x: x[2])
+    return {"recovery": first_t - killed, "redone": before - (first_s - 1),
+            "finished": last[2] == steps, "final_size": last[3], "killed_after": before,
+            "went_on_from": first_s - 1}
+
+
+def run_hvd_magic(folder, steps, kill_at, env):
+    import hvd_magic
+    from hvd_magic.view import TextView
+
+    run = hvd_magic.run(elastic_loop, np=-NP, min_np=MIN_NP, args=(folder, steps),
+                        background=True, view=TextView(quiet=True), horovod_env=env)
+    try:
+        killed, pid = _kill_at(folder, kill_at, lambda: run.state == "running")
+        run.wait(300)
+    finally:
+        if run.state == "running":
+            run.cancel()
+    return _measure(folder, killed, pid, steps)
+
+
+def _discovery_script(folder):
+    own = socket.gethostbyname(socket.gethostname())
+    if own.startswith("127."):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            own = s.getsockname()[0]
+    path = os.path.join(folder, "discover.sh")
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\necho {own}:1\n")
+    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+    return path
+
+
+def run_horovodrun(folder, steps, kill_at, env):
+    script = os.path.join(folder, "train.py")
+    with open(script, "w") as f:
+        f.write(f"import sys\nsys.path.insert(0, {HERE!r})\nfrom bench_elastic import elastic_loop\n"
+                f"elastic_loop({folder!r}, {steps})\n")
+    cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(NP), "--min-np", str(MIN_NP),
+           "--max-np", str(NP), "--host-discovery-script", _discovery_script(folder),
+           sys.executable, script]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        killed, pid = _kill_at(folder, kill_at, lambda: proc.poll() is None)
+        proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return _measure(folder, killed, pid, steps)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--kill-at", type=int, default=105)  # half-way to a commit
+    parser.add_argument("--gloo-timeout", type=int, default=10)
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(args.gloo_timeout)}
+    seen = {"horovodrun": [], "hvd_magic": []}
+    for _ in range(args.reps):  # interleaved: the machine's load falls on both alike
+        for name, launch in (("horovodrun", run_horovodrun), ("hvd_magic", run_hvd_magic)):
+            with tempfile.TemporaryDirectory(prefix=f"bench-elastic-{name}-") as folder:
+                seen[name].append(launch(folder, args.steps, args.kill_at, env))
+            print(name, json.dumps(seen[name][-1]), flush=True)
+    ref = None
+    rows = []
+    for name in ("horovodrun", "hvd_magic"):
+        outcomes = seen[name]
+        r = row("elastic", f"recovery after SIGKILL, {name}", NP,
+                [o["recovery"] for o in outcomes], ref=ref, reference="horovodrun",
+                redone=[o["redone"] for o in outcomes],
+                finished=all(o["finished"] for o in outcomes),
+                final_size=[o["final_size"] for o in outcomes], gloo_timeout=args.gloo_timeout)
+        ref = ref or r["median"]
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    write(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()

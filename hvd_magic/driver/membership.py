@@ -1,0 +1,115 @@
+"""Who is in an elastic run's ring, and every change to it: the driver's record of it.
+
+An elastic run (`hvd_magic.launch.elastic`) keeps going when a rank process is lost: its slot
+(the view's row) gets a new process later. Each change is a dict in `changes` (also
+``run.membership``), recorded in ``events.jsonl`` and told to the view as a line:
+
+- ``lost``: a slot's process ended by a signal or without a word: its host key, pid, exit code or
+  signal, its last line;
+- ``joined``: a new process started for a lost slot (attempt 2, 3...); its log is
+  ``rank-<k>.attempt<n>.log``, beside the earlier attempts' logs;
+- ``ring``: Horovod formed a ring: its size and the slots in it, the ring's size over time.
+
+Not for: starting or replacing processes (the launcher), or drawing (views show the lines).
+The hang watchdog looks only at the ranks `watched` gives: an elastic reset is not a hang.
+"""
+
+import signal
+import time
+
+from .ranks import RankState
+
+
+def _how(code):
+    if isinstance(code, int) and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Membership:
+    def __init__(self, np, min_np, max_np, timeout=None):
+        self.np, self.min_np, self.max_np, self.timeout = np, min_np, max_np, timeout
+        self.changes = []
+        self.attempts = [1] * np     # the attempt number of each slot's current process
+
+    @property
+    def ring_sizes(self):
+        """[(time, ring size)], one per ring Horovod formed."""
+        return [(c["time"], c["size"]) for c in self.changes if c["t"] == "ring"]
+
+    def _add(self, run, change, message):
+        self.changes.append(change)
+        run.folder.record(change)
+        if run.view is not None:
+            run.view.event(run, None, dict(change, message=message))
+
+    def lost(self, run, r, event):
+        """Slot `r`'s process ended without finishing (a signal, a crash): the others go on."""
+        r.state = "lost"
+        summary = event.get("summary") or {}
+        code = event.get("code")
+        change = {"t": "lost", "rank": r.rank, "attempt": self.attempts[r.rank],
+                  "key": r.executor, "pid": r.pid, "host": r.host, "code": code,
+                  "signal": summary.get("signal"), "last_line": r.last_line,
+                  "time": round(time.time(), 3)}
+        self._add(run, change, f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {_how(code)}); "
+                               f"last line: {r.last_line!r}. The others go on from their last "
+                               f"commit.")
+
+    def joined(self, run, r, event):
+        """A new process for slot `r` (its earlier one was lost): a fresh log and state."""
+        self.attempts[r.rank] += 1
+        attempt = self.attempts[r.rank]
+        run.folder.new_attempt(r.rank, attempt)
+        fresh = RankState(r.rank)
+        fresh.history = r.history  # the slot's metrics go on across attempts
+        vars(r).update(vars(fresh))
+        change = {"t": "joined", "rank": r.rank, "attempt": attempt,
+                  "key": event.get("executor"), "pid": event.get("pid"),
+                  "time": round(time.time(), 3)}
+        self._add(run, change, f"rank {r.rank} replaced: attempt {attempt} started "
+                               f"({change['key']}, pid {change['pid']}); it joins at the next "
+                               f"commit.")
+
+    def ring(self, run, event):
+        from ..launch.elastic import slot_of
+
+        slots = sorted(slot_of(k)[0] for k in event.get("keys", ()))
+        change = {"t": "ring", "size": len(slots), "slots": slots,
+                  "time": round(float(event.get("time") or time.time()), 3)}
+        if self.changes and self.changes[-1] == change:
+            return False
+        self._add(run, change, f"ring of {len(slots)} ranks: slots {', '.join(map(str, slots))}")
+        return True
+
+    def progressed(self, run):
+        """A rank reported a step: once a ring formed, its ranks train again (the launcher may
+        now offer the lost ranks' replacements: `ElasticLocalLauncher.ring_working`)."""
+        if self.changes and self.changes[-1]["t"] == "ring":
+            run.launcher.ring_working()
+
+    def watched(self, ranks):
+        """The ranks the hang watchdog compares in an elastic run: not the lost ones, nor those
+        in hvd.init() (there they wait on Horovod's elastic driver for the ring to re-form,
+        bounded by the elastic timeout, not on a peer that forgot a collective)."""
+        return [r for r in ranks if r.state != "lost" and r.blocked_op != "init"]
+
+    def survivors(self, results, ok_ranks):
+        """The values of the slots whose last process finished, in slot order."""
+        return [results[s] for s in sorted(ok_ranks)]
+
+    def summary(self):
+        """One line per change, for the text view's summary and `Run.membership_text`."""
+        lines = []
+        for c in self.changes:
+            when = time.strftime("%H:%M:%S", time.localtime(c["time"]))
+            if c["t"] == "lost":
+                lines.append(f"  {when} rank {c['rank']} lost ({c['key']}, {_how(c['code'])})")
+            elif c["t"] == "joined":
+                lines.append(f"  {when} rank {c['rank']} joined (attempt {c['attempt']}, {c['key']})")
+            else:
+                lines.append(f"  {when} ring of {c['size']}: slots {c['slots']}")
+        return "\n".join(lines)

@@ -1,0 +1,245 @@
+"""Elastic driver-only launch (``--np -N --min-np M``): Horovod's own elastic driver in the
+notebook, our rank processes as its workers.
+
+Horovod's pieces are used as they are (`ElasticDriver`, its rendezvous handler, `HostDiscovery`,
+`create_run_env_vars` / `create_slot_env_vars`); `horovod.runner.gloo_run.launch_gloo_elastic`
+itself is not, because it installs SIGINT/SIGTERM handlers (the kernel's own) and starts workers
+as shell commands. What is ours:
+
+- **one host key per worker slot, fresh for every replacement** (``hvd-s1-a2``: slot 1, attempt
+  2). Horovod blacklists the host of a failed worker for good; with a key per slot that costs one
+  key, not the capacity. A lost slot's new key is offered by discovery once the survivors train
+  again in a ring without it (the replacement then joins at a later commit), or at once when fewer
+  than `min_np` are left. Not sooner: Horovod tells only rank 0 of new hosts, and a rank that is
+  still re-initialising drops what it was told (`State.on_reset` empties its queue), so a key
+  offered during the survivors' reset would never be acted on. "Train again" is the driver loop's
+  word (`ring_working`: a step reported after the ring formed), or `REPLACE_AFTER` seconds;
+- **a worker is our rank process** (`hvd_magic.task.runner.run_worker`), so its output, progress,
+  logs and result reach the driver loop as in every other run, labelled by its slot: the view's
+  row `k` is slot `k`, whatever Horovod rank it has now;
+- every ring Horovod forms is told to the driver loop as a ``ring`` event (`Membership`).
+
+A worker killed by a signal is a lost member, not a failed run; one that raised is the run's error
+as usual (a bug in the cell does not go away by retrying it).
+"""
+
+import threading
+import time
+import types
+
+from ..errors import LaunchError
+from ..task.plan import _iface_of, _local_ip_towards
+from ..task.runner import run_worker
+from .base import Launcher
+
+SLOT_KEY = "hvd-s{slot}-a{attempt}"
+REPLACE_AFTER = 5.0   # seconds after a ring without the lost keys formed, if no step is heard
+# A slot whose processes died this many times more is not replaced again (a crash loop): the
+# run goes on with the others, or ends after the elastic timeout if they are too few.
+REPLACEMENTS_PER_SLOT = 3
+STOP_HOROVOD_AFTER = 15.0  # seconds after our stop before Horovod's driver is stopped outright
+
+
+def slot_of(key):
+    """(slot, attempt) of a host key made from SLOT_KEY."""
+    _, slot, attempt = key.split("-")
+    return int(slot[1:]), int(attempt[1:])
+
+
+def _ring_rendezvous(launcher):
+    """Horovod's rendezvous server, telling `launcher` each ring it is given."""
+    from horovod.runner.http.http_server import RendezvousServer
+
+    class RingRendezvous(RendezvousServer):
+        def init(self, host_alloc_plan):
+            super().init(host_alloc_plan)
+            launcher._ring_formed([s.hostname for s in host_alloc_plan])
+
+    return RingRendezvous()
+
+
+def _discovery(launcher):
+    from horovod.runner.elastic.discovery import HostDiscovery
+
+    class SlotDiscovery(HostDiscovery):
+        def find_available_hosts_and_slots(self):
+            return launcher._offered()
+
+    return SlotDiscovery()
+
+
+class ElasticLocalLauncher(Launcher):
+    """N rank processes on this machine under Horovod's elastic driver."""
+
+    where = "driver only"
+
+    def __init__(self, min_np, max_np, elastic_timeout=None):
+        super().__init__()
+        self.min_np, self.max_np, self.elastic_timeout = min_np, max_np, elastic_timeout
+        self._lock = threading.Lock()
+        self._keys = {}          # slot -> its current host key
+        self._dead = set()       # keys of workers that died (blacklisted: never offered again)
+        self._waiting = set()    # slots whose worker died and that have no new key yet
+        self._lost = []          # (slot, key, code, when) of every death
+        self._last = {}          # slot -> the outcome of its latest worker
+        self._stopping = False
+        self._ring_at = None     # when a ring without the dead keys formed (replacements due)
+        self._working = False    # a step was reported in that ring
+        self._driver = None
+        self._server = None
+
+    def open_channel(self, sink=None):
+        self._server = super().open_channel(sink)
+        return self._server
+
+    def start(self, settings, np):
+        self._keys = {slot: SLOT_KEY.format(slot=slot, attempt=1) for slot in range(np)}
+        self._in_background(self._drive, "hvd-magic-elastic", settings, np)
+
+    # -- discovery ----------------------------------------------------------------------------
+    def _offered(self):
+        with self._lock:
+            live = [k for k in self._keys.values() if k not in self._dead]
+            due = self._ring_at is not None and (
+                self._working or time.monotonic() - self._ring_at > REPLACE_AFTER)
+            if self._waiting and (due or len(live) < self.min_np):
+                self._replace_waiting()
+            hosts = {key: 1 for key in self._keys.values()}
+            hosts.update({key: 1 for key in self._dead})  # kept: a vanished host is a "removal"
+            return hosts
+
+    def _replace_waiting(self):
+        if self._stopping:
+            return
+        for slot in sorted(self._waiting):
+            _, attempt = slot_of(self._keys[slot])
+            if attempt <= REPLACEMENTS_PER_SLOT:
+                self._keys[slot] = SLOT_KEY.format(slot=slot, attempt=attempt + 1)
+        self._waiting.clear()
+        self._ring_at = None
+
+    def _ring_formed(self, keys):
+        with self._lock:
+            if self._waiting and not self._dead & set(keys):
+                self._ring_at, self._working = time.monotonic(), False
+        if self._server is not None:
+            self._server.events.put({"t": "ring", "keys": list(keys), "time": time.time()})
+
+    def ring_working(self):
+        """The driver loop heard a step from a rank since the last ring formed: the survivors
+        train again, and a replacement's key may be offered."""
+        self._working = True
+
+    # -- the run ------------------------------------------------------------------------------
+    def _drive(self, settings, np):
+        from horovod.runner.elastic.driver import ElasticDriver
+        from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+        from horovod.runner.gloo_run import create_run_env_vars
+
+        rendezvous = _ring_rendezvous(self)
+        driver = None
+        try:
+            driver = self._driver = ElasticDriver(
+                rendezvous, _discovery(self), self.min_np, self.max_np,
+                timeout=self.elastic_timeout)
+            port = rendezvous.start(create_rendezvous_handler(driver))
+            self._run_env = create_run_env_vars(
+                "127.0.0.1", [_iface_of(_local_ip_towards("127.0.0.1"))], port, elastic=True)
+            self._settings = settings
+            driver.start(np, self._create_worker)
+            driver.get_results()
+        except BaseException as exc:  # reported by the driver loop
+            self.error = LaunchError(f"Horovod's elastic driver failed: {exc}")
+        finally:
+            if driver is not None:
+                driver.stop()
+                driver.get_results()  # every worker thread has ended
+        with self._lock:
+            outcomes = [o for o in self._last.values() if o[1] in ("ok", "error")]
+        if self.error is None and not any(o[1] == "ok" for o in outcomes) and not self._stopping:
+            self.error = LaunchError(self._too_few_message())
+        self.outcomes = outcomes
+
+    def _too_few_message(self):
+        lost = "; ".join(
+            f"rank {slot} ({key}) {'killed by ' + _signal_name(code) if code and code < 0 else f'exit code {code}'}"
+            f" at {time.strftime('%H:%M:%S', time.localtime(when))}"
+            for slot, key, code, when in self._lost) or "none"
+        return (f"the elastic run ended: fewer than --min-np {self.min_np} ranks were left for "
+                f"longer than the elastic timeout ({self.elastic_timeout or 600:g} s), or every "
+                f"rank was lost. Lost: {lost}. A rank is replaced at most "
+                f"{REPLACEMENTS_PER_SLOT} times; every attempt's log is in the run folder.")
+
+    def _create_worker(self, slot_info, events):
+        """Horovod's `create_worker_fn`: run one worker to its end; (exit code, time)."""
+        slot, attempt = slot_of(slot_info.hostname)
+        if self._stopping:
+            return 1, time.time()
+        from horovod.runner.gloo_run import create_slot_env_vars
+
+        env = dict(self._run_env, **create_slot_env_vars(slot_info))
+        done = threading.Event()
+        try:
+            outcome = run_worker(
+                self._settings, types.SimpleNamespace(rank=slot, local_rank=0), env,
+                executor=slot_info.hostname, partition=attempt,
+                on_link=lambda link: threading.Thread(
+                    target=self._watch, args=(link, events, done), daemon=True).start())
+        except Exception as exc:  # (the driver went away): Horovod must still hear an exit
+            outcome = (slot, "died", {"rank": slot, "code": None, "message": str(exc)})
+        finally:
+            done.set()
+        if outcome[1] == "stopped" and not any(e.is_set() for e in events):
+            self._stop_elastic()  # our driver stopped it (cancel, timeout): no replacement
+        with self._lock:
+            self._last[slot] = outcome
+            code = outcome[2].get("code") if outcome[1] != "ok" else 0
+            if outcome[1] == "died" and not self._stopping:
+                self._dead.add(slot_info.hostname)
+                self._waiting.add(slot)
+                self._lost.append((slot, slot_info.hostname, code, time.time()))
+        return (0 if outcome[1] == "ok" else 1), time.time()
+
+    def _watch(self, link, events, done):
+        """End the worker when Horovod's driver says so; end the elastic run when ours does."""
+        while not done.wait(0.1):
+            if link.stopping.is_set():
+                self._stop_elastic()
+                return
+            if any(e.is_set() for e in events):
+                link.stop_rank()
+                return
+
+    def _stop_elastic(self):
+        """Our driver stops the run: no more replacements. Horovod's driver ends by itself once
+        every stopped worker has recorded its failure; stopping it sooner would strand those
+        already waiting in its registry's barrier (a finished driver ignores the others)."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        threading.Thread(target=self._stop_horovod_later, daemon=True).start()
+
+    def _stop_horovod_later(self):
+        """The last resort, if Horovod's driver did not end by itself: stop it, and break its
+        registry's barrier (a private attribute) so that no thread of it waits forever."""
+        for thread in self._threads:
+            thread.join(STOP_HOROVOD_AFTER)
+        driver = self._driver
+        if driver is None or not any(t.is_alive() for t in self._threads):
+            return
+        driver.stop()
+        barrier = getattr(getattr(driver, "_worker_registry", None), "_barrier", None)
+        if barrier is not None:
+            barrier.abort()
+
+    def cancel(self):
+        self._stop_elastic()
+
+
+def _signal_name(code):
+    import signal
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"

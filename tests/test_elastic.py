@@ -1,0 +1,199 @@
+"""Elastic runs, driver-only: a rank process SIGKILLed mid-training is replaced, the others go on
+from their last commit, and the run ends with the survivors' results (real processes, real
+Horovod elastic, a real kill)."""
+
+import contextlib
+import json
+import os
+import signal
+import time
+
+import pytest
+from IPython.core.error import UsageError
+
+import hvd_magic
+from hvd_magic.driver.membership import Membership
+from hvd_magic.driver.ranks import RankState
+from hvd_magic.driver.watchdog import stall_message
+from hvd_magic.errors import LaunchError, RankError, RunTimeout
+from hvd_magic.launch import elastic
+from hvd_magic.view import TextView
+
+COMMIT_EVERY = 10
+GLOO_TIMEOUT = 10  # bounds how long a survivor may wait on the lost peer before it resets
+
+
+# A cell written against Horovod's elastic API, as a user writes it: TorchState, commit every
+# COMMIT_EVERY steps, the step each (re)start of the loop began from kept (a restore goes back
+# to a commit).
+ELASTIC_CELL = """\
+import time
+import horovod.torch as hvd
+import torch
+import hvd_magic
+
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, optimizer, step=0)
+starts = []
+
+@hvd.elastic.run
+def train(state):
+    starts.append(state.step)
+    while state.step < steps:
+        x = torch.randn(8, 4)
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % commit_every == 0:
+            state.commit()
+        hvd_magic.report(step=state.step, total=steps)
+        time.sleep(0.05)
+
+train(state)
+{"step": state.step, "starts": starts, "weights": [p.detach().flatten().tolist() for p in model.parameters()]}
+"""
+
+
+def _wait_for(run, predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if run.state != "running":
+            raise AssertionError(f"the run ended ({run.state}: {run.error}) before {what}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd):
+    fresh_ns.update(steps=150, commit_every=COMMIT_EVERY)
+    with _elastic_run(ip, "--np -3 --min-np 2 --export starts", view="--text") as run:
+        pid, seen = _kill_rank_1_at_step(run, 25)
+        results = run.wait(240)
+
+    assert run.state == "done"
+    # every rank that finished has the same weights and the full step count
+    assert len(results) >= 2
+    assert all(r["weights"] == results[0]["weights"] for r in results)
+    assert all(r["step"] == 150 for r in results)
+    # the survivors restarted from a commit no earlier than the last one before the kill
+    last_commit = seen // COMMIT_EVERY * COMMIT_EVERY
+    survivors = [results[0], results[-1]]
+    for r in survivors:
+        assert all(s % COMMIT_EVERY == 0 for s in r["starts"]), r["starts"]
+        assert r["starts"] == sorted(r["starts"]), r["starts"]
+    restarts = results[0]["starts"][1:]
+    assert restarts and restarts[0] >= last_commit, (results[0]["starts"], seen)
+
+    # membership: rank 1 lost by SIGKILL with its last line and key, a replacement joined, the
+    # ring went 3 -> 2 -> 3; all of it in events.jsonl and run.json
+    kinds = [c["t"] for c in run.membership]
+    lost = next(c for c in run.membership if c["t"] == "lost")
+    assert lost["rank"] == 1 and lost["pid"] == pid and lost["code"] == -signal.SIGKILL
+    assert lost["key"] == "hvd-s1-a1"
+    joined = next(c for c in run.membership if c["t"] == "joined")
+    assert joined["rank"] == 1 and joined["key"] == "hvd-s1-a2"
+    sizes = [c["size"] for c in run.membership if c["t"] == "ring"]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, sizes
+    assert kinds.index("lost") < kinds.index("joined")
+    with open(os.path.join(run.run_dir, "events.jsonl")) as f:
+        recorded = [json.loads(line)["t"] for line in f]
+    assert {"lost", "joined", "ring"} <= set(recorded)
+    with open(os.path.join(run.run_dir, "run.json")) as f:
+        assert [c["t"] for c in json.load(f)["membership"]] == kinds
+    # both attempts' logs are kept
+    first, second = (os.path.join(run.run_dir, n) for n in ("rank-1.log", "rank-1.attempt2.log"))
+    assert os.path.exists(first) and os.path.exists(second)
+    assert run.log_path(1) == second
+    assert hvd_magic.last_run().membership == run.membership
+    assert run.exports["starts"] in [r["starts"] for r in results]  # from Horovod's rank 0
+    # the text view said it as it happened, and sums it up at the end
+    out, err = capfd.readouterr()
+    assert f"[hvd_magic] rank 1 lost (hvd-s1-a1, pid {pid}, killed by SIGKILL)" in err
+    assert "[hvd_magic] rank 1 replaced: attempt 2 started (hvd-s1-a2" in err
+    assert "[hvd_magic] ring of 2 ranks: slots 0, 2" in err
+    assert "membership:" in out and "rank 1 joined (attempt 2, hvd-s1-a2)" in out
+    assert not run.unended()
+
+
+@contextlib.contextmanager
+def _elastic_run(ip, options, view="--quiet"):
+    """ELASTIC_CELL in the background with `options`; cancelled if a test fails half-way."""
+    run = ip.run_cell_magic("horovod", f"{options} --background {view} --env "
+                                       f"HOROVOD_GLOO_TIMEOUT_SECONDS={GLOO_TIMEOUT}", ELASTIC_CELL)
+    try:
+        yield run
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+
+
+def _kill_rank_1_at_step(run, step):
+    victim = run.ranks[1]
+    _wait_for(run, lambda: (victim.step or 0) >= step, 120, f"rank 1 to reach step {step}")
+    seen = victim.step
+    os.kill(victim.pid, signal.SIGKILL)  # a real kill of the rank process, from outside
+    return victim.pid, seen
+
+
+def test_too_few_ranks_for_longer_than_the_elastic_timeout_is_a_clear_error(
+        ip, fresh_ns, monkeypatch):
+    monkeypatch.setattr(elastic, "REPLACEMENTS_PER_SLOT", 0)  # a lost rank stays lost
+    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY)
+    with _elastic_run(ip, "--np -2 --min-np 2 --elastic-timeout 3") as run:
+        pid, _ = _kill_rank_1_at_step(run, 5)
+        with pytest.raises(LaunchError) as caught:
+            run.wait(120)
+    message = str(caught.value)
+    assert "fewer than --min-np 2" in message and "(3 s)" in message
+    assert "rank 1 (hvd-s1-a1) killed by SIGKILL at " in message
+    assert run.state == "failed" and not run.unended()
+    lost = [c for c in run.membership if c["t"] == "lost"]
+    assert lost[0]["rank"] == 1 and lost[0]["pid"] == pid
+
+
+def test_an_elastic_reset_is_not_a_hang():
+    """Survivors waiting in hvd.init() for the ring to re-form, a lost rank: no stall reported;
+    the same ranks in a run that is not elastic are one."""
+    ranks = [RankState(r) for r in range(3)]
+    now = time.monotonic()
+    for r in ranks[::2]:
+        r.blocked_op, r.blocked_since = "init", now - 100
+    ranks[1].state, ranks[1].exit = "lost", {"code": -9, "status": "died"}
+    assert stall_message(ranks, 60, now) is not None
+    assert stall_message(Membership(3, 2, 3).watched(ranks), 60, now) is None
+
+
+def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns):
+    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY)
+    with pytest.raises(RunTimeout):
+        ip.run_cell_magic("horovod", "--np -2 --min-np 1 --timeout 8 --quiet", ELASTIC_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "timeout" and not run.unended()
+    assert all(r.exit is not None for r in run.ranks)
+
+
+def test_an_error_in_the_cell_fails_an_elastic_run_with_its_traceback(ip):
+    """A bug is not a lost rank: no replacement, the others are stopped, the run ends at once."""
+    cell = ("import time, horovod.torch as hvd\nhvd.init()\n"
+            "if hvd.rank() == 1:\n    raise ValueError('a bug on rank 1')\ntime.sleep(600)\n")
+    with pytest.raises(RankError, match="a bug on rank 1"):
+        ip.run_cell_magic("horovod", "--np -2 --min-np 1 --quiet", cell)
+    run = hvd_magic.last_run()
+    assert run.state == "failed" and not run.unended()
+    assert not [c for c in run.membership if c["t"] in ("lost", "joined")]
+
+
+def test_elastic_options_are_checked():
+    with pytest.raises(UsageError, match="driver only for now"):
+        hvd_magic.run(print, np=3, min_np=2)
+    with pytest.raises(UsageError, match="min_np <= ranks <= max_np"):
+        hvd_magic.run(print, np=-3, min_np=4)
+    with pytest.raises(UsageError, match="add --min-np"):
+        hvd_magic.run(print, np=-3, max_np=4)
