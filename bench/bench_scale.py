@@ -96,7 +96,7 @@ def simulate(address, token, ranks, np, seconds, tick, lines_per_tick, points_pe
             points = [[total + s + 1, {"loss": 1.0 / (total + s + 1), "accuracy": 0.9}]
                       for s in range(chunk, min(memory_points, chunk + 1000))]
             send(r, {"t": "progress", "step": points[-1][0], "total": total + memory_points,
-                     "metrics": points[-1][1], "points": points})
+                     "metrics": points[-1][1], "points": points, "bulk": True})
     for r in ranks:
         send(r, {"t": "exit", "code": 0, "status": "ok"})
         clients[r].close()
@@ -182,7 +182,8 @@ class Measured:
     def event(self, run, rank, event):
         sent = event.get("sent")
         if sent is not None:
-            self.latencies.append(time.time() - sent)
+            if not event.get("bulk"):  # the memory phase's backlog is not live traffic
+                self.latencies.append(time.time() - sent)
             self.seen[rank] = self.seen.get(rank, 0) + 1
             self.events += 1
             kind = event.get("t")

@@ -22,6 +22,12 @@ def series(ranks):
     """{metric: {rank: [(step, value), ...]}} of the numeric values in the ranks' histories."""
     out = {}
     for r in ranks:
+        if hasattr(r.history, "numeric"):  # the driver's columns (driver/metrics.py)
+            for name, (steps, values) in r.history.numeric().items():
+                line = [(s, v) for s, v in zip(steps, values) if math.isfinite(v) and math.isfinite(s)]
+                if line:
+                    out.setdefault(name, {})[r.rank] = line
+            continue
         for step, values in r.history:
             for name, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \

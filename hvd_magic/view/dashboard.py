@@ -23,6 +23,7 @@ tasks; a click only calls `run.cancel()`.
 
 import collections
 import html
+import itertools
 import os
 import threading
 import time
@@ -87,8 +88,9 @@ class Dashboard:
         if event.get("t") == "lines":
             lines = event.get("lines") or ()
             stream = event.get("stream", "stdout")
-            self._tails[rank].extend((stream, visible_text(line)[:TAIL_LINE_CHARS])
-                                     for line in lines[-TAIL_LINES:])
+            # kept raw: what a panel shows of a line is worked out when it is drawn (per event,
+            # that was most of the view's cost at hundreds of ranks)
+            self._tails[rank].extend(zip(itertools.repeat(stream), lines[-TAIL_LINES:]))
             self._log_dirty.add(rank)
             if self.box is None:
                 self._early.append((rank, event))
@@ -244,8 +246,8 @@ class Dashboard:
 
     def _last_line_html(self, rank):
         tail = self._tails[rank]
-        text = next((line for _, line in reversed(tail)
-                     if self.verbose or not is_cxx_info(line)), "")
+        text = next((_shown(line) for _, line in reversed(tail)
+                     if self.verbose or not is_cxx_info(_shown(line))), "")
         if len(text) > LAST_LINE_CHARS:
             text = text[:LAST_LINE_CHARS] + "…"
         return f"<code>{_e(text)}</code>"
@@ -254,8 +256,8 @@ class Dashboard:
         tail = self._tails[rank]
         total = run.ranks[rank].lines
         shown = (f"last {len(tail)} of {total} lines" if total > len(tail) else f"{total} lines")
-        body = "\n".join(f"<span style='color:#c62828'>{_e(text)}</span>" if stream == "stderr"
-                         else _e(text) for stream, text in tail)
+        body = "\n".join(f"<span style='color:#c62828'>{_e(_shown(text))}</span>"
+                         if stream == "stderr" else _e(_shown(text)) for stream, text in tail)
         # column-reverse keeps the panel scrolled to its newest line.
         return (f"<div style='font-size:90%;color:#757575'>{shown}; full log: "
                 f"{_link(run.log_path(rank))}</div>"
@@ -290,6 +292,11 @@ class Dashboard:
 
 def _e(text):
     return html.escape(str(text), quote=True)
+
+
+def _shown(line):
+    """What a panel shows of a line: its last redraw, cut at TAIL_LINE_CHARS."""
+    return visible_text(line)[:TAIL_LINE_CHARS]
 
 
 def _device(gpus):
