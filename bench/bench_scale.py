@@ -57,6 +57,8 @@ def simulate(address, token, ranks, np, seconds, tick, lines_per_tick, points_pe
     """Play `ranks`: one real EventClient each, realistic traffic for `seconds`, then the exit.
     Puts {rank: events sent} on `counts` at the end."""
     from hvd_magic.events import EventClient
+    # Real ranks run on other machines: on this one, the driver is served first.
+    os.nice(10)
     clients = {r: EventClient(address, token) for r in ranks}
     sent = dict.fromkeys(ranks, 0)
 
@@ -92,6 +94,7 @@ def simulate(address, token, ranks, np, seconds, tick, lines_per_tick, points_pe
         if delay > 0:
             time.sleep(delay)
     for chunk in range(0, memory_points, 1000):
+        time.sleep(max(0.2, 0.002 * len(ranks)))  # paced: a backlog would measure the queue
         for r in ranks:
             points = [[total + s + 1, {"loss": 1.0 / (total + s + 1), "accuracy": 0.9}]
                       for s in range(chunk, min(memory_points, chunk + 1000))]
@@ -257,6 +260,9 @@ def one_run(np, args, root):
         "cpu_per_event_us": 1e6 * cpu / max(1, events), "events_per_s": events / seconds,
         "p50": percentile(measured.latencies, 0.5), "p99": percentile(measured.latencies, 0.99),
         "lost": lost, "bytes": folder_bytes(run.run_dir), "rss_mb": rss / 2**20,
+        "history_mb": sum(r.history.nbytes() for r in run.ranks) / 2**20,
+        # at the full rate (--tick) of every rank, from the CPU per event measured
+        "cpu_share_full_rate": cpu / max(1, events) * np * 2 / args.tick,
         "points": points, "tick_p99_ms": 1e3 * (percentile(measured.ticks, 0.99) or 0),
         "load": (load0 + os.getloadavg()[0]) / 2, "errors": launcher.errors,
     }
@@ -304,6 +310,10 @@ def main():
             for key, name, unit in [
                     ("cpu_share", "driver CPU while streaming (share of a core)", "core"),
                     ("cpu_per_event_us", "driver CPU per event", "us"),
+                    ("cpu_share_full_rate", "driver CPU at the full rate (per event x rate)",
+                     "core"),
+                    ("events_per_s", "events/s the simulators reached", "1/s"),
+                    ("history_mb", "metric history held (columns)", "MB"),
                     ("p50", "latency p50 (send to view)", "s"),
                     ("p99", "latency p99 (send to view)", "s"),
                     ("rss_mb", f"RSS growth, {args.points} points/rank kept", "MB"),

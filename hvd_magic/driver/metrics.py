@@ -80,8 +80,10 @@ class MetricHistory:
         out = {}
         for name, (indices, values) in self._columns.items():
             if isinstance(values, array):
-                steps = array("d", (self._steps[i] for i in indices))
-                out[name] = (steps, values)
+                if len(indices) == len(self._steps):  # reported at every point: no copy
+                    out[name] = (self._steps, values)
+                else:
+                    out[name] = (array("d", (self._steps[i] for i in indices)), values)
         return out
 
     def __iter__(self):

@@ -108,9 +108,11 @@ def summary_text(ranks):
     return "".join(lines)
 
 
-def picture_svg(ranks, per_row=3):
-    """Every chart in one SVG: the static picture a saved notebook keeps."""
-    charts = [chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
+def picture_svg(ranks, per_row=3, charts=None):
+    """Every chart in one SVG: the static picture a saved notebook keeps (`charts`: drawn
+    already, e.g. a large run's bands)."""
+    if charts is None:
+        charts = [chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
     if not charts:
         return ""
     rows = math.ceil(len(charts) / per_row)

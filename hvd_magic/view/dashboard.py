@@ -15,7 +15,7 @@ How it stays cheap for the notebook:
 
 While a cell runs, the kernel's main thread is busy in the driver loop, so it cannot handle a
 click. With ipykernel 7's subshells (JEP 91) the Cancel button's and the accordion's messages are
-routed to a subshell of our own, whose thread handles them at once (see `_route_to_subshell`).
+routed to a subshell of our own, whose thread handles them at once (see `hvd_magic.view.subshell`).
 
 Not for: the logs on disk (the driver writes every line to ``run_dir``), or talking to Spark or the
 tasks; a click only calls `run.cancel()`.
@@ -25,9 +25,11 @@ import collections
 import html
 import itertools
 import os
-import threading
 import time
 
+from .summary import (SUMMARY_ABOVE, RankPicker, band_charts, band_charts_html, is_large,
+                      summary_html)
+from .subshell import route_to_subshell
 from .charts import charts_html, picture_svg
 from .text import TextView, is_cxx_info, visible_text
 
@@ -39,6 +41,8 @@ TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dash
 LAST_LINE_CHARS = 120
 CHART_INTERVAL = 0.5       # seconds between two drawings of the live charts
 
+_HEAD = "<tr>" + "".join(f"<th style='text-align:left;padding:0 .6em'>{h}</th>" for h in (
+    "rank", "host", "local rank", "device", "state", "progress", "metrics", "last line")) + "</tr>"
 _STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
                  "cancelled": "#757575", "running": "#1565c0", "starting": "#6a1b9a",
                  "preparing": "#6a1b9a"}
@@ -53,6 +57,7 @@ class Dashboard:
         self.box = None              # the displayed VBox, once shown
         self.header = self.table = self.logs = self.footer = self.cancel_button = None
         self.panels = []
+        self.picker = None           # above SUMMARY_ABOVE ranks: one rank's row and log
         self.subshell_id = None      # the subshell that receives the clicks, when there is one
         self._tails = []
         self._log_dirty = set()
@@ -135,16 +140,19 @@ class Dashboard:
                 text.event(run, rank, event)
             self._early = []
             if getattr(run, "timeline_path", None):
-                text.stdout.write(self._timeline_note(run))
+                text.stdout.write(_timeline_note(run))
             return
         self.charts.value = ""  # the static picture below the dashboard took its place
         self.header.value = self._header_html(run)
         self.table.value = self._table_html(run)
         for rank in sorted(self._log_dirty):
-            self.panels[rank].value = self._log_html(run, rank)
+            if self.picker is None:
+                self.panels[rank].value = self._log_html(run, rank)
+        if self.picker is not None:
+            self.picker.panel.value = self.picker.render()
         self._log_dirty.clear()
         self.cancel_button.disabled = True
-        self.footer.value = self._footer_html(run) + self._timeline_html(run)
+        self.footer.value = self._footer_html(run) + _timeline_html(run)
 
     # -- showing -----------------------------------------------------------------------------
     def _show(self, run):
@@ -157,18 +165,24 @@ class Dashboard:
                                       layout=w.Layout(width="auto", margin="0 0 0 1em"))
         self.cancel_button.on_click(lambda _button: self._on_cancel(run))
         self.table = w.HTML(self._table_html(run))
-        self.charts = w.HTML(self._charts_html(run))
-        self.panels = [w.HTML(self._log_html(run, rank)) for rank in range(run.np)]
+        if is_large(run):  # a thousand rows and panels would read (and draw) badly
+            self.picker = RankPicker(run, self._row_html, _HEAD, self._log_html)
+            self.logs = self.picker.box
+        else:
+            self.panels = [w.HTML(self._log_html(run, rank)) for rank in range(run.np)]
+            self.logs = w.Accordion(children=self.panels,
+                                    titles=tuple(f"rank {rank} log" for rank in range(run.np)))
         self._log_dirty.clear()
-        self.logs = w.Accordion(children=self.panels,
-                                titles=tuple(f"rank {rank} log" for rank in range(run.np)))
+        self.charts = w.HTML(self._charts_html(run))
         self.footer = w.HTML("")
         self.box = w.VBox([w.HBox([self.header, self.cancel_button],
                                   layout=w.Layout(align_items="center")),
                            self.table, self.charts, self.logs, self.footer])
         self._early = []
         # Routed before it is shown, so that not even the first click can reach the busy main shell.
-        self.subshell_id = _route_to_subshell([self.cancel_button, self.logs])
+        self.subshell_id = route_to_subshell(
+            [self.cancel_button, *([self.picker.selector, self.picker.lines] if self.picker
+                                   else [self.logs])])
         display(self.box)
 
     def _on_cancel(self, run):
@@ -184,7 +198,10 @@ class Dashboard:
         # Panels of closed accordion sections are brought up to date when opened, or at the end.
         # Without a subshell the front end's choice of panel only arrives after the cell, so all
         # panels are kept fresh then.
-        opened = self.logs.selected_index
+        if self.picker is not None:
+            items.append((self.picker.panel, self.picker.render))
+            self._log_dirty.clear()
+        opened = getattr(self.logs, "selected_index", None)
         for rank in sorted(self._log_dirty):
             if self.subshell_id is None or rank == opened:
                 items.append((self.panels[rank], lambda rank=rank: self._take_log(run, rank)))
@@ -196,14 +213,19 @@ class Dashboard:
         drawn, points, when = self._charts
         now = time.monotonic()
         total = sum(len(r.history) for r in run.ranks)
-        if total != points and now - when >= CHART_INTERVAL:
-            self._charts = drawn, points, when = charts_html(run.ranks), total, now
+        # (a large run's charts read every rank's points: redrawn less often, ~40 ms at 1024)
+        if total != points and now - when >= CHART_INTERVAL * max(1, run.np / 256):
+            draw = charts_html
+            if self.picker is not None and not self.picker.lines.value:
+                draw = band_charts_html  # mean and min-max band across ranks
+            self._charts = drawn, points, when = draw(run.ranks), total, now
         return drawn
 
     def _show_picture(self, run):
         """The final charts as a static SVG output (it replaces the live ones): what a saved
         notebook, a rendered page or a binder shows without a kernel."""
-        picture = picture_svg(run.ranks)
+        picture = picture_svg(run.ranks, charts=band_charts(run.ranks)
+                              if is_large(run) else None)
         if picture:
             from IPython.display import SVG, display
             display(SVG(data=picture))
@@ -230,19 +252,20 @@ class Dashboard:
                 f"{_state_html(state)} · {elapsed}{notices}")
 
     def _table_html(self, run):
-        head = "".join(f"<th style='text-align:left;padding:0 .6em'>{h}</th>" for h in (
-            "rank", "host", "local rank", "device", "state", "progress", "metrics", "last line"))
-        rows = [f"<tr>{head}</tr>"]
-        for r in run.ranks:
-            step = "" if r.step is None else r.step
-            total = "" if r.total is None else r.total
-            cells = [str(r.rank), _e(r.host or ""), "" if r.local_rank is None else str(r.local_rank),
-                     _e(_device(r.gpus)), _state_html(r.state), _progress_html(r.step, r.total),
-                     _e(_metrics_text(r.metrics)), self._last_line_html(r.rank)]
-            rows.append(f"<tr data-rank='{r.rank}' data-state='{_e(r.state)}' data-step='{step}' "
-                        f"data-total='{total}'>"
-                        + "".join(f"<td style='padding:0 .6em'>{c}</td>" for c in cells) + "</tr>")
+        if is_large(run):
+            return summary_html(run, self._row_html, _HEAD, _state_html)
+        rows = [_HEAD] + [self._row_html(r) for r in run.ranks]
         return "<table style='border-collapse:collapse'>" + "".join(rows) + "</table>"
+
+    def _row_html(self, r):
+        step = "" if r.step is None else r.step
+        total = "" if r.total is None else r.total
+        cells = [str(r.rank), _e(r.host or ""), "" if r.local_rank is None else str(r.local_rank),
+                 _e(_device(r.gpus)), _state_html(r.state), _progress_html(r.step, r.total),
+                 _e(_metrics_text(r.metrics)), self._last_line_html(r.rank)]
+        return (f"<tr data-rank='{r.rank}' data-state='{_e(r.state)}' data-step='{step}' "
+                f"data-total='{total}'>"
+                + "".join(f"<td style='padding:0 .6em'>{c}</td>" for c in cells) + "</tr>")
 
     def _last_line_html(self, rank):
         tail = self._tails[rank]
@@ -268,24 +291,26 @@ class Dashboard:
     def _footer_html(self, run):
         if run.started is None:  # never launched: no run folder
             return ""
-        links = " · ".join(f"rank {rank}: {_link(run.log_path(rank))}" for rank in range(run.np))
+        links = " · ".join(f"rank {rank}: {_link(run.log_path(rank))}" for rank in range(run.np)
+                           if rank < SUMMARY_ABOVE or rank == run.np - 1)
         return f"<div>Logs in {_link(run.run_dir, os.path.relpath(run.run_dir))}: {links}</div>"
 
-    def _timeline_note(self, run):
-        try:
-            from ..timelines.show import timeline_note
-            return timeline_note(run)
-        except Exception:  # (not there yet, or the file went away) the path is enough
-            return f"timeline: {os.path.relpath(run.timeline_path)}\n"
 
-    def _timeline_html(self, run):
-        if not getattr(run, "timeline_path", None):
-            return ""
-        try:
-            from ..timelines.show import timeline_html
-            return timeline_html(run)
-        except Exception as exc:  # a broken timeline must not hide the run's result
-            return f"<div>Timeline: {_link(run.timeline_path)} (not drawn: {_e(str(exc))})</div>"
+def _timeline_note(run):
+    try:
+        from ..timelines.show import timeline_note
+        return timeline_note(run)
+    except Exception:  # (not there yet, or the file went away) the path is enough
+        return f"timeline: {os.path.relpath(run.timeline_path)}\n"
+
+def _timeline_html(run):
+    if not getattr(run, "timeline_path", None):
+        return ""
+    try:
+        from ..timelines.show import timeline_html
+        return timeline_html(run)
+    except Exception as exc:  # a broken timeline must not hide the run's result
+        return f"<div>Timeline: {_link(run.timeline_path)} (not drawn: {_e(str(exc))})</div>"
 
 
 # --- small renderers ---------------------------------------------------------------------------
@@ -330,63 +355,3 @@ def _link(path, text=None):
     """A link relative to the kernel's folder, which JupyterLab resolves against the notebook's."""
     rel = os.path.relpath(path)
     return f"<a href='{_e(rel)}' target='_blank'>{_e(text or os.path.basename(path))}</a>"
-
-
-# --- clicks while the cell runs -----------------------------------------------------------------
-
-_subshells = {}                  # kernel -> subshell id: one subshell per kernel process, reused
-_subshells_lock = threading.Lock()
-
-
-def _route_to_subshell(widgets):
-    """Have the kernel deliver these widgets' front-end messages to a subshell; return its id.
-
-    ipykernel 7 reads every shell message in its shell-channel thread and hands it to the main
-    shell or to a subshell thread. For ``comm_msg`` it asks the comm where to go
-    (``BaseComm._reply_subshell_for``), which answers ``_reply_subshell_id``. Setting that to a
-    subshell of ours makes a click run `Button.click` in that subshell's thread while the main
-    thread is still inside the cell. The attribute is reset whenever the main thread publishes on
-    that comm, so only widgets we leave alone while the run lasts are routed. Returns None (clicks
-    then wait for the cell to end, which is fine for --background runs) on other kernels.
-    """
-    subshell_id = _subshell()
-    if subshell_id is None:
-        return None
-    for widget in widgets:
-        comm = getattr(widget, "comm", None)
-        if comm is None or not hasattr(comm, "_reply_subshell_for"):
-            return None
-        comm._reply_subshell_id = subshell_id
-    return subshell_id
-
-
-def _subshell():
-    """A subshell of this kernel for widget messages (created once, as create_subshell_request does)."""
-    try:
-        from IPython import get_ipython
-        kernel = getattr(get_ipython(), "kernel", None)
-    except ImportError:
-        return None
-    thread = getattr(kernel, "shell_channel_thread", None)
-    manager = getattr(thread, "manager", None)
-    if manager is None or not hasattr(manager, "_create_subshell"):
-        return None
-    if threading.current_thread() is thread:
-        return None  # we would wait on ourselves
-    with _subshells_lock:
-        if kernel in _subshells:
-            return _subshells[kernel]
-        created = {}
-        done = threading.Event()
-
-        def create():  # must run in the shell-channel thread, which owns the subshell table
-            try:
-                created["id"] = manager._create_subshell()
-            finally:
-                done.set()
-
-        thread.io_loop.add_callback(create)
-        if not done.wait(10) or "id" not in created:
-            return None
-        _subshells[kernel] = created["id"]
-        return created["id"]
