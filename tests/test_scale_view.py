@@ -88,6 +88,7 @@ def test_the_dashboard_summarises_64_ranks_and_any_rank_is_one_number_away(ip, t
     mine = metrics[(metrics["rank"] == 3) & (metrics.name == "loss")]
     assert list(mine.step) == list(range(1, STEPS + 1))
     assert list(run.ranks[3].history)[0] == [1, {"loss": 1.003, "note": "x"}]
+    assert run.ranks[3].history.nbytes() == 3 * 8 * STEPS  # steps, loss: 8 B a value (a note)
 
 
 def test_the_text_view_prints_rank_0_and_a_summary_of_64_ranks(tmp_path):

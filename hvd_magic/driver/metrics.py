@@ -4,7 +4,8 @@ A rank's `report()` points arrive as ``[step, {name: value}]``. Kept as they com
 ~350 bytes (a list, a dict, boxed numbers); 1024 ranks with 10,000 points each would hold gigabytes
 in the notebook. Here each metric is two typed arrays (the index of the point it belongs to, its
 value: 16 bytes a value) and the steps one more (8 bytes a point); a metric whose values are not
-numbers (a tqdm postfix string) is a plain list instead.
+numbers (a tqdm postfix string) is a plain list instead. A metric reported at every point since
+its first (the usual case) keeps a `range` for its indices, not an array: 8 bytes a value then.
 
 It still reads as the list of points it replaces: ``len()`` is the number of points, iterating
 gives ``[step, {name: value}]`` in order, so code written for that list works unchanged; charts and
@@ -23,7 +24,8 @@ def _is_number(value):
 class MetricHistory:
     def __init__(self, points=()):
         self._steps = array("q")       # a point's step; becomes "d" at the first float step
-        self._columns = {}             # name -> (point indices array("q"), values array("d") | list)
+        self._columns = {}             # name -> (point indices: range | array("q"),
+        #                                          values: array("d") | list)
         self.extend(points)
 
     def __len__(self):
@@ -40,13 +42,18 @@ class MetricHistory:
         for name, value in values.items():
             column = self._columns.get(name)
             if column is None:
-                column = self._columns[name] = (array("q"), array("d") if _is_number(value) else [])
+                column = (range(index, index), array("d") if _is_number(value) else [])
             indices, column_values = column
             if isinstance(column_values, array) and not _is_number(value):
                 column_values = list(column_values)  # a value that is not a number: a list now
-                self._columns[name] = (indices, column_values)
-            indices.append(index)
+            if isinstance(indices, range) and index == indices.stop:
+                indices = range(indices.start, index + 1)  # still at every point: no array
+            else:
+                if isinstance(indices, range):
+                    indices = array("q", indices)
+                indices.append(index)
             column_values.append(value)
+            self._columns[name] = (indices, column_values)
 
     def _add_step(self, step):
         if self._steps.typecode == "q":
@@ -82,6 +89,8 @@ class MetricHistory:
             if isinstance(values, array):
                 if len(indices) == len(self._steps):  # reported at every point: no copy
                     out[name] = (self._steps, values)
+                elif isinstance(indices, range):
+                    out[name] = (self._steps[indices.start:indices.stop], values)
                 else:
                     out[name] = (array("d", (self._steps[i] for i in indices)), values)
         return out
@@ -104,6 +113,6 @@ class MetricHistory:
         """Bytes held by the columns (not counting lists of non-numbers' objects)."""
         size = self._steps.itemsize * len(self._steps)
         for indices, values in self._columns.values():
-            size += indices.itemsize * len(indices)
+            size += indices.itemsize * len(indices) if isinstance(indices, array) else 0
             size += values.itemsize * len(values) if isinstance(values, array) else 8 * len(values)
         return size
