@@ -95,9 +95,10 @@ def simulate(address, token, ranks, np, seconds, tick, lines_per_tick, points_pe
         if delay > 0:
             time.sleep(delay)
     for chunk in range(0, memory_points, 1000):
-        # paced as the driver takes them (~1 us a point): a real rank's points come over the
-        # whole run; a burst would measure the event queue's backlog, not what is kept
-        time.sleep(max(0.2, 0.005 * len(ranks)))
+        # paced as the driver takes them (~2.5 us a point, decoding included): a real rank's
+        # points come over the whole run; a burst would measure the event queue's backlog (see
+        # docs/SCALING.md), not what is kept
+        time.sleep(max(0.2, 0.01 * len(ranks)))
         for r in ranks:
             points = [[total + s + 1, {"loss": 1.0 / (total + s + 1), "accuracy": 0.9}]
                       for s in range(chunk, min(memory_points, chunk + 1000))]

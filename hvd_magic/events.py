@@ -28,6 +28,7 @@ import time
 MAX_FRAME = 4 * 1024 * 1024
 _HEADER = struct.Struct("!I")
 _HELLO_TIMEOUT = 10.0
+_RECV_BYTES = 256 * 1024   # read at most this much of one connection at a time
 
 
 def encode_frame(obj):
@@ -82,7 +83,7 @@ class EventServer:
     One thread reads every connection (`selectors`): a thread per connection was most of the
     driver's cost at hundreds of ranks (each small frame woke a thread that then waited for the
     GIL, two system calls per frame), and its latency. Sockets stay blocking: a readable socket
-    is read once (up to 1 MiB: many frames), and `announce`/`broadcast` send from other threads
+    is read once (up to 256 KiB: many frames), and `announce`/`broadcast` send from other threads
     as before.
     """
 
@@ -161,15 +162,17 @@ class EventServer:
 
     def _read(self, peer):
         try:
-            data = peer.sock.recv(1 << 20)
+            data = peer.sock.recv(_RECV_BYTES)
         except OSError:
             data = b""
         if not data:  # the task closed its side: a hello never sent is a refusal
             if not peer.authenticated:
                 self._reject()
             return self._drop(peer)
-        peer.buffer += data
-        buffer, offset = peer.buffer, 0
+        # Parsed from the bytes received (plus an earlier partial frame); only the new partial
+        # frame is kept: a buffer kept per connection would hold its largest burst (a MiB each,
+        # a GiB at 1024 ranks).
+        buffer, offset = (bytes(peer.buffer) + data if peer.buffer else data), 0
         try:
             while len(buffer) - offset >= _HEADER.size:
                 (size,) = _HEADER.unpack_from(buffer, offset)
@@ -178,7 +181,7 @@ class EventServer:
                 end = offset + _HEADER.size + size
                 if len(buffer) < end:
                     break
-                obj = json.loads(bytes(buffer[offset + _HEADER.size:end]).decode("utf-8"))
+                obj = json.loads(buffer[offset + _HEADER.size:end].decode("utf-8"))
                 offset = end
                 if not isinstance(obj, dict):
                     raise ValueError("a frame must be a JSON object")
@@ -189,7 +192,7 @@ class EventServer:
         except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, absurdly deep...
             self._reject()
             return self._drop(peer)
-        del buffer[:offset]
+        peer.buffer = bytearray(buffer[offset:])
 
     def _hello(self, peer, hello):
         token = hello.get("token")
