@@ -324,7 +324,9 @@ def main():
                     ("rss_mb", f"RSS growth, {args.points} points/rank kept", "MB"),
                     ("bytes", "bytes written to the run folder", "B"),
                     ("tick_p99_ms", "view tick p99", "ms")]:
-                rows.append(row("scale", name, np, [r[key] for r in results], unit=unit, **extra))
+                # the unit in the name: BENCHMARKS.md heads a table with one unit
+                rows.append(row("scale", f"{name} ({unit})", np, [r[key] for r in results],
+                                unit=unit, **extra))
             if any(r["lost"] for r in results):
                 print(f"np {np}: EVENTS LOST", flush=True)
     finally:
