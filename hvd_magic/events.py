@@ -189,14 +189,19 @@ class EventServer:
                     self.events.put(obj)
                 else:
                     self._hello(peer, obj)
-        except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, absurdly deep...
+        # not JSON, absurdly deep, or nonsense a sink could not take (a warm session's routing of
+        # an event without its fields): that connection is closed, as its own thread ended
+        # before; the thread that reads every other connection goes on
+        except (ValueError, UnicodeDecodeError, RecursionError, KeyError, TypeError,
+                AttributeError):
             self._reject()
             return self._drop(peer)
         peer.buffer = bytearray(buffer[offset:])
 
     def _hello(self, peer, hello):
         token = hello.get("token")
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token.encode()):
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
+                                                                 self.token.encode()):
             raise ValueError("bad token")
         with self._lock:
             peer.authenticated = True

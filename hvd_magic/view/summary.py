@@ -217,7 +217,8 @@ def band_chart_svg(name, x, mean, low, high, count):
         return (f"{_LEFT + (px - x0) / (x1 - x0) * plot_w:.1f},"
                 f"{_TOP + (1 - (py - y0) / (y1 - y0)) * plot_h:.1f}")
 
-    band = " ".join([xy(a, b) for a, b in zip(x, high)] + [xy(a, b) for a, b in zip(x[::-1], low[::-1])])
+    band = " ".join([xy(a, b) for a, b in zip(x, high)]
+                    + [xy(a, b) for a, b in zip(x[::-1], low[::-1])])
     line = " ".join(xy(a, b) for a, b in zip(x, mean))
     return "".join([
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
@@ -225,7 +226,8 @@ def band_chart_svg(name, x, mean, low, high, count):
         f'<text x="{_LEFT}" y="12" font-weight="bold">{_e(name)}</text>',
         f'<text x="{WIDTH - _RIGHT}" y="12" text-anchor="end" fill="#757575">mean, min-max of '
         f'{count} ranks</text>',
-        f'<rect x="{_LEFT}" y="{_TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
+        f'<rect x="{_LEFT}" y="{_TOP}" width="{plot_w}" height="{plot_h}" fill="none" '
+        f'stroke="#ccc"/>',
         f'<text x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{_label(y1)}</text>',
         f'<text x="{_LEFT - 4}" y="{_TOP + plot_h}" text-anchor="end">{_label(y0)}</text>',
         f'<text x="{_LEFT}" y="{HEIGHT - 6}">{_label(x0)}</text>',
