@@ -170,9 +170,11 @@ class Run:
         pandas DataFrame with one row per value: rank, step, name, value."""
         import pandas as pd
 
-        rows = [(r.rank, step, name, value) for r in self.ranks for step, values in r.history
-                for name, value in values.items()]
-        return pd.DataFrame(rows, columns=["rank", "step", "name", "value"])
+        frames = [pd.DataFrame({"rank": r.rank, "step": steps, "name": name, "value": values})
+                  for r in self.ranks for name, (steps, values) in r.history.columns().items()]
+        if not frames:
+            return pd.DataFrame(columns=["rank", "step", "name", "value"])
+        return pd.concat(frames, ignore_index=True)
 
     def wait(self, timeout=None):
         """Wait for a background run to end; raise its error, or return its results."""
