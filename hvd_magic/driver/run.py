@@ -72,13 +72,15 @@ def may_record_window(job):
     return any(WINDOW_NAMES & identifiers(text) for text in texts)
 
 
-def _prepare_into(launcher, np, failure, data=None):
+def _prepare_into(launcher, np, failure, done, data=None):
     try:
         launcher.prepare(np)
         if data is not None:
             launcher.use_data(data, np)  # UsageError for a DataFrame the ranks cannot get
     except BaseException as exc:  # raised in the caller's thread by Run._prepare
         failure.append(exc)
+    finally:
+        done.set()
 
 
 def new_run_id():
@@ -241,15 +243,17 @@ class Run:
         self.preparing_since = time.time()
         if self.view is not None:
             self.view.start(self)
-        failure = []
+        failure, prepared = [], threading.Event()
         thread = threading.Thread(target=_prepare_into,
-                                  args=(self.launcher, self.np, failure, self.data),
+                                  args=(self.launcher, self.np, failure, prepared, self.data),
                                   name=f"hvd-magic-prepare-{self.id}", daemon=True)
         thread.start()
         cancel_sent = False
-        while thread.is_alive():
+        # (an Event, not thread.is_alive(): an interrupt landing in Thread.join can leave
+        # is_alive() False while the thread still runs, and the cancel unsent)
+        while not prepared.is_set():
             try:  # an interrupt lands anywhere in here (showing the dashboard, say)
-                thread.join(0.1)
+                prepared.wait(0.1)
                 if self.stop_reason is not None and not cancel_sent:
                     cancel_sent = True
                     self.launcher.cancel()
