@@ -19,6 +19,7 @@ import hmac
 import json
 import queue
 import secrets
+import selectors
 import socket
 import struct
 import threading
@@ -27,6 +28,7 @@ import time
 MAX_FRAME = 4 * 1024 * 1024
 _HEADER = struct.Struct("!I")
 _HELLO_TIMEOUT = 10.0
+_RECV_BYTES = 256 * 1024   # read at most this much of one connection at a time
 
 
 def encode_frame(obj):
@@ -62,9 +64,28 @@ def _no_delay(sock):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class _Peer:
+    """One task's connection, as the server's reading thread sees it."""
+
+    __slots__ = ("sock", "buffer", "authenticated", "deadline")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buffer = bytearray()
+        self.authenticated = False
+        self.deadline = time.monotonic() + _HELLO_TIMEOUT  # for its hello
+
+
 class EventServer:
     """Driver side: accepts task connections, puts their events on `self.events` (a Queue, or
-    any `sink` with a thread-safe `put`, which then sees each event as it is read)."""
+    any `sink` with a thread-safe `put`, which then sees each event as it is read).
+
+    One thread reads every connection (`selectors`): a thread per connection was most of the
+    driver's cost at hundreds of ranks (each small frame woke a thread that then waited for the
+    GIL, two system calls per frame), and its latency. Sockets stay blocking: a readable socket
+    is read once (up to 256 KiB: many frames), and `announce`/`broadcast` send from other threads
+    as before.
+    """
 
     def __init__(self, host="127.0.0.1", max_frame=MAX_FRAME, sink=None):
         self.token = secrets.token_hex(16)
@@ -72,72 +93,124 @@ class EventServer:
         self.max_frame = max_frame
         self.rejected = 0
         self._lock = threading.Lock()
-        self._peers = set()
+        self._all_read = threading.Condition(self._lock)   # notified as connections end
+        self._peers = set()      # authenticated sockets (what announce/broadcast send to)
+        self._open = {}          # socket -> _Peer, every connection not yet closed
         self._closed = False
         self._announced = []     # messages for every task, also those that connect later
-        self._sock = socket.create_server((host, 0), backlog=128)
+        self._sock = socket.create_server((host, 0), backlog=1024)
         self.host = host
         self.port = self._sock.getsockname()[1]
-        self._threads = []
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name="hvd-magic-events", daemon=True)
-        self._accept_thread.start()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._sock, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._loop, name="hvd-magic-events", daemon=True)
+        self._thread.start()
 
     @property
     def address(self):
         return f"{self.host}:{self.port}"
 
-    def _accept_loop(self):
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
-            _no_delay(conn)
-            t = threading.Thread(target=self._serve, args=(conn,),
-                                 name="hvd-magic-events-conn", daemon=True)
-            t.start()
-            with self._lock:
-                self._threads = [x for x in self._threads if x.is_alive()] + [t]
+    def _loop(self):
+        try:
+            while not self._closed:
+                for key, _ in self._selector.select(timeout=0.5):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        return
+                    else:
+                        self._read(key.data)
+                self._expire_hellos()
+        finally:
+            for peer in list(self._open.values()):
+                self._drop(peer)
+            self._selector.close()
+
+    def _accept(self):
+        try:
+            conn, _ = self._sock.accept()
+        except OSError:
+            return
+        _no_delay(conn)
+        peer = _Peer(conn)
+        with self._lock:
+            self._open[conn] = peer
+        self._selector.register(conn, selectors.EVENT_READ, peer)
+
+    def _expire_hellos(self):
+        now = time.monotonic()
+        for peer in [p for p in self._open.values() if not p.authenticated and p.deadline < now]:
+            self._reject()
+            self._drop(peer)
+
+    def _drop(self, peer):
+        try:
+            self._selector.unregister(peer.sock)
+        except (KeyError, ValueError):
+            pass
+        with self._lock:
+            self._peers.discard(peer.sock)
+            self._open.pop(peer.sock, None)
+            self._all_read.notify_all()
+        peer.sock.close()
 
     def _reject(self):
         with self._lock:
             self.rejected += 1
 
-    def _serve(self, conn):
+    def _read(self, peer):
         try:
-            conn.settimeout(_HELLO_TIMEOUT)
-            try:
-                hello = read_frame(conn, max_frame=1024)
-                token = hello.get("token")
-                if not isinstance(token, str) or not hmac.compare_digest(
-                        token.encode(), self.token.encode()):
-                    raise ValueError("bad token")
-            except (ValueError, EOFError, OSError, UnicodeDecodeError, RecursionError, struct.error):
+            data = peer.sock.recv(_RECV_BYTES)
+        except OSError:
+            data = b""
+        if not data:  # the task closed its side: a hello never sent is a refusal
+            if not peer.authenticated:
                 self._reject()
-                return
-            conn.settimeout(None)
-            with self._lock:
-                if self._closed:
-                    return
-                self._peers.add(conn)
-                for message in self._announced:  # what every task must hear, however late
-                    conn.sendall(encode_frame(message))
-            while True:
+            return self._drop(peer)
+        # Parsed from the bytes received (plus an earlier partial frame); only the new partial
+        # frame is kept: a buffer kept per connection would hold its largest burst (a MiB each,
+        # a GiB at 1024 ranks).
+        buffer, offset = (bytes(peer.buffer) + data if peer.buffer else data), 0
+        try:
+            while len(buffer) - offset >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(buffer, offset)
+                if size > (self.max_frame if peer.authenticated else 1024):
+                    raise ValueError(f"frame of {size} bytes is over the cap")
+                end = offset + _HEADER.size + size
+                if len(buffer) < end:
+                    break
+                obj = json.loads(buffer[offset + _HEADER.size:end].decode("utf-8"))
+                offset = end
+                if not isinstance(obj, dict):
+                    raise ValueError("a frame must be a JSON object")
+                if peer.authenticated:
+                    self.events.put(obj)
+                else:
+                    self._hello(peer, obj)
+        # not JSON, absurdly deep, or nonsense a sink could not take (a warm session's routing of
+        # an event without its fields): that connection is closed, as its own thread ended
+        # before; the thread that reads every other connection goes on
+        except (ValueError, UnicodeDecodeError, RecursionError, KeyError, TypeError,
+                AttributeError):
+            self._reject()
+            return self._drop(peer)
+        peer.buffer = bytearray(buffer[offset:])
+
+    def _hello(self, peer, hello):
+        token = hello.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
+                                                                 self.token.encode()):
+            raise ValueError("bad token")
+        with self._lock:
+            peer.authenticated = True
+            self._peers.add(peer.sock)
+            for message in self._announced:  # what every task must hear, however late
                 try:
-                    event = read_frame(conn, self.max_frame)
-                except EOFError:
-                    return
-                except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or absurdly deep
-                    self._reject()
-                    return
+                    peer.sock.sendall(encode_frame(message))
                 except OSError:
-                    return
-                self.events.put(event)
-        finally:
-            with self._lock:
-                self._peers.discard(conn)
-            conn.close()
+                    pass
 
     def announce(self, message):
         """Send a message to every task, connected now or later."""
@@ -164,27 +237,27 @@ class EventServer:
     def wait_read(self, timeout):
         """Wait (at most `timeout` s) until every connection has been read to its end: a task
         closes its own once its rank ended, so its last events are in `events` after this."""
-        deadline = time.monotonic() + timeout
-        for t in list(self._threads):
-            t.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._all_read.wait_for(lambda: not self._open or self._closed, timeout)
 
     def close(self):
         with self._lock:
             self._closed = True
+            self._all_read.notify_all()
             peers = list(self._peers)
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
-        except OSError:
-            pass
-        self._sock.close()
         for conn in peers:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._accept_thread.join(timeout=5)
-        for t in list(self._threads):
-            t.join(timeout=5)
+        try:
+            self._wake_w.send(b"x")  # wakes the reading thread, which closes every connection
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+        self._sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class EventClient:

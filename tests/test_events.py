@@ -138,3 +138,26 @@ def test_live_run_refuses_bad_tokens_big_frames_and_random_bytes(tmp_path):
         with open(run.log_path(rank)) as f:
             assert f.read().splitlines() == [f"rank {rank} past the attack"]
 
+
+
+def test_one_reading_thread_takes_hundreds_of_connections_in_order_and_loses_nothing():
+    server = EventServer()
+    try:
+        clients = [EventClient(server.address, server.token) for _ in range(200)]
+        for seq in range(20):
+            for rank, client in enumerate(clients):
+                client.send({"t": "progress", "rank": rank, "seq": seq, "pad": "x" * 300})
+            if seq == 10:  # a bad peer among them closes only its own connection
+                send_and_wait_closed(server.address, hello(server.token) + frame(b"[1]"))
+        for client in clients:
+            client.close()
+        server.wait_read(timeout=30)
+        got = {}
+        while not server.events.empty():
+            event = server.events.get_nowait()
+            got.setdefault(event["rank"], []).append(event["seq"])
+        assert got == {rank: list(range(20)) for rank in range(200)}
+        assert server.rejected == 1
+        assert threading.active_count() < 20  # not a thread per connection
+    finally:
+        server.close()

@@ -49,8 +49,7 @@ def apply_event(run, event, request_stop):
             r.metrics.update(event["metrics"])
         points = event.get("points")
         if isinstance(points, list):
-            r.history.extend(p for p in points
-                             if isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict))
+            r.history.extend(points)  # (MetricHistory skips what is not [step, {...}])
     elif kind == "rendezvous" and rank == 0:
         # task 0's rendezvous server is up: every other task needs its port
         run._server.announce({"t": "rendezvous", "port": int(event["port"])})

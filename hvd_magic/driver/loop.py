@@ -14,6 +14,7 @@ from .. import payload
 from ..task.stopping import STOP_GRACE_SECONDS
 from .apply import apply_event
 from .ending import collect, offline_message, run_error
+from .folder import FLUSH_EVERY
 from .ranks import LIVE_STATES
 from .watchdog import stall_message
 
@@ -25,6 +26,7 @@ class Driver:
         self.run = run
         self._stop_sent = None
         self._meta_due = None        # when run.json should be rewritten, if something changed
+        self._flushed = time.monotonic()
 
     def drive(self):
         run = self.run
@@ -42,6 +44,9 @@ class Driver:
                     self.request_stop("timeout")
                 self._watch_for_stall()
                 self._escalate()
+                if time.monotonic() - self._flushed >= FLUSH_EVERY:
+                    self._flushed = time.monotonic()
+                    run.folder.flush()
                 if self._meta_due is not None and time.monotonic() >= self._meta_due:
                     self._meta_due = None
                     run.write_meta()

@@ -2,6 +2,8 @@
 
 import time
 
+from .metrics import MetricHistory
+
 # States in which a rank has not ended yet.
 LIVE_STATES = ("pending", "starting", "rendezvous", "running")
 
@@ -19,7 +21,7 @@ class RankState:
         self.step = None
         self.total = None
         self.metrics = {}           # the latest value of each metric
-        self.history = []           # every [step, {metric: value}] the rank reported
+        self.history = MetricHistory()  # every [step, {metric: value}] reported, in columns
         self.last_line = ""
         self.lines = 0
         self.exit = None     # {"code", "status", "summary"} once the rank ended

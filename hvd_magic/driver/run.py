@@ -73,13 +73,15 @@ def may_record_window(job):
     return any(WINDOW_NAMES & identifiers(text) for text in texts)
 
 
-def _prepare_into(launcher, np, failure, data=None, cache=None):
+def _prepare_into(launcher, np, failure, done, data=None, cache=None):
     try:
         launcher.prepare(np)
         if data is not None:
             launcher.use_data(data, np, cache)  # UsageError for a DataFrame the ranks cannot get
     except BaseException as exc:  # raised in the caller's thread by Run._prepare
         failure.append(exc)
+    finally:
+        done.set()
 
 
 def new_run_id():
@@ -179,9 +181,11 @@ class Run:
         pandas DataFrame with one row per value: rank, step, name, value."""
         import pandas as pd
 
-        rows = [(r.rank, step, name, value) for r in self.ranks for step, values in r.history
-                for name, value in values.items()]
-        return pd.DataFrame(rows, columns=["rank", "step", "name", "value"])
+        frames = [pd.DataFrame({"rank": r.rank, "step": steps, "name": name, "value": values})
+                  for r in self.ranks for name, (steps, values) in r.history.columns().items()]
+        if not frames:
+            return pd.DataFrame(columns=["rank", "step", "name", "value"])
+        return pd.concat(frames, ignore_index=True)
 
     def wait(self, timeout=None):
         """Wait for a background run to end; raise its error, or return its results."""
@@ -263,16 +267,18 @@ class Run:
         self.preparing_since = time.time()
         if self.view is not None:
             self.view.start(self)
-        failure = []
+        failure, prepared = [], threading.Event()
         thread = threading.Thread(target=_prepare_into,
-                                  args=(self.launcher, self.np, failure, self.data,
+                                  args=(self.launcher, self.np, failure, prepared, self.data,
                                         self.data_cache),
                                   name=f"hvd-magic-prepare-{self.id}", daemon=True)
         thread.start()
         cancel_sent = False
-        while thread.is_alive():
+        # (an Event, not thread.is_alive(): an interrupt landing in Thread.join can leave
+        # is_alive() False while the thread still runs, and the cancel unsent)
+        while not prepared.is_set():
             try:  # an interrupt lands anywhere in here (showing the dashboard, say)
-                thread.join(0.1)
+                prepared.wait(0.1)
                 if self.stop_reason is not None and not cancel_sent:
                     cancel_sent = True
                     self.launcher.cancel()

@@ -24,6 +24,12 @@ def series(ranks):
     """{metric: {rank: [(step, value), ...]}} of the numeric values in the ranks' histories."""
     out = {}
     for r in ranks:
+        if hasattr(r.history, "numeric"):  # the driver's columns (driver/metrics.py)
+            for name, (steps, values) in r.history.numeric().items():
+                line = [(s, v) for s, v in zip(steps, values) if math.isfinite(v) and math.isfinite(s)]
+                if line:
+                    out.setdefault(name, {})[r.rank] = line
+            continue
         for step, values in r.history:
             for name, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \
@@ -119,9 +125,11 @@ def summary_text(ranks):
     return "".join(lines)
 
 
-def picture_svg(ranks, per_row=3):
-    """Every chart in one SVG: the static picture a saved notebook keeps."""
-    charts = [chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
+def picture_svg(ranks, per_row=3, charts=None):
+    """Every chart in one SVG: the static picture a saved notebook keeps (`charts`: drawn
+    already, e.g. a large run's bands)."""
+    if charts is None:
+        charts = [chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
     if not charts:
         return ""
     rows = math.ceil(len(charts) / per_row)

@@ -1,5 +1,10 @@
 """The text view of a run (terminals, scripts, ``--text``): what the run waits on before its ranks
-start, ``[rank k] line`` as lines arrive, then a summary line per rank."""
+start, ``[rank k] line`` as lines arrive, then a summary line per rank.
+
+Above `summary.SUMMARY_ABOVE` ranks it summarises instead (a thousand ranks' lines would scroll
+past unread): rank 0's lines, a line of counts, progress and outliers every `SUMMARY_EVERY`
+seconds, and at the end a line per host and the metrics across ranks (`hvd_magic.view.summary`);
+every rank's full log is in the run folder."""
 
 import os
 import re
@@ -7,6 +12,7 @@ import sys
 import time
 
 WAIT_SHOWN_AFTER = 1.0  # seconds a wait lasts before it is worth a line
+SUMMARY_EVERY = 10.0    # seconds between two summary lines of a large run
 
 # The INFO lines of C++ libraries on the ranks (TensorFlow's oneDNN and cudart notes, XLA, Horovod's
 # own log) in the formats of absl/glog ("I0501 10:00:00.123 123 file.cc:12]"), TensorFlow
@@ -37,6 +43,9 @@ def is_chatter(line):
     Kept in the rank's log file; shown only with --verbose."""
     return bool(_CXX_INFO.match(line) or _STARTUP.search(line))
 
+
+from .summary import is_large, summary_line
+from .summary import summary_text as large_summary
 from .charts import summary_text as metrics_summary
 
 
@@ -60,6 +69,7 @@ class TextView:
         self.stderr = stderr or sys.stderr
         self._wait_shown = None      # the wait whose line is open ("starting Spark…"), if any
         self._wait_began = None
+        self._summarised = time.monotonic()  # when a large run's last summary line was printed
 
     def start(self, run):
         pass
@@ -72,7 +82,7 @@ class TextView:
             self.stderr.write(f"[hvd_magic] {event['message']}\n")
             self.stderr.flush()
             return
-        if event.get("t") != "lines":
+        if event.get("t") != "lines" or (rank != 0 and is_large(run)):
             return
         out = self.stderr if event.get("stream") == "stderr" else self.stdout
         text = "".join(f"[rank {rank}] {visible_text(line)}\n" for line in event.get("lines", ())
@@ -85,6 +95,10 @@ class TextView:
         """A wait before the ranks start gets a line once it lasts; its length ends the line."""
         if self.quiet:
             return
+        if is_large(run) and run.state == "running" \
+                and time.monotonic() - self._summarised >= SUMMARY_EVERY:
+            self._summarised = time.monotonic()
+            self.stdout.write(summary_line(run))
         waiting = getattr(run, "waiting", None)
         phase = waiting[0] if waiting and waiting[1] >= WAIT_SHOWN_AFTER else None
         if phase == self._wait_shown or (phase is None and waiting):
@@ -107,14 +121,17 @@ class TextView:
         self._end_wait()
         if not self.summary or run.started is None:  # never launched: its error says it all
             return
-        self.stdout.write(summary_text(run) + metrics_summary(run.ranks))
+        if is_large(run):
+            self.stdout.write(summary_text(run, per_rank=False) + large_summary(run))
+        else:
+            self.stdout.write(summary_text(run) + metrics_summary(run.ranks))
         self.stdout.flush()
 
 
-def summary_text(run):
+def summary_text(run, per_rank=True):
     lines = [f"hvd_magic run {run.id}: {run.state} in {run.elapsed:.1f} s on {run.where} "
              f"(logs: {os.path.relpath(run.run_dir)})\n"]
-    for r in run.ranks:
+    for r in run.ranks if per_rank else ():
         host = f" on {r.host}" if r.host else ""
         progress = f", step {r.step}/{r.total}" if r.step is not None else ""
         lines.append(f"  rank {r.rank}{host}: {r.state}{progress}, {r.lines} lines\n")

@@ -1,0 +1,107 @@
+"""Many ranks read at a glance: above 16 ranks the dashboard and the text view summarise.
+
+A real `Run` (its run folder, its `RankState`s, the driver's own `apply_event`) is fed the events
+64 ranks' tasks would send: states, lines, progress with metric points, a rank that fails, one
+that waits in a collective, one that lags. The dashboard is the real ipywidgets one; its widget
+objects are read back as a front end would draw them.
+"""
+
+import io
+import re
+
+from IPython.utils.capture import capture_output
+
+from hvd_magic.driver.apply import apply_event
+from hvd_magic.driver.run import Run
+from hvd_magic.view.dashboard import Dashboard
+from hvd_magic.view.text import TextView
+
+NP = 64
+STEPS = 30
+
+
+def fed_run(view, tmp_path):
+    run = Run(NP, run_dir=str(tmp_path / "run"), view=view)
+    run.folder.create(NP)
+    run.state, run.where, run.started = "running", "simulated", 1.0
+    view.start(run)
+
+    def send(event):
+        apply_event(run, event, lambda reason: None)
+
+    for r in range(NP):
+        send({"t": "state", "rank": r, "state": "running", "host": f"host-{r // 8}",
+              "local_rank": r % 8, "pid": 1000 + r})
+    for r in range(NP):
+        steps = 10 if r == 5 else STEPS  # rank 5 lags
+        for step in range(steps):
+            send({"t": "lines", "rank": r, "stream": "stdout", "lines": [f"rank {r} step {step}"]})
+            send({"t": "progress", "rank": r, "step": step + 1, "total": STEPS,
+                  "metrics": {"loss": 1 / (step + 1)},
+                  "points": [[step + 1, {"loss": 1 / (step + 1) + r / 1000, "note": "x"}]]})
+    send({"t": "blocked", "rank": 9, "op": "allreduce", "seconds": 40})
+    send({"t": "exit", "rank": 7, "code": 1, "status": "error",
+          "summary": {"type": "ValueError", "message": "bad batch"}})
+    return run
+
+
+def test_the_dashboard_summarises_64_ranks_and_any_rank_is_one_number_away(ip, tmp_path,
+                                                                          monkeypatch):
+    # a terminal shell keeps only text/plain; a notebook front end keeps the SVG too
+    monkeypatch.setattr(ip.display_formatter, "active_types", ["text/plain", "image/svg+xml"])
+    view = Dashboard()
+    run = fed_run(view, tmp_path)
+    with capture_output():
+        view._show(run)
+    table = view.table.value
+    assert "<b>64 ranks</b>: 1 " in table and "63 " in table  # counts by state
+    assert "step min 10 · median 30 · max 30 of 30" in table
+    assert table.count("data-rank=") < 10  # no row per rank: only the pinned ones
+    pinned = dict((why, int(rank)) for why, rank in re.findall(
+        r"data-pinned='(\w+)' data-rank='(\d+)'", table))
+    assert pinned == {"failed": 7, "stalled": 9, "slowest": 5}
+    assert re.findall(r"data-host='([^']+)'", table) == [f"host-{h}" for h in range(8)]
+    assert view.panels == [] and view.picker is not None  # no accordion of 64 panels
+
+    assert "data-rank='7'" in view.picker.panel.value  # the failed rank is shown first
+    view.picker.selector.value = 13  # as a front end's edit of the box sets it
+    panel = view.picker.render()
+    assert "data-rank='13'" in panel and "rank 13 step 29" in panel
+
+    charts = view._charts_html(run)
+    assert 'data-band="64"' in charts and "<polyline data-rank" not in charts  # mean, band
+    assert 'data-metric="note"' not in charts  # not a number
+    view.picker.lines.value = True  # per-rank lines on request
+    view._charts = ("", -1, 0.0)
+    assert len(re.findall(r'<polyline data-rank="\d+"', view._charts_html(run))) == NP
+
+    run.state = "failed"
+    with capture_output() as shown:
+        view.finish(run)
+    pictures = [o.data["image/svg+xml"] for o in shown.outputs if "image/svg+xml" in o.data]
+    assert len(pictures) == 1 and 'data-band="64"' in pictures[0]  # what a saved notebook keeps
+    footer = view.footer.value
+    assert "rank-63.log" in footer and "rank 20:" not in footer  # not 64 links
+
+    metrics = run.metrics  # every point, from the columns
+    assert len(metrics) == 2 * (63 * STEPS + 10)
+    mine = metrics[(metrics["rank"] == 3) & (metrics.name == "loss")]
+    assert list(mine.step) == list(range(1, STEPS + 1))
+    assert list(run.ranks[3].history)[0] == [1, {"loss": 1.003, "note": "x"}]
+    assert run.ranks[3].history.nbytes() == 3 * 8 * STEPS  # steps, loss: 8 B a value (a note)
+
+
+def test_the_text_view_prints_rank_0_and_a_summary_of_64_ranks(tmp_path):
+    out = io.StringIO()
+    view = TextView(stdout=out, stderr=out)
+    run = fed_run(view, tmp_path)
+    run.state, run.ended = "failed", 2.0
+    view.finish(run)
+    text = out.getvalue()
+    assert "[rank 0] rank 0 step 29" in text and "[rank 1]" not in text
+    assert "64 ranks: 1 failed, 63 running" in text
+    assert "failed: rank 7" in text and "stalled: rank 9" in text
+    assert "slowest: rank 5 (step 10)" in text
+    assert "  host-0: 8 ranks, 1 failed, 7 running" in text
+    assert re.search(r"loss: last mean [\d.]+ \(min [\d.]+, max [\d.]+ across 64 ranks\)", text)
+    assert "  rank 12 " not in text  # no line per rank
