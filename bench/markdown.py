@@ -11,6 +11,8 @@ STANDARD = {"bench", "name", "np", "median", "best", "ratio", "unit", "better", 
 
 TITLES = {
     "launch": "Launch: a trivial cell (`hvd.init()` + one allreduce), wall seconds of the call",
+    "launch-4hosts": "Launch across 4 simulated hosts (network namespaces, a standalone worker "
+                     "of 4 slots each): the trivial cell, wall seconds of the call",
     "launch-profile": "Where a launch goes (np=2, seconds since the call)",
     "launch-spark-start": "The embedded Spark session's start (once, before the timings)",
     "training": "Training throughput, PyTorch: rank 0's steps/s",
@@ -29,6 +31,7 @@ TITLES = {
 }
 REFERENCES = {
     "launch": "the floor (N bare rank processes rendezvousing directly)",
+    "launch-4hosts": "the floor (on one host)",
     "training": "`horovodrun` on the same script", "training-keras": "`horovodrun` on the same script",
     "timeline": "no timeline", "logs": "the same loop printing to /dev/null",
     "payload": "the 8-byte value", "session": "`%%px`",
@@ -92,6 +95,8 @@ def details(rows):
         return []
     out = ["| name | np | " + " | ".join(extras) + " |", "|---|---:|" + "---:|" * len(extras)]
     for r in rows:
+        if all(r.get(k) is None for k in extras):  # nothing of its own to say
+            continue
         out.append(f"| {r['name']} | {fmt(r.get('np'))} | "
                    + " | ".join(fmt(r.get(k), "s" if k in ("extra", "driver", "cell") else "")
                                 for k in extras) + " |")

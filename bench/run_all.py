@@ -46,6 +46,9 @@ BENCHMARKS = {
                                    "horovodrun-H@8"],
                ["--np", "1", "2", "4", "--reps", "2", "--profile", "1",
                 "--skip", "horovodrun-H", "horovodrun-c5", "horovod.run"]),
+    # np 1-16 on 4 simulated hosts (needs root for network namespaces; says so when it cannot)
+    "multihost": ("bench_multihost.py", ["--np", "1", "2", "4", "8", "16", "--reps", "2"],
+                  ["--np", "1", "4", "16", "--reps", "1"]),
     "training": ("bench_training.py", ["--np", "2", "4", "--reps", "4", "--steps", "300",
                                        "--frameworks", "torch", "keras"],
                  ["--np", "2", "4", "--reps", "1", "--steps", "300", "--frameworks", "torch", "keras"]),
