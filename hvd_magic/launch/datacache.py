@@ -1,8 +1,8 @@
 """DataFrames converted once: Spark's own Parquet writer, into a cache directory, reused.
 
 An entry's name is a hash of the DataFrame's plan (the full text of its canonical form, which
-ignores the ids Spark gives columns each time a DataFrame is made, and each file scan's format,
-schema and options, which that text leaves out; ``semanticHash``, which differs per JVM, only where
+ignores the ids Spark gives columns each time a DataFrame is made; each file scan's format,
+schema and options and the session's SQL settings, which that text leaves out; ``semanticHash``, which differs per JVM, only where
 the plan holds what its text cannot tell apart: UDFs, driver-side rows, Spark Connect) and of its
 input files' paths, sizes and modification times: the same DataFrame in a later cell, or a later
 run of the notebook, finds its entry; changed input files make a new one, never a stale read. An entry
@@ -78,17 +78,22 @@ def _seq(jseq):
     return [jseq.apply(i) for i in range(jseq.size())]
 
 
+def _pairs(jmap):
+    """A Scala map's (key, value) pairs, sorted."""
+    pairs, it = [], jmap.iterator()
+    while it.hasNext():
+        pair = it.next()
+        pairs.append((pair._1(), pair._2()))
+    return sorted(pairs)
+
+
 def _relation(node):
     """What a file scan's text leaves out: format, schemas, buckets, options, root paths."""
     rel = node.relation()
     if not rel.getClass().getName().endswith(".HadoopFsRelation"):
         raise ValueError(rel.getClass().getName())
-    options, it = [], rel.options().iterator()
-    while it.hasNext():
-        pair = it.next()
-        options.append((pair._1(), pair._2()))
     return [rel.fileFormat().getClass().getName(), rel.dataSchema().json(),
-            rel.partitionSchema().json(), rel.bucketSpec().toString(), sorted(options),
+            rel.partitionSchema().json(), rel.bucketSpec().toString(), _pairs(rel.options()),
             sorted(p.toString() for p in _seq(rel.location().rootPaths()))]
 
 
@@ -117,7 +122,17 @@ def _stable_plan(df):
         text = plan.treeString(True, False, 2**31 - 1, False, False)
     except Exception:  # py4j: no such overload
         text = plan.treeString(True, False, 2**31 - 1, False)
-    return [text, json.dumps(scans)]
+    return [text, json.dumps(scans), json.dumps(_sql_confs(df))]
+
+
+def _sql_confs(df):
+    """The session's SQL settings, which the text leaves out of what they change (a cast to string
+    shows no time zone, nor whether it is ANSI); the warehouse directory follows the working
+    directory and reaches a plan only as a table's path, which the scans' paths already hold."""
+    conf = df.sparkSession._jsparkSession.sessionState().conf()
+    return [("time zone", conf.sessionLocalTimeZone())] + [
+        (k, v) for k, v in _pairs(conf.getAllConfs())
+        if k.startswith("spark.sql.") and k != "spark.sql.warehouse.dir"]
 
 
 def key(df):
