@@ -1,14 +1,15 @@
 """DataFrames converted once: Spark's own Parquet writer, into a cache directory, reused.
 
-An entry's name is a hash of the DataFrame's plan (the full text of its canonical form, which
-ignores the ids Spark gives columns each time a DataFrame is made; each file scan's format,
-schema and options and the session's SQL settings, which that text leaves out; ``semanticHash``, which differs per JVM, only where
-the plan holds what its text cannot tell apart: UDFs, driver-side rows, Spark Connect) and of its
-input files' paths, sizes and modification times: the same DataFrame in a later cell, or a later
-run of the notebook, finds its entry; changed input files make a new one, never a stale read. An entry
-is written under a temporary name and renamed when complete, so a killed kernel leaves no entry
-half-written (`entries` sweeps the temporary folders of processes that are gone). An entry whose
-files were deleted or rewritten since is converted again.
+An entry's name is a hash of the DataFrame's plan and of its input files' paths, sizes and
+modification times. The plan: the full text of its canonical form (which ignores the ids Spark
+gives columns each time a DataFrame is made), plus what that text leaves out (each file scan's
+format, schemas and options; the session's SQL settings); ``semanticHash``, which differs per JVM,
+only where the plan holds what its text cannot tell apart (UDFs, driver-side rows, Spark Connect).
+So the same DataFrame in a later cell, or a later run of the notebook, finds its entry; changed
+input files make a new one, never a stale read. An entry is written under a temporary name and
+renamed when complete, so a killed kernel leaves no entry half-written (`entries` sweeps the
+temporary folders of processes that are gone). An entry whose files were deleted or rewritten
+since is converted again.
 
 The directory: ``HorovodMagics.data_cache`` (``%config``; ``data_cache=`` in the API), else
 ``$HVD_MAGIC_DATA_CACHE`` or ``~/.cache/hvd_magic/data`` when Spark runs on this machine
