@@ -221,6 +221,43 @@ def test_other_dataframes_are_converted_once_and_never_served_stale(ip, spark, t
         datacache.cache_dir(None, local=False)
 
 
+KEY_SCRIPT = """\
+import sys
+from pyspark.sql import SparkSession, functions as F
+from hvd_magic.launch import datacache
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "1").getOrCreate())
+def frame(sep):
+    df = spark.read.option("header", "true").option("sep", sep).csv(sys.argv[1])
+    return df.withColumn("c", F.length(df.columns[0]) * 2).filter("c > 1")
+udf = frame(",").withColumn("d", F.udf(lambda v: v)("c"))
+keys = [datacache.key(frame(",")), datacache.key(frame(";"))]
+spark.conf.set("spark.sql.session.timeZone", "Asia/Tokyo")  # a cast's zone: not in the plan's text
+keys.append(datacache.key(frame(",")))
+print(*keys, datacache._stable_plan(frame(",")) is not None, datacache._stable_plan(udf) is None)
+spark.stop()
+"""
+
+
+def test_a_converted_dataframe_keys_the_same_in_another_kernel(tmp_path):
+    """The entry's name comes from the plan's text, not from `semanticHash` (which differs per
+    JVM): a new kernel reuses it; a scan read with other options, or a session in another time
+    zone, never does; a UDF (its text shows a name, not the function) keys as before."""
+    import subprocess
+    import sys
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "part.csv").write_text("a,b\n1,2\n3,4\n")
+    env = {**os.environ, "HVD_MAGIC_DATA_CACHE": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", KEY_SCRIPT, str(tmp_path / "src")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for _ in range(2)]
+    (comma, semicolon, tokyo, stable, udf_falls_back), (comma_again, *_) = [
+        p.communicate(timeout=300)[0].split() for p in procs]
+    assert comma == comma_again and len({comma, semicolon, tokyo}) == 3
+    assert stable == "True" and udf_falls_back == "True"
+
+
 def stream_path(uri):
     from hvd_magic.rank.stream import local_path
     return local_path(uri)

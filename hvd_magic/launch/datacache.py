@@ -1,12 +1,15 @@
 """DataFrames converted once: Spark's own Parquet writer, into a cache directory, reused.
 
-An entry's name is a hash of the DataFrame's plan (its canonical form and ``semanticHash``,
-which ignore the names Spark gives columns each time a DataFrame is made) and of its input
-files' paths, sizes and modification times: the same DataFrame in a later cell, or a later run of
-the notebook, finds its entry; changed input files make a new one, never a stale read. An entry
-is written under a temporary name and renamed when complete, so a killed kernel leaves no entry
-half-written (`entries` sweeps the temporary folders of processes that are gone). An entry whose
-files were deleted or rewritten since is converted again.
+An entry's name is a hash of the DataFrame's plan and of its input files' paths, sizes and
+modification times. The plan: the full text of its canonical form (which ignores the ids Spark
+gives columns each time a DataFrame is made), plus what that text leaves out (each file scan's
+format, schemas and options; the session's SQL settings); ``semanticHash``, which differs per JVM,
+only where the plan holds what its text cannot tell apart (UDFs, driver-side rows, Spark Connect).
+So the same DataFrame in a later cell, or a later run of the notebook, finds its entry; changed
+input files make a new one, never a stale read. An entry is written under a temporary name and
+renamed when complete, so a killed kernel leaves no entry half-written (`entries` sweeps the
+temporary folders of processes that are gone). An entry whose files were deleted or rewritten
+since is converted again.
 
 The directory: ``HorovodMagics.data_cache`` (``%config``; ``data_cache=`` in the API), else
 ``$HVD_MAGIC_DATA_CACHE`` or ``~/.cache/hvd_magic/data`` when Spark runs on this machine
@@ -60,11 +63,99 @@ def _inputs(df):
     return stats
 
 
+# Plan nodes whose text in the canonical plan says all they compute (file scans add what the text
+# leaves out, see `_relation`); anything else (rows held in the driver, RDDs, catalogs' tables)
+# keys by `semanticHash`, which differs per JVM but never matches a different DataFrame.
+_KNOWN_LEAVES = ("org.apache.spark.sql.execution.datasources.LogicalRelation",
+                 "org.apache.spark.sql.catalyst.plans.logical.Range",
+                 "org.apache.spark.sql.catalyst.plans.logical.OneRowRelation")
+# Expressions and nodes that carry code or data their text only names (a UDF shows its name, not
+# its function). Subqueries are walked: they are a plan's inner children.
+_OPAQUE = ("UDF", "UDAF", "UDTF", "Python", "Pandas", "Arrow", "Object", "MapElements",
+           "MapPartitions", "AppendColumns", "Invoke", "Aggregator")
+
+
+def _seq(jseq):
+    return [jseq.apply(i) for i in range(jseq.size())]
+
+
+def _pairs(jmap):
+    """A Scala map's (key, value) pairs, sorted."""
+    pairs, it = [], jmap.iterator()
+    while it.hasNext():
+        pair = it.next()
+        pairs.append((pair._1(), pair._2()))
+    return sorted(pairs)
+
+
+def _relation(node):
+    """What a file scan's text leaves out: format, schemas, buckets, options, root paths."""
+    rel = node.relation()
+    if not rel.getClass().getName().endswith(".HadoopFsRelation"):
+        raise ValueError(rel.getClass().getName())
+    return [rel.fileFormat().getClass().getName(), rel.dataSchema().json(),
+            rel.partitionSchema().json(), rel.bucketSpec().toString(), _pairs(rel.options()),
+            sorted(p.toString() for p in _seq(rel.location().rootPaths()))]
+
+
+def _stable_plan(df):
+    """The canonical plan's full text and every file scan's details, the same in any JVM; None
+    when the plan holds something that text cannot tell apart (then the caller falls back)."""
+    jvm = df.sparkSession._jvm
+    plan = df._jdf.queryExecution().analyzed().canonicalized()
+    is_plan = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.QueryPlan")
+    scans, todo = [], [plan]
+    while todo:
+        node = todo.pop()
+        name = node.getClass().getName()
+        if any(word in name.rsplit(".", 1)[-1] for word in _OPAQUE):
+            return None
+        children = _seq(node.children()) + _seq(node.innerChildren())
+        if is_plan.isInstance(node):
+            if not children and name not in _KNOWN_LEAVES:
+                return None
+            if name.endswith(".LogicalRelation"):
+                scans.append(_relation(node))
+            children += _seq(node.expressions())
+        todo.extend(children)
+    # Spark 4 takes a fifth argument (printOutputColumns); 3.x four.
+    try:
+        text = plan.treeString(True, False, 2**31 - 1, False, False)
+    except Exception:  # py4j: no such overload
+        text = plan.treeString(True, False, 2**31 - 1, False)
+    return [text, json.dumps(scans), json.dumps(_sql_confs(df))]
+
+
+def _sql_confs(df):
+    """The session's SQL settings, which the text leaves out of what they change (a cast to string
+    shows no time zone, nor whether it is ANSI); the warehouse directory follows the working
+    directory and reaches a plan only as a table's path, which the scans' paths already hold."""
+    conf = df.sparkSession._jsparkSession.sessionState().conf()
+    return [("time zone", conf.sessionLocalTimeZone())] + [
+        (k, v) for k, v in _pairs(conf.getAllConfs())
+        if k.startswith("spark.sql.") and k != "spark.sql.warehouse.dir"]
+
+
 def key(df):
-    """The entry name for `df`: its plan and its input files."""
-    parts = [str(df.semanticHash()), df.schema.json()]
+    """The entry name for `df`: its plan and its input files.
+
+    Classic Spark: the canonical plan's text (expression ids numbered in order, no object ids)
+    plus what that text does not show of each file scan, so a new kernel finds the entry. Spark
+    Connect has no plan to read here: its ``semanticHash`` is computed by the server, stable while
+    that server runs. Either way a plan this cannot read whole keys by ``semanticHash``: a miss in
+    the next kernel, never a wrong match."""
+    stable = None
     if hasattr(df, "_jdf"):
-        parts.append(df._jdf.queryExecution().analyzed().canonicalized().toString())
+        try:
+            stable = _stable_plan(df)
+        except Exception:  # py4j: a node without the method read; ValueError: not a file relation
+            stable = None
+    if stable is not None:
+        parts = ["plan-text", df.schema.json(), *stable]
+    else:
+        parts = [str(df.semanticHash()), df.schema.json()]
+        if hasattr(df, "_jdf"):
+            parts.append(df._jdf.queryExecution().analyzed().canonicalized().toString())
     parts.append(json.dumps(_inputs(df)))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 

@@ -67,14 +67,30 @@ def _as_numpy(column, name):
         if column.null_count or (lengths is not None and len(lengths) > 1):
             raise ValueError(f"column {name!r} holds arrays of different lengths (or nulls), which "
                              "do not stack into one tensor; pad them in Spark first")
-        flat = column.flatten().to_numpy(zero_copy_only=False)
+        flat = _to_numpy(column.flatten())
         return flat.reshape(len(column), -1) if len(column) else flat.reshape(0, 0)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
         return np.array(column.to_pylist(), dtype=object)
     if column.null_count:
         raise ValueError(f"column {name!r} has nulls in this batch; fill or drop them in Spark "
                          "first (e.g. df.na.drop())")
-    return column.to_numpy(zero_copy_only=False)
+    return _to_numpy(column)
+
+
+def _to_numpy(array):
+    """An Arrow array as numpy: integers and floats without nulls as a view of its buffer
+    (Arrow's own conversion imports pandas on its first call, 0.3-0.5 s before a rank's first
+    batch), other types converted by Arrow."""
+    import numpy as np
+    import pyarrow as pa
+
+    kind = array.type
+    if (array.null_count or not len(array)
+            or not (pa.types.is_integer(kind) or pa.types.is_floating(kind))):
+        return array.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(kind.to_pandas_dtype())
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array),
+                         offset=array.offset * dtype.itemsize)
 
 
 def _spec(names, columns):
@@ -114,7 +130,7 @@ def numpy_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_
         for i, indices in enumerate(batch_indices(table.num_rows, batch_size, epoch, seed,
                                                   shuffle, drop_last)):
             if i >= start_batch:
-                yield _convert(table.take(indices), spec, single)
+                yield _convert(table.take(stream.arrow_indices(indices)), spec, single)
         return
     share = _share()
     names = share.plan["columns"]
