@@ -40,7 +40,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 import psutil

@@ -17,7 +17,6 @@ from hvd_magic.driver.ranks import RankState
 from hvd_magic.driver.watchdog import stall_message
 from hvd_magic.errors import LaunchError, RankError, RunTimeout
 from hvd_magic.launch import elastic
-from hvd_magic.view import TextView
 
 COMMIT_EVERY = 10
 GLOO_TIMEOUT = 10  # bounds how long a survivor may wait on the lost peer before it resets

@@ -15,7 +15,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import StandaloneCluster
-from hvd_magic.launch import envcheck
+from hvd_magic.launch import envcheck, envreport
 from hvd_magic.frontends.magics import HorovodMagics
 
 OTHER_CLOUDPICKLE = "3.0.0"
@@ -43,16 +43,16 @@ def test_the_probe_runs_where_hvd_magic_cannot_be_imported():
 
 
 def test_mismatches_and_what_they_mean():
-    driver = envcheck.EnvRow("driver", "d", "/py", {
+    driver = envreport.EnvRow("driver", "d", "/py", {
         "python": "3.11.7", "cloudpickle": "3.1.2", "torch": "2.13.0", "horovod": "0.28.1",
         "horovod_gloo": "yes", "horovod_nccl": "no", "hvd_magic": "0.1.0", "pyspark": "4.3.0"})
-    same = envcheck.EnvRow("10.0.0.1:1", "a", "/py", dict(driver.values, spark_gpus="0,1",
+    same = envreport.EnvRow("10.0.0.1:1", "a", "/py", dict(driver.values, spark_gpus="0,1",
                                                          cuda_device_count="0",
                                                          hostname_address="127.0.1.1"))
-    other = envcheck.EnvRow("10.0.0.2:2", "b", "/py", dict(
+    other = envreport.EnvRow("10.0.0.2:2", "b", "/py", dict(
         driver.values, cloudpickle="3.0.0", torch="missing", horovod="missing", horovod_gloo="",
         horovod_nccl="", hvd_magic="missing"))
-    mismatches, notes = envcheck.compare(driver, [same, other])
+    mismatches, notes = envreport.compare(driver, [same, other])
     assert sorted((m.where, m.what, m.value, m.driver) for m in mismatches) == [
         ("10.0.0.2:2", "cloudpickle", "3.0.0", "3.1.2"),
         ("10.0.0.2:2", "horovod", "missing", "0.28.1"),
@@ -66,7 +66,7 @@ def test_mismatches_and_what_they_mean():
     assert "10.0.0.1:1: this executor's hostname resolves to 127.0.1.1" in text
     assert "10.0.0.2:2: this executor's hostname" not in text
 
-    report = envcheck.EnvReport("spark://x", driver, [same, other], mismatches, notes)
+    report = envreport.EnvReport("spark://x", driver, [same, other], mismatches, notes)
     assert "3.0.0 !" in report.text() and "4 mismatches" in report.text()
     html = report._repr_html_()
     assert "title='driver: 3.1.2'>3.0.0</td>" in html and "background" in html

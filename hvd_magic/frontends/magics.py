@@ -6,7 +6,7 @@ Defaults are traitlets, so ``%config HorovodMagics.np = 4`` changes them for the
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.utils.process import arg_split
 from traitlets import Bool, Dict, Float, Int, Unicode
 

@@ -52,7 +52,7 @@ def is_connect(spark):
 
 
 class ConnectLauncher(Launcher):
-    """Runs `hvd_magic.task.shard.frame_task` on N barrier tasks of a Spark Connect session."""
+    """Runs `hvd_magic.task.connect_stage.frame_task` on N barrier tasks of a Spark Connect session."""
 
     offline_possible = True   # its tasks may not reach the notebook (the view says so)
 

@@ -20,8 +20,7 @@ import re
 import types
 import uuid
 
-from .envreport import (  # noqa: F401  (the report's names, as before)
-    COLUMNS, PICKLE_ADVICE, EnvReport, EnvRow, Mismatch, compare, env_row)
+from .envreport import PICKLE_ADVICE, EnvReport, compare, env_row
 
 
 def probe(_partition=()):

@@ -1,6 +1,6 @@
 """DataFrames on the driver's side: checking a ``--data`` DataFrame, the plan its ranks read it
 by, and the barrier stage over a DataFrame that Spark Connect launches run
-(`hvd_magic.task.shard.frame_task` on each task).
+(`hvd_magic.task.connect_stage.frame_task` on each task).
 
 `data_plan`: a plain Parquet scan is read by the ranks from its own files
 (`hvd_magic.launch.parquet`); any other DataFrame is written once by Spark into the data cache
@@ -11,7 +11,7 @@ import functools
 
 from IPython.core.error import UsageError
 
-from ..task.shard import OUTCOME_SCHEMA, frame_task, outcomes
+from ..task.connect_stage import OUTCOME_SCHEMA, frame_task, outcomes
 
 
 def is_dataframe(value):

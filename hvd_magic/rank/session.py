@@ -39,19 +39,19 @@ def _interrupt(signum, frame):
         raise KeyboardInterrupt
 
 
-def read_job(stream):
-    header = stream.read(_HEADER.size)
+def read_job(pipe):
+    header = pipe.read(_HEADER.size)
     if len(header) < _HEADER.size:
         return None  # the task closed stdin: the session ends
     (size,) = _HEADER.unpack(header)
-    data = stream.read(size)
+    data = pipe.read(size)
     return pickle.loads(data) if data else None
 
 
-def write_job(stream, job_bytes):
+def write_job(pipe, job_bytes):
     """The task's side of `read_job` (job_bytes: the pickled job, or b"" to end the session)."""
-    stream.write(_HEADER.pack(len(job_bytes)) + job_bytes)
-    stream.flush()
+    pipe.write(_HEADER.pack(len(job_bytes)) + job_bytes)
+    pipe.flush()
 
 
 def serve(workdir, user_traceback, exports, register_source, install_modules):
@@ -99,9 +99,9 @@ def serve(workdir, user_traceback, exports, register_source, install_modules):
 
 
 def _end_cell(workdir, cell, status, summary, payload):
-    for stream in (sys.stdout, sys.stderr):
-        stream.write(END_OF_CELL + "\n")  # after a partial line too: the task splits it off
-        stream.flush()
+    for out in (sys.stdout, sys.stderr):
+        out.write(END_OF_CELL + "\n")  # after a partial line too: the task splits it off
+        out.flush()
     path = os.path.join(workdir, f"cell-{cell}")
     with open(path + ".tmp", "wb") as f:
         f.write(payload)

@@ -33,11 +33,6 @@ _STARTUP = re.compile(
     r"|rebuild TensorFlow with the appropriate compiler flags")
 
 
-def is_cxx_info(line):
-    """True for a C++ library's INFO (or debug) log line; its warnings and errors are not."""
-    return bool(_CXX_INFO.match(line))
-
-
 def is_chatter(line):
     """True for the C++ libraries' start-up chatter: INFO lines and TensorFlow's start-up notes.
     Kept in the rank's log file; shown only with --verbose."""
