@@ -18,6 +18,8 @@ from hvd_magic.driver.watchdog import stall_message
 from hvd_magic.errors import LaunchError, RankError, RunTimeout
 from hvd_magic.launch import elastic
 
+from conftest import spark_session
+
 COMMIT_EVERY = 10
 GLOO_TIMEOUT = 10  # bounds how long a survivor may wait on the lost peer before it resets
 
@@ -69,9 +71,12 @@ def _wait_for(run, predicate, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd):
+@pytest.mark.parametrize("np", ["-3", "3"], ids=["driver", "spark"])
+def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd, np):
+    if np == "3":
+        spark_session(4)  # the shared embedded session: slots are plain tasks there
     fresh_ns.update(steps=150, commit_every=COMMIT_EVERY)
-    with _elastic_run(ip, "--np -3 --min-np 2 --export starts", view="--text") as run:
+    with _elastic_run(ip, f"--np {np} --min-np 2 --export starts", view="--text") as run:
         pid, seen = _kill_rank_1_at_step(run, 25)
         results = run.wait(240)
 
@@ -190,8 +195,6 @@ def test_an_error_in_the_cell_fails_an_elastic_run_with_its_traceback(ip):
 
 
 def test_elastic_options_are_checked():
-    with pytest.raises(UsageError, match="driver only for now"):
-        hvd_magic.run(print, np=3, min_np=2)
     with pytest.raises(UsageError, match="min_np <= ranks <= max_np"):
         hvd_magic.run(print, np=-3, min_np=4)
     with pytest.raises(UsageError, match="add --min-np"):

@@ -298,12 +298,7 @@ class SparkLauncher(Launcher):
         from pyspark import InheritableThread
 
         sc = self.session.sparkContext
-        self.group = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
-        if self._started_here:
-            # The session was started in the driver's helper thread (`Run._prepare`), and Spark's
-            # active session is per thread: make it the notebook's too, as if the user had started
-            # it, so that SparkSession.getActiveSession() in a later cell finds it.
-            sc._jvm.SparkSession.setActiveSession(self.session._jsparkSession)
+        self._claim(settings)
 
         def collect():
             try:
@@ -324,6 +319,16 @@ class SparkLauncher(Launcher):
         thread = InheritableThread(target=collect, name="hvd-magic-spark", daemon=True)
         self._threads.append(thread)
         thread.start()
+
+    def _claim(self, settings):
+        """This run's job group; the session made the notebook's when it was started here."""
+        self.group = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
+        if self._started_here:
+            # The session was started in the driver's helper thread (`Run._prepare`), and Spark's
+            # active session is per thread: make it the notebook's too, as if the user had started
+            # it, so that SparkSession.getActiveSession() in a later cell finds it.
+            sc = self.session.sparkContext
+            sc._jvm.SparkSession.setActiveSession(self.session._jsparkSession)
 
     def cancel(self):
         self._cancelled = True
