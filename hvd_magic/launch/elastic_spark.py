@@ -67,6 +67,8 @@ class _SlotEvents(queue.Queue):
 class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
     """`np` ranks to begin with, between `min_np` and `max_np`, in Spark tasks of one slot each."""
 
+    plain_tasks = True
+
     def __init__(self, np, min_np, max_np, elastic_timeout=None, **spark):
         super().__init__(min_np, max_np, elastic_timeout, **spark)
         self.np = np

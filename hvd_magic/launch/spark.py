@@ -176,6 +176,9 @@ def workers_python(sc):
 class SparkLauncher(Launcher):
     """Runs `hvd_magic.task.spark_task` on N barrier tasks of a SparkSession."""
 
+    # plain tasks (an elastic run's) may run with dynamic allocation: executors come as they ask
+    plain_tasks = False
+
     def __init__(self, session=None, master=None, conf=None, slot_wait=30.0, log_dir="hvd_runs",
                  verbose=False):
         super().__init__()
@@ -210,12 +213,13 @@ class SparkLauncher(Launcher):
             self.session = session
         sc = self.session.sparkContext
         conf = self._conf = sc.getConf()
-        if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        if conf.get("spark.dynamicAllocation.enabled", "false").lower() != "true":
+            self._check_slots(sc, np)
+        elif not self.plain_tasks:
             raise UsageError(
                 "Spark's dynamic allocation is on, and barrier stages cannot run with it. Start the "
                 "session with spark.dynamicAllocation.enabled=false (and a fixed number of "
-                "executors).")
-        self._check_slots(sc, np)
+                "executors), or make the run elastic (--min-np M), whose ranks are plain tasks.")
         self._set_phase(None)
         return self.session
 
