@@ -54,10 +54,11 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     with `hvd_magic.shard()` or the batch functions (`equal_shards`: as many rows on every rank,
     the rest dropped; `data_cache`: where a DataFrame that is not plain Parquet is converted).
     `mlflow`: see `launch`.
-    `min_np` makes the run elastic (driver-only for now: `np` < 0): Horovod's elastic driver
-    runs here, a lost rank process is replaced and the others go on from their last commit
-    (code written with `hvd.elastic.run` and a `State`); fewer than `min_np` ranks for longer
-    than `elastic_timeout` seconds ends the run. `max_np`: at most this many ranks.
+    `min_np` makes the run elastic: Horovod's elastic driver runs here, a lost rank process (or
+    executor) is replaced and the others go on from their last commit (code written with
+    `hvd.elastic.run` and a `State`); fewer than `min_np` ranks for longer than
+    `elastic_timeout` seconds ends the run. `max_np`: at most this many ranks (on Spark, ranks
+    beyond `np` join when Spark has room for them).
 
     Examples
     --------
@@ -94,10 +95,6 @@ def check_elastic(np, min_np, max_np, elastic_timeout):
             raise UsageError("--max-np and --elastic-timeout belong to an elastic run: add "
                              "--min-np M (the fewest ranks the run may go on with).")
         return None
-    if np > 0:
-        raise UsageError(f"elastic runs work on the driver only for now: use --np {-np} "
-                         f"--min-np {min_np} (ranks as processes of this machine). Elastic runs "
-                         "on Spark are not there yet.")
     max_np = abs(np) if max_np is None else max_np
     for name, value in (("min_np", min_np), ("max_np", max_np)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -140,13 +137,14 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
     view, env = tracked(mlflow, view, env, job, cell, {
         "timeout": timeout, "timeline": timeline, "retries": retries, "name": name,
         "data": data is not None or None})
-    if elastic is not None:
-        from .launch.elastic import ElasticLocalLauncher
-        launcher = ElasticLocalLauncher(*elastic)
-    else:
-        launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
-                                 log_dir=run_root, verbose=verbose)
-    run_ = Run(abs(np), run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
+    if elastic is not None and data is not None:
+        raise UsageError("data= is not available in elastic runs yet: read the data in the "
+                         "function (e.g. with hvd.elastic.ElasticSampler), or leave out min_np.")
+    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
+                             log_dir=run_root, verbose=verbose, elastic=elastic)
+    # an elastic run on Spark has a row per slot it may fill (max_np); on the driver, -np rows
+    rows = elastic[1] if elastic is not None and np > 0 else abs(np)
+    run_ = Run(rows, run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
                horovod_env=horovod_env, extra_env=env, broadcast_bytes=broadcast_bytes,
                allow_retry=retries > 0, name=name, timeline=timeline,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root,

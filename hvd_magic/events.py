@@ -67,10 +67,11 @@ def _no_delay(sock):
 class _Peer:
     """One task's connection, as the server's reading thread sees it."""
 
-    __slots__ = ("sock", "buffer", "authenticated", "deadline")
+    __slots__ = ("sock", "buffer", "authenticated", "deadline", "rank")
 
     def __init__(self, sock):
         self.sock = sock
+        self.rank = None          # the rank its events are labelled with (`report_drops`)
         self.buffer = bytearray()
         self.authenticated = False
         self.deadline = time.monotonic() + _HELLO_TIMEOUT  # for its hello
@@ -87,8 +88,11 @@ class EventServer:
     as before.
     """
 
-    def __init__(self, host="127.0.0.1", max_frame=MAX_FRAME, sink=None):
+    def __init__(self, host="127.0.0.1", max_frame=MAX_FRAME, sink=None, report_drops=False):
         self.token = secrets.token_hex(16)
+        # a connection that ends puts {"t": "dropped", "rank": r} on `events` (an elastic run's
+        # slots: a task whose executor was lost says nothing more)
+        self.report_drops = report_drops
         self.events = queue.Queue() if sink is None else sink
         self.max_frame = max_frame
         self.rejected = 0
@@ -155,6 +159,8 @@ class EventServer:
             self._open.pop(peer.sock, None)
             self._all_read.notify_all()
         peer.sock.close()
+        if self.report_drops and peer.rank is not None and not self._closed:
+            self.events.put({"t": "dropped", "rank": peer.rank})
 
     def _reject(self):
         with self._lock:
@@ -186,6 +192,7 @@ class EventServer:
                 if not isinstance(obj, dict):
                     raise ValueError("a frame must be a JSON object")
                 if peer.authenticated:
+                    peer.rank = obj.get("rank", peer.rank)
                     self.events.put(obj)
                 else:
                     self._hello(peer, obj)

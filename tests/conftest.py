@@ -130,24 +130,36 @@ class StandaloneCluster:
         self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", self.master_host,
                                "--port", str(self.port), "--webui-port", str(self.ui_port)],
                     env={"SPARK_LOCAL_IP": self.master_host})  # its web UI listens there too
-        self.workers = []
-        for i, host in enumerate(self.worker_hosts):
-            env = dict(self.worker_env, **self.worker_envs.get(i, {}),
-                       SPARK_LOCAL_IP=host)  # its executors bind there too
-            if self.worker_opts:
-                env["SPARK_WORKER_OPTS"] = self.worker_opts
-            self.workers.append(self._spawn(
-                f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.url,
-                               "--host", host, "--cores", str(self.cores), "--memory", "2g",
-                               "--webui-port", str(free_port()),
-                               "--work-dir", os.path.join(self.tmp, f"work{i}")], env=env,
-                prefix=self.worker_prefixes.get(i, ())))
+        self.workers = [self._start_worker(i) for i in range(len(self.worker_hosts))]
         try:
             _wait_for_workers(self.ui_port, len(self.worker_hosts), host=self.master_host)
         except BaseException:  # the fixture never yields: stop what was started here
             self.stop()
             raise
         return self
+
+    def _start_worker(self, i):
+        host = self.worker_hosts[i]
+        env = dict(self.worker_env, **self.worker_envs.get(i, {}),
+                   SPARK_LOCAL_IP=host)  # its executors bind there too
+        if self.worker_opts:
+            env["SPARK_WORKER_OPTS"] = self.worker_opts
+        return self._spawn(
+            f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.url,
+                           "--host", host, "--cores", str(self.cores), "--memory", "2g",
+                           "--webui-port", str(free_port()),
+                           "--work-dir", os.path.join(self.tmp, f"work{i}")], env=env,
+            prefix=self.worker_prefixes.get(i, ()))
+
+    def kill_worker(self, i):
+        """SIGKILL worker `i` with its executors and their Python workers (one process group):
+        a machine of the cluster gone at once."""
+        os.killpg(self.workers[i].pid, 9)
+        self.workers[i].wait()
+
+    def restart_worker(self, i):
+        """Worker `i` again, as an operator brings a machine back (it registers in seconds)."""
+        self.workers[i] = self._start_worker(i)
 
     def session(self, python=None, **conf):
         """A session on this cluster; `python` is what executors run (PYSPARK_PYTHON)."""

@@ -18,6 +18,8 @@ from hvd_magic.driver.watchdog import stall_message
 from hvd_magic.errors import LaunchError, RankError, RunTimeout
 from hvd_magic.launch import elastic
 
+from conftest import spark_session
+
 COMMIT_EVERY = 10
 GLOO_TIMEOUT = 10  # bounds how long a survivor may wait on the lost peer before it resets
 
@@ -69,9 +71,12 @@ def _wait_for(run, predicate, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd):
+@pytest.mark.parametrize("np", ["-3", "3"], ids=["driver", "spark"])
+def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd, np):
+    if np == "3":
+        spark_session(4)  # the shared embedded session: slots are plain tasks there
     fresh_ns.update(steps=150, commit_every=COMMIT_EVERY)
-    with _elastic_run(ip, "--np -3 --min-np 2 --export starts", view="--text") as run:
+    with _elastic_run(ip, f"--np {np} --min-np 2 --export starts", view="--text") as run:
         pid, seen = _kill_rank_1_at_step(run, 25)
         results = run.wait(240)
 
@@ -169,13 +174,24 @@ def test_an_elastic_reset_is_not_a_hang():
     assert stall_message(Membership(3, 2, 3).watched(ranks), 60, now) is None
 
 
-def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns):
+@pytest.mark.parametrize("np", ["-2", "2"], ids=["driver", "spark"])
+def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns, np):
     fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY)
+    # on Spark, a slot beyond what the session can hold waits in Spark's queue: the end
+    # cancels it too
+    more = " --max-np 9" if np == "2" else ""
+    if np == "2":
+        sc = spark_session(4).sparkContext
     with pytest.raises(RunTimeout):
-        ip.run_cell_magic("horovod", "--np -2 --min-np 1 --timeout 8 --quiet", ELASTIC_CELL)
+        ip.run_cell_magic("horovod", f"--np {np} --min-np 1{more} --timeout 8 --quiet",
+                          ELASTIC_CELL)
     run = hvd_magic.last_run()
     assert run.state == "timeout" and not run.unended()
-    assert all(r.exit is not None for r in run.ranks)
+    assert all(r.exit is not None for r in run.ranks if r.pid is not None)
+    if np == "2":  # no Spark job of the run is left, waiting or running
+        assert len(run.ranks) == 9 and sum(r.pid is not None for r in run.ranks) == 4
+        assert not [j for j in run.launcher.job_ids()
+                    if sc.statusTracker().getJobInfo(j).status == "RUNNING"]
 
 
 def test_an_error_in_the_cell_fails_an_elastic_run_with_its_traceback(ip):
@@ -190,8 +206,6 @@ def test_an_error_in_the_cell_fails_an_elastic_run_with_its_traceback(ip):
 
 
 def test_elastic_options_are_checked():
-    with pytest.raises(UsageError, match="driver only for now"):
-        hvd_magic.run(print, np=3, min_np=2)
     with pytest.raises(UsageError, match="min_np <= ranks <= max_np"):
         hvd_magic.run(print, np=-3, min_np=4)
     with pytest.raises(UsageError, match="add --min-np"):

@@ -70,3 +70,114 @@ def test_a_large_value_reaches_each_rank_from_its_executors_broadcast_file(ip, s
         assert run.results == [value] * 4
     finally:
         session.stop()
+
+
+# Horovod's elastic API as a user writes it; the loop ends when the test says so, decided by
+# every rank together at a commit (a collective), so that no rank stops a step before another.
+ELASTIC_TRAINING = """\
+import os
+import time
+import horovod.torch as hvd
+import torch
+import hvd_magic
+
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, optimizer, step=0, done=False)
+starts = []
+
+@hvd.elastic.run
+def train(state):
+    starts.append(state.step)
+    while not state.done:
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % 10 == 0:
+            flag = torch.tensor([float(os.path.exists(stop_file))])
+            state.done = bool(hvd.allreduce(flag, op=hvd.Max).item())
+            state.commit()
+        hvd_magic.report(step=state.step, size=hvd.size())
+        time.sleep(0.05)
+
+train(state)
+{"step": state.step, "starts": starts, "size": hvd.size(),
+ "weights": [p.detach().flatten().tolist() for p in model.parameters()]}
+"""
+
+
+def _ranks_under(pid):
+    import psutil
+    return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+
+
+def test_elastic_run_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standalone, tmp_path):
+    """--np 4 --min-np 2 on two workers of two slots: one worker (its executor, its ranks) is
+    SIGKILLed mid-training; the two survivors go on from their last commit; the worker is
+    started again, the lost slots' tasks run there again and the ring is 4 again."""
+    import time
+
+    session = standalone.session()
+    stop_file = tmp_path / "stop"
+    fresh_ns.update(stop_file=str(stop_file))
+    run = ip.run_cell_magic("horovod", "--np 4 --min-np 2 --background --quiet --env "
+                                       "HOROVOD_GLOO_TIMEOUT_SECONDS=10", ELASTIC_TRAINING)
+
+    def wait_for(predicate, what, timeout=180):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert run.state == "running", f"the run ended ({run.state}: {run.error}) before {what}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)
+
+    try:
+        wait_for(lambda: all((r.step or 0) >= 20 for r in run.ranks), "every rank at step 20")
+        on_worker_1 = [r.rank for r in run.ranks
+                       if r.pid in _ranks_under(standalone.workers[1].pid)]
+        assert len(on_worker_1) == 2, [(r.rank, r.pid) for r in run.ranks]
+        seen = max(r.step for r in run.ranks)
+        standalone.kill_worker(1)  # its executor, the Python workers and their ranks die with it
+        survivors = [r for r in run.ranks if r.rank not in on_worker_1]
+        wait_for(lambda: any(c["t"] == "ring" and c["size"] == 2 for c in run.membership),
+                 "a ring of the 2 survivors")
+        ring_2 = next(c["time"] for c in run.membership if c["t"] == "ring" and c["size"] == 2)
+        wait_for(lambda: all(r.metrics.get("size") == 2 and (r.step or 0) >= seen + 20
+                             for r in survivors), "the survivors to train on at size 2")
+        standalone.restart_worker(1)
+        wait_for(lambda: any(c["t"] == "ring" and c["size"] == 4 and c["time"] > ring_2
+                             for c in run.membership), "the ring to be 4 again")
+        wait_for(lambda: all(r.metrics.get("size") == 4 for r in run.ranks),
+                 "every rank to train at size 4")
+        stop_file.write_text("")
+        results = run.wait(120)
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+        session.stop()
+
+    assert run.state == "done", run.error
+    assert len(results) == 4 and all(r["size"] == 4 for r in results)
+    assert all(r["weights"] == results[0]["weights"] for r in results)
+    assert len({r["step"] for r in results}) == 1
+    # the survivors went back to a commit no earlier than the last one before the kill, never
+    # further; the replacements started from a commit the survivors had made
+    last_commit = seen // 10 * 10
+    for r in results:
+        assert all(s % 10 == 0 for s in r["starts"]) and r["starts"] == sorted(r["starts"])
+    survivor_starts = [results[i]["starts"] for i in range(4) if i not in on_worker_1]
+    assert all(s[0] == 0 and s[1] >= last_commit for s in survivor_starts), survivor_starts
+    # membership: both slots of the lost worker lost, joined again, the ring 4 -> 2 -> 4
+    lost = {c["rank"] for c in run.membership if c["t"] == "lost"}
+    joined = {c["rank"] for c in run.membership if c["t"] == "joined"}
+    assert lost == joined == set(on_worker_1)
+    sizes = [c["size"] for c in run.membership if c["t"] == "ring"]
+    assert sizes[0] == 4 and 2 in sizes and sizes[-1] == 4, sizes
+    for c in run.membership:
+        if c["t"] == "lost":  # what the driver heard: the task's connection ended with it
+            assert "the executor was lost" in c["how"] and c["key"].startswith(f"hvd-s{c['rank']}-")
+    assert not run.unended()

@@ -55,7 +55,9 @@ class Membership:
                   "key": r.executor, "pid": r.pid, "host": r.host, "code": code,
                   "signal": summary.get("signal"), "last_line": r.last_line,
                   "time": round(time.time(), 3)}
-        self._add(run, change, f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {_how(code)}); "
+        how = _how(code) if code is not None else summary.get("message", "ended without a word")
+        change["how"] = how
+        self._add(run, change, f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {how}); "
                                f"last line: {r.last_line!r}. The others go on from their last "
                                f"commit.")
 
@@ -107,7 +109,8 @@ class Membership:
         for c in self.changes:
             when = time.strftime("%H:%M:%S", time.localtime(c["time"]))
             if c["t"] == "lost":
-                lines.append(f"  {when} rank {c['rank']} lost ({c['key']}, {_how(c['code'])})")
+                lines.append(f"  {when} rank {c['rank']} lost ({c['key']}, "
+                             f"{c.get('how') or _how(c['code'])})")
             elif c["t"] == "joined":
                 lines.append(f"  {when} rank {c['rank']} joined (attempt {c['attempt']}, {c['key']})")
             else:

@@ -53,12 +53,15 @@ class HorovodMagics(Magics):
                    "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
                    "only, no Spark. Default: HorovodMagics.np (2).")
     @argument("--min-np", type=int, default=None, metavar="M",
-              help="An elastic run (driver only for now: --np -N): a rank process that is lost "
-                   "is replaced and the others go on from their last commit, with code written "
-                   "for Horovod's elastic API (@hvd.elastic.run, hvd.elastic.TorchState). The "
-                   "run ends if fewer than M ranks are left for longer than --elastic-timeout.")
+              help="An elastic run: a rank process or Spark executor that is lost is replaced "
+                   "and the others go on from their last commit, with code written for "
+                   "Horovod's elastic API (@hvd.elastic.run, hvd.elastic.TorchState, "
+                   "KerasState). On Spark each rank is a plain task, run again where Spark "
+                   "has room. The run ends if fewer than M ranks are left for longer than "
+                   "--elastic-timeout.")
     @argument("--max-np", type=int, default=None, metavar="N",
-              help="With --min-np: at most N ranks (default: the ranks of --np).")
+              help="With --min-np: at most N ranks (default: the ranks of --np). On Spark, "
+                   "ranks beyond --np join when Spark has room for them.")
     @argument("--elastic-timeout", type=float, default=None, metavar="S",
               help="With --min-np: seconds the run may have fewer than --min-np ranks "
                    "(default 600, Horovod's).")

@@ -8,16 +8,31 @@
 """
 
 
-def make_launcher(np, spark=None, master=None, spark_conf=None, log_dir="hvd_runs", verbose=False):
-    """The launcher for `np` ranks: Spark for N > 0, the driver alone for -N. A Spark JVM it
-    starts writes to log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr too)."""
+def make_launcher(np, spark=None, master=None, spark_conf=None, log_dir="hvd_runs", verbose=False,
+                  elastic=None):
+    """The launcher for `np` ranks: Spark for N > 0, the driver alone for -N; elastic when
+    `elastic` is (min_np, max_np, timeout). A Spark JVM it starts writes to
+    log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr too)."""
     if np < 0:
+        if elastic is not None:
+            from .elastic import ElasticLocalLauncher
+            return ElasticLocalLauncher(*elastic)
         from .local import LocalLauncher
         return LocalLauncher()
     from .connect import ConnectLauncher, connect_session
     connect = connect_session(spark)
     if connect is not None:
+        if elastic is not None:
+            from IPython.core.error import UsageError
+            raise UsageError("elastic runs need a classic SparkSession (their slots are plain "
+                             "Spark tasks that talk to this notebook); Spark Connect cannot run "
+                             "them yet. Use a classic session, or --np -N --min-np M on the "
+                             "driver.")
         return ConnectLauncher(connect)
+    spark_args = dict(session=spark, master=master, conf=spark_conf, log_dir=log_dir,
+                      verbose=verbose)
+    if elastic is not None:
+        from .elastic_spark import ElasticSparkLauncher
+        return ElasticSparkLauncher(np, *elastic, **spark_args)
     from .spark import SparkLauncher
-    return SparkLauncher(session=spark, master=master, conf=spark_conf, log_dir=log_dir,
-                         verbose=verbose)
+    return SparkLauncher(**spark_args)

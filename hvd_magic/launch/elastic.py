@@ -1,5 +1,7 @@
-"""Elastic driver-only launch (``--np -N --min-np M``): Horovod's own elastic driver in the
-notebook, our rank processes as its workers.
+"""Elastic launches (``--min-np M``): Horovod's own elastic driver in the notebook, our rank
+processes as its workers. `ElasticLauncher` is what every elastic launch shares; here too is the
+driver-only one (``--np -N --min-np M``, `ElasticLocalLauncher`); on Spark it is
+`hvd_magic.launch.elastic_spark`.
 
 Horovod's pieces are used as they are (`ElasticDriver`, its rendezvous handler, `HostDiscovery`,
 `create_run_env_vars` / `create_slot_env_vars`); `horovod.runner.gloo_run.launch_gloo_elastic`
@@ -14,9 +16,10 @@ as shell commands. What is ours:
   still re-initialising drops what it was told (`State.on_reset` empties its queue), so a key
   offered during the survivors' reset would never be acted on. "Train again" is the driver loop's
   word (`ring_working`: a step reported after the ring formed), or `REPLACE_AFTER` seconds;
-- **a worker is our rank process** (`hvd_magic.task.runner.run_worker`), so its output, progress,
-  logs and result reach the driver loop as in every other run, labelled by its slot: the view's
-  row `k` is slot `k`, whatever Horovod rank it has now;
+- **a worker is our rank process** (`_run_slot`: here `hvd_magic.task.runner.run_worker`, on Spark
+  a task holding the slot), so its output, progress, logs and result reach the driver loop as in
+  every other run, labelled by its slot: the view's row `k` is slot `k`, whatever Horovod rank it
+  has now; a slot is offered to Horovod only while it has capacity (`_has_capacity`);
 - every ring Horovod forms is told to the driver loop as a ``ring`` event (`Membership`).
 
 A worker killed by a signal is a lost member, not a failed run; one that raised is the run's error
@@ -68,13 +71,14 @@ def _discovery(launcher):
     return SlotDiscovery()
 
 
-class ElasticLocalLauncher(Launcher):
-    """N rank processes on this machine under Horovod's elastic driver."""
+class ElasticLauncher(Launcher):
+    """Horovod's elastic driver over slots; a subclass runs a slot's worker (`_run_slot`) and
+    says where a slot has capacity (`_has_capacity`)."""
 
-    where = "driver only"
+    rendezvous_host = "127.0.0.1"  # where the workers reach Horovod's rendezvous server
 
-    def __init__(self, min_np, max_np, elastic_timeout=None):
-        super().__init__()
+    def __init__(self, min_np, max_np, elastic_timeout=None, **launcher):
+        super().__init__(**launcher)
         self.min_np, self.max_np, self.elastic_timeout = min_np, max_np, elastic_timeout
         self._lock = threading.Lock()
         self._keys = {}          # slot -> its current host key
@@ -86,6 +90,7 @@ class ElasticLocalLauncher(Launcher):
         self._ring_at = None     # when a ring without the dead keys formed (replacements due)
         self._working = False    # a step was reported in that ring
         self._driver = None
+        self._drive_thread = None
         self._server = None
 
     def open_channel(self, sink=None):
@@ -94,7 +99,16 @@ class ElasticLocalLauncher(Launcher):
 
     def start(self, settings, np):
         self._keys = {slot: SLOT_KEY.format(slot=slot, attempt=1) for slot in range(np)}
-        self._in_background(self._drive, "hvd-magic-elastic", settings, np)
+        self._drive_thread = self._in_background(self._drive, "hvd-magic-elastic", settings, np)
+
+    def _has_capacity(self, slot):
+        """A worker may run in `slot` now (a Spark task holds it; on the driver, always)."""
+        return True
+
+    def _run_slot(self, slot, attempt, slot_info, env, events):
+        """Run slot `slot`'s worker to its end with Horovod's `env`; end it early when one of
+        Horovod's `events` is set. Its outcome ``(slot, status, payload)``."""
+        raise NotImplementedError
 
     # -- discovery ----------------------------------------------------------------------------
     def _offered(self):
@@ -104,7 +118,7 @@ class ElasticLocalLauncher(Launcher):
                 self._working or time.monotonic() - self._ring_at > REPLACE_AFTER)
             if self._waiting and (due or len(live) < self.min_np):
                 self._replace_waiting()
-            hosts = {key: 1 for key in self._keys.values()}
+            hosts = {key: 1 for slot, key in self._keys.items() if self._has_capacity(slot)}
             hosts.update({key: 1 for key in self._dead})  # kept: a vanished host is a "removal"
             return hosts
 
@@ -144,21 +158,30 @@ class ElasticLocalLauncher(Launcher):
                 timeout=self.elastic_timeout)
             port = rendezvous.start(create_rendezvous_handler(driver))
             self._run_env = create_run_env_vars(
-                "127.0.0.1", [_iface_of(_local_ip_towards("127.0.0.1"))], port, elastic=True)
+                self.rendezvous_host, [_iface_of(_local_ip_towards(self.rendezvous_host))], port,
+                elastic=True)
             self._settings = settings
-            driver.start(np, self._create_worker)
+            driver.start(self._initial_np(np), self._create_worker)
             driver.get_results()
         except BaseException as exc:  # reported by the driver loop
-            self.error = LaunchError(f"Horovod's elastic driver failed: {exc}")
+            if self.error is None:
+                self.error = LaunchError(f"Horovod's elastic driver failed: {exc}")
         finally:
             if driver is not None:
                 driver.stop()
                 driver.get_results()  # every worker thread has ended
-        with self._lock:
-            outcomes = [o for o in self._last.values() if o[1] in ("ok", "error")]
+        outcomes = self._final_outcomes()
         if self.error is None and not any(o[1] == "ok" for o in outcomes) and not self._stopping:
             self.error = LaunchError(self._too_few_message())
         self.outcomes = outcomes
+
+    def _initial_np(self, np):
+        return np
+
+    def _final_outcomes(self):
+        """The outcome of each slot whose last worker finished or raised."""
+        with self._lock:
+            return [o for o in self._last.values() if o[1] in ("ok", "error")]
 
     def _too_few_message(self):
         lost = "; ".join(
@@ -178,17 +201,7 @@ class ElasticLocalLauncher(Launcher):
         from horovod.runner.gloo_run import create_slot_env_vars
 
         env = dict(self._run_env, **create_slot_env_vars(slot_info))
-        done = threading.Event()
-        try:
-            outcome = run_worker(
-                self._settings, types.SimpleNamespace(rank=slot, local_rank=0), env,
-                executor=slot_info.hostname, partition=attempt,
-                on_link=lambda link: threading.Thread(
-                    target=self._watch, args=(link, events, done), daemon=True).start())
-        except Exception as exc:  # (the driver went away): Horovod must still hear an exit
-            outcome = (slot, "died", {"rank": slot, "code": None, "message": str(exc)})
-        finally:
-            done.set()
+        outcome = self._run_slot(slot, attempt, slot_info, env, events)
         if outcome[1] == "stopped" and not any(e.is_set() for e in events):
             self._stop_elastic()  # our driver stopped it (cancel, timeout): no replacement
         with self._lock:
@@ -199,16 +212,6 @@ class ElasticLocalLauncher(Launcher):
                 self._waiting.add(slot)
                 self._lost.append((slot, slot_info.hostname, code, time.time()))
         return (0 if outcome[1] == "ok" else 1), time.time()
-
-    def _watch(self, link, events, done):
-        """End the worker when Horovod's driver says so; end the elastic run when ours does."""
-        while not done.wait(0.1):
-            if link.stopping.is_set():
-                self._stop_elastic()
-                return
-            if any(e.is_set() for e in events):
-                link.stop_rank()
-                return
 
     def _stop_elastic(self):
         """Our driver stops the run: no more replacements. Horovod's driver ends by itself once
@@ -223,10 +226,9 @@ class ElasticLocalLauncher(Launcher):
     def _stop_horovod_later(self):
         """The last resort, if Horovod's driver did not end by itself: stop it, and break its
         registry's barrier (a private attribute) so that no thread of it waits forever."""
-        for thread in self._threads:
-            thread.join(STOP_HOROVOD_AFTER)
+        self._drive_thread.join(STOP_HOROVOD_AFTER)
         driver = self._driver
-        if driver is None or not any(t.is_alive() for t in self._threads):
+        if driver is None or not self._drive_thread.is_alive():
             return
         driver.stop()
         barrier = getattr(getattr(driver, "_worker_registry", None), "_barrier", None)
@@ -235,6 +237,35 @@ class ElasticLocalLauncher(Launcher):
 
     def cancel(self):
         self._stop_elastic()
+
+
+class ElasticLocalLauncher(ElasticLauncher):
+    """N rank processes on this machine under Horovod's elastic driver."""
+
+    where = "driver only"
+
+    def _run_slot(self, slot, attempt, slot_info, env, events):
+        done = threading.Event()
+        try:
+            return run_worker(
+                self._settings, types.SimpleNamespace(rank=slot, local_rank=0), env,
+                executor=slot_info.hostname, partition=attempt,
+                on_link=lambda link: threading.Thread(
+                    target=self._watch, args=(link, events, done), daemon=True).start())
+        except Exception as exc:  # (the driver went away): Horovod must still hear an exit
+            return (slot, "died", {"rank": slot, "code": None, "message": str(exc)})
+        finally:
+            done.set()
+
+    def _watch(self, link, events, done):
+        """End the worker when Horovod's driver says so; end the elastic run when ours does."""
+        while not done.wait(0.1):
+            if link.stopping.is_set():
+                self._stop_elastic()
+                return
+            if any(e.is_set() for e in events):
+                link.stop_rank()
+                return
 
 
 def _signal_name(code):

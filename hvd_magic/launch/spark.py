@@ -176,6 +176,9 @@ def workers_python(sc):
 class SparkLauncher(Launcher):
     """Runs `hvd_magic.task.spark_task` on N barrier tasks of a SparkSession."""
 
+    # plain tasks (an elastic run's) may run with dynamic allocation: executors come as they ask
+    plain_tasks = False
+
     def __init__(self, session=None, master=None, conf=None, slot_wait=30.0, log_dir="hvd_runs",
                  verbose=False):
         super().__init__()
@@ -210,12 +213,13 @@ class SparkLauncher(Launcher):
             self.session = session
         sc = self.session.sparkContext
         conf = self._conf = sc.getConf()
-        if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        if conf.get("spark.dynamicAllocation.enabled", "false").lower() != "true":
+            self._check_slots(sc, np)
+        elif not self.plain_tasks:
             raise UsageError(
                 "Spark's dynamic allocation is on, and barrier stages cannot run with it. Start the "
                 "session with spark.dynamicAllocation.enabled=false (and a fixed number of "
-                "executors).")
-        self._check_slots(sc, np)
+                "executors), or make the run elastic (--min-np M), whose ranks are plain tasks.")
         self._set_phase(None)
         return self.session
 
@@ -298,12 +302,7 @@ class SparkLauncher(Launcher):
         from pyspark import InheritableThread
 
         sc = self.session.sparkContext
-        self.group = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
-        if self._started_here:
-            # The session was started in the driver's helper thread (`Run._prepare`), and Spark's
-            # active session is per thread: make it the notebook's too, as if the user had started
-            # it, so that SparkSession.getActiveSession() in a later cell finds it.
-            sc._jvm.SparkSession.setActiveSession(self.session._jsparkSession)
+        self._claim(settings)
 
         def collect():
             try:
@@ -324,6 +323,16 @@ class SparkLauncher(Launcher):
         thread = InheritableThread(target=collect, name="hvd-magic-spark", daemon=True)
         self._threads.append(thread)
         thread.start()
+
+    def _claim(self, settings):
+        """This run's job group; the session made the notebook's when it was started here."""
+        self.group = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
+        if self._started_here:
+            # The session was started in the driver's helper thread (`Run._prepare`), and Spark's
+            # active session is per thread: make it the notebook's too, as if the user had started
+            # it, so that SparkSession.getActiveSession() in a later cell finds it.
+            sc = self.session.sparkContext
+            sc._jvm.SparkSession.setActiveSession(self.session._jsparkSession)
 
     def cancel(self):
         self._cancelled = True

@@ -102,6 +102,7 @@ class DriverLink:
         self.proc = None
         self.port = None
         self.session = None          # a warm session's `SessionRank`, which takes cells
+        self.on_order = None         # an elastic slot's handler of the driver's orders
         self.stopping = threading.Event()
         self._rendezvous = threading.Event()
         if client is None:
@@ -121,6 +122,8 @@ class DriverLink:
             os.kill(self.proc.pid, signal.SIGUSR1)
         elif kind in ("cell", "cell_part", "interrupt") and self.session is not None:
             self.session.on_message(msg)
+        elif kind in ("worker", "stop_worker", "slots_done") and self.on_order is not None:
+            self.on_order(msg)
 
     def stop_rank(self):
         """Stop the rank (now, or as soon as it is started) and every wait of this task."""

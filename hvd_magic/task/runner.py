@@ -89,11 +89,15 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             rendezvous.stop()
 
 
-def run_worker(settings, slot, env, executor=None, partition=None, on_link=None):
+def run_worker(settings, slot, env, executor=None, partition=None, on_link=None, link=None,
+               gpus=()):
     """One rank process for a launcher that plans the ranks itself (Horovod's elastic driver:
     `hvd_magic.launch.elastic`): `env` holds its Horovod variables, `slot.rank` labels its events
-    (the view's row). `on_link(link)` is called once the driver link is up. Its outcome."""
-    link = DriverLink(settings, slot.rank)
+    (the view's row). `on_link(link)` is called once the driver link is up; a `link` given is
+    used (and left open). Its outcome."""
+    own = link is None
+    if own:
+        link = DriverLink(settings, slot.rank)
     try:
         if on_link is not None:
             on_link(link)
@@ -101,10 +105,13 @@ def run_worker(settings, slot, env, executor=None, partition=None, on_link=None)
         full.update(settings.horovod_env)
         full.update(settings.extra_env)
         full.update({k: str(v) for k, v in env.items()})
-        return _run_rank(settings, slot, full, socket.gethostname(), [], link,
+        if gpus:
+            full["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return _run_rank(settings, slot, full, socket.gethostname(), list(gpus), link,
                          executor=executor, partition=partition)
     finally:
-        link.close()
+        if own:
+            link.close()
 
 
 def _write_job(workdir, settings):

@@ -1,0 +1,87 @@
+"""One slot of an elastic run on Spark: a plain (non-barrier) task that holds a place for a rank.
+
+A barrier stage cannot lose a task without Spark aborting all of them, so an elastic run gives
+each slot a Spark job of its own with one plain task (`hvd_magic.launch.elastic_spark`). The task:
+
+1. connects to the driver and says it is there (``slot``: its host, its Spark attempt): the
+   driver's discovery now offers this slot to Horovod's elastic driver;
+2. waits for the driver's order to start a worker (``worker``: the Horovod host key and the
+   environment Horovod's driver made for it), and runs our rank process with it
+   (`runner.run_worker`), streaming its events as in every run;
+3. when the rank process dies (a signal, a crash), offers the slot again and waits for another
+   order; when it finished, raised or was stopped, returns its outcome to Spark; ``slots_done``
+   (the run ended) or ``stop`` while it waits returns at once.
+
+An executor that is lost takes its tasks with it (the rank processes die with their parent); the
+driver hears the connection end, and Spark starts the task again wherever it has capacity: a
+retried task offers its slot anew, and its rank joins at the next commit.
+
+Not for: deciding anything (Horovod's driver and `ElasticSparkLauncher` do), or IPython/pyspark
+imports at module level.
+"""
+
+import queue
+import socket
+import types
+
+from .link import DriverLink
+from .plan import _iface_of, _local_ip_towards
+from .runner import run_worker
+
+WAIT_STEP = 0.2  # seconds between looks at the driver link while the slot waits for an order
+
+
+def elastic_slot_task(settings, slots):
+    """The function of a slot's one-task Spark job (module level: it pickles by reference)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    gpu = context.resources().get("gpu")
+    for slot in slots:
+        yield run_slot(settings, slot, context.attemptNumber(),
+                       list(gpu.addresses) if gpu is not None else [])
+
+
+def run_slot(settings, slot, attempt=0, gpus=()):
+    """Hold `slot` until a worker in it finished; its ``(slot, status, payload)``."""
+    link = DriverLink(settings, slot)
+    orders = queue.Queue()
+
+    def on_order(order):
+        if order.get("t") == "stop_worker" and order.get("slot") == slot:
+            link.stop_rank()  # Horovod's driver ends this worker (its host went away)
+        else:
+            orders.put(order)
+
+    link.on_order = on_order
+    host = socket.gethostname()
+    try:
+        while True:
+            link.forward.send({"t": "slot", "host": host, "attempt": attempt})
+            order = _next_order(link, orders, slot)
+            if order is None:
+                return (slot, "unused", {"rank": slot, "host": host})
+            env = dict(order["env"])
+            # the interface towards Horovod's rendezvous, seen from this executor
+            env["HOROVOD_GLOO_IFACE"] = _iface_of(
+                _local_ip_towards(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"]))
+            outcome = run_worker(settings, types.SimpleNamespace(rank=slot, local_rank=0), env,
+                                 executor=order["key"], partition=attempt, link=link, gpus=gpus)
+            if outcome[1] != "died" or link.stopping.is_set():
+                return outcome
+    finally:
+        link.close()
+
+
+def _next_order(link, orders, slot):
+    """The driver's order to start a worker in `slot`; None once the run ended or stops."""
+    while not link.stopping.is_set():
+        try:
+            order = orders.get(timeout=WAIT_STEP)
+        except queue.Empty:
+            continue
+        if order.get("t") == "slots_done":
+            return None
+        if order.get("t") == "worker" and order.get("slot") == slot:
+            return order
+    return None
