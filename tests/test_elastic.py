@@ -189,7 +189,8 @@ def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns, np):
     assert run.state == "timeout" and not run.unended()
     assert all(r.exit is not None for r in run.ranks if r.pid is not None)
     if np == "2":  # no Spark job of the run is left, waiting or running
-        assert len(run.ranks) == 9 and sum(r.pid is not None for r in run.ranks) == 4
+        # (the ranks Horovod took: the first 2 at once, more as their tasks came, within 4)
+        assert len(run.ranks) == 9 and 2 <= sum(r.pid is not None for r in run.ranks) <= 4
         assert not [j for j in run.launcher.job_ids()
                     if sc.statusTracker().getJobInfo(j).status == "RUNNING"]
 

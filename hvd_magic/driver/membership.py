@@ -14,19 +14,9 @@ Not for: starting or replacing processes (the launcher), or drawing (views show 
 The hang watchdog looks only at the ranks `watched` gives: an elastic reset is not a hang.
 """
 
-import signal
 import time
 
 from .ranks import RankState
-
-
-def _how(code):
-    if isinstance(code, int) and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 class Membership:
@@ -55,7 +45,9 @@ class Membership:
                   "key": r.executor, "pid": r.pid, "host": r.host, "code": code,
                   "signal": summary.get("signal"), "last_line": r.last_line,
                   "time": round(time.time(), 3)}
-        how = _how(code) if code is not None else summary.get("message", "ended without a word")
+        from ..launch.elastic import how_lost
+
+        how = how_lost(dict(summary, code=code))
         change["how"] = how
         self._add(run, change, f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {how}); "
                                f"last line: {r.last_line!r}. The others go on from their last "
@@ -109,8 +101,7 @@ class Membership:
         for c in self.changes:
             when = time.strftime("%H:%M:%S", time.localtime(c["time"]))
             if c["t"] == "lost":
-                lines.append(f"  {when} rank {c['rank']} lost ({c['key']}, "
-                             f"{c.get('how') or _how(c['code'])})")
+                lines.append(f"  {when} rank {c['rank']} lost ({c['key']}, {c['how']})")
             elif c["t"] == "joined":
                 lines.append(f"  {when} rank {c['rank']} joined (attempt {c['attempt']}, {c['key']})")
             else:

@@ -185,9 +185,8 @@ class ElasticLauncher(Launcher):
 
     def _too_few_message(self):
         lost = "; ".join(
-            f"rank {slot} ({key}) {'killed by ' + _signal_name(code) if code and code < 0 else f'exit code {code}'}"
-            f" at {time.strftime('%H:%M:%S', time.localtime(when))}"
-            for slot, key, code, when in self._lost) or "none"
+            f"rank {slot} ({key}) {how} at {time.strftime('%H:%M:%S', time.localtime(when))}"
+            for slot, key, how, when in self._lost) or "none"
         return (f"the elastic run ended: fewer than --min-np {self.min_np} ranks were left for "
                 f"longer than the elastic timeout ({self.elastic_timeout or 600:g} s), or every "
                 f"rank was lost. Lost: {lost}. A rank is replaced at most "
@@ -206,11 +205,10 @@ class ElasticLauncher(Launcher):
             self._stop_elastic()  # our driver stopped it (cancel, timeout): no replacement
         with self._lock:
             self._last[slot] = outcome
-            code = outcome[2].get("code") if outcome[1] != "ok" else 0
             if outcome[1] == "died" and not self._stopping:
                 self._dead.add(slot_info.hostname)
                 self._waiting.add(slot)
-                self._lost.append((slot, slot_info.hostname, code, time.time()))
+                self._lost.append((slot, slot_info.hostname, how_lost(outcome[2]), time.time()))
         return (0 if outcome[1] == "ok" else 1), time.time()
 
     def _stop_elastic(self):
@@ -268,9 +266,15 @@ class ElasticLocalLauncher(ElasticLauncher):
                 return
 
 
-def _signal_name(code):
+def how_lost(summary):
+    """How a worker was lost, in words: its signal, its exit code, or what was heard of it."""
     import signal
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
+    code = summary.get("code")
+    if isinstance(code, int) and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    if code is None:
+        return summary.get("message") or "ended without a word"
+    return f"exit code {code}"

@@ -53,6 +53,9 @@ TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dash
 CHART_INTERVAL = 0.5       # seconds between two drawings of the charts, per 256 ranks
 
 
+_NOTICE_COLOURS = {"ring": "#1565c0", "joined": "#2e7d32"}
+
+
 class Dashboard:
     """ipywidgets view of a run; `Dashboard(quiet=True)` shows nothing at all."""
 
@@ -97,7 +100,7 @@ class Dashboard:
             return
         if rank is None:  # about the whole run (the stall watchdog): shown under the header
             if event.get("message"):
-                self._notices.append(str(event["message"]))
+                self._notices.append((str(event["message"]), event.get("t")))
                 if self.box is None:
                     self._early.append((rank, event))
             return
@@ -268,7 +271,9 @@ class Dashboard:
         state = run.state
         if self._cancel_clicked and state in ("running", "preparing"):
             state = "cancelling"
-        notices = "".join(f"<div style='color:#c62828'>{_e(n)}</div>" for n in self._notices)
+        # a stall or a lost rank in red; an elastic run's new ring or replacement is news, not harm
+        notices = "".join(f"<div style='color:{_NOTICE_COLOURS.get(t, '#c62828')}'>{_e(n)}</div>"
+                          for n, t in self._notices)
         if run.started is None and run.error is not None:  # ended before its ranks started
             notices += f"<div>{_e(run.error)}</div>"
         waiting = None if self._ended_at else getattr(run, "waiting", None)
