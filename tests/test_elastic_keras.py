@@ -22,7 +22,7 @@ EPOCHS, BATCHES = 6, 4
 
 # The optimizer's slots are built before hvd.elastic.run (Horovod #2652: a joiner whose
 # optimizer has no slots yet broadcasts fewer variables than the others; without the build
-# line this run never ended). `optimizer.build` is no collective, unlike a first fit step, so a
+# line this run hung once and ended with every rank aborted (SIGABRT) another time). `optimizer.build` is no collective, unlike a first fit step, so a
 # replacement rank may run it while the others are in the ring. `epochs=epochs - state.epoch`,
 # as Horovod's examples write it: `UpdateEpochStateCallback` adds this fit's epochs to the
 # count it began from, so `initial_epoch=state.epoch` would count the earlier ones twice.
