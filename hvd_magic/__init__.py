@@ -11,7 +11,8 @@ Importing this package has no side effects and loads neither IPython nor Spark: 
 import it too, and must start as fresh interpreters. The API is loaded on first use.
 """
 
-from .errors import HorovodMagicError, LaunchError, RankError, RunCancelled, RunTimeout
+from .errors import (HorovodMagicError, InternalError, LaunchError, RankError, RunCancelled,
+                     RunTimeout)
 from .rank.data import batch_count, numpy_batches, shard, tf_dataset, torch_batches
 from .rank.reporting import report, tensorboard_dir
 
@@ -56,4 +57,4 @@ def unload_ipython_extension(ip):
 
 
 __all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
-           "LaunchError", "RunCancelled", "RunTimeout", "HorovodMagicError"]
+           "LaunchError", "RunCancelled", "RunTimeout", "InternalError", "HorovodMagicError"]

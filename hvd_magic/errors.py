@@ -89,3 +89,8 @@ class RunCancelled(HorovodMagicError):
 
 class RunTimeout(HorovodMagicError):
     """The run reached its --timeout; every rank was stopped."""
+
+
+class InternalError(HorovodMagicError):
+    """A bug on the driver's side (hvd_magic's own, or a view's) stopped the run: every rank was
+    stopped rather than leaving the run "running" with nobody minding it."""

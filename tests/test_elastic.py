@@ -4,6 +4,7 @@ Horovod elastic, a real kill)."""
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -195,8 +196,10 @@ def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns, np):
                     if sc.statusTracker().getJobInfo(j).status == "RUNNING"]
 
 
-def test_an_error_in_the_cell_fails_an_elastic_run_with_its_traceback(ip):
-    """A bug is not a lost rank: no replacement, the others are stopped, the run ends at once."""
+def test_an_error_in_the_cell_fails_an_elastic_run_with_its_traceback(ip, caplog, capfd):
+    """A bug is not a lost rank: no replacement, the others are stopped, the run ends at once.
+    Horovod's driver's own log lines (it counts the stopped ranks as failed) go to the run
+    folder, not under the cell."""
     cell = ("import time, horovod.torch as hvd\nhvd.init()\n"
             "if hvd.rank() == 1:\n    raise ValueError('a bug on rank 1')\ntime.sleep(600)\n")
     with pytest.raises(RankError, match="a bug on rank 1"):
@@ -204,6 +207,11 @@ def test_an_error_in_the_cell_fails_an_elastic_run_with_its_traceback(ip):
     run = hvd_magic.last_run()
     assert run.state == "failed" and not run.unended()
     assert not [c for c in run.membership if c["t"] in ("lost", "joined")]
+    with open(os.path.join(run.run_dir, "elastic.log")) as f:
+        assert "ERROR failure count == 2 -> stop running" in f.read()
+    assert not [r for r in caplog.records if "horovod" in r.pathname]  # no handler saw them
+    assert "failure count" not in capfd.readouterr().err
+    assert not logging.getLogger().filters  # the route ended with the run
 
 
 def test_elastic_options_are_checked():

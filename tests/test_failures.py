@@ -246,3 +246,34 @@ def test_dynamic_allocation_is_refused_with_advice(ip, standalone):
         assert "spark.dynamicAllocation.enabled=false" in str(info.value)
     finally:
         session.stop()
+
+
+class _ViewWithABug(TextView):
+    """A view that raises on a rank's progress: a bug on the driver's side, not a rank's."""
+
+    def event(self, run, rank, event):
+        if event.get("t") == "progress":
+            raise RuntimeError("a bug in the view")
+        super().event(run, rank, event)
+
+
+def test_a_bug_in_the_driver_loop_fails_the_run_and_stops_every_rank():
+    def reports_then_sleeps():
+        import time
+        import horovod.torch as hvd
+        import hvd_magic
+        hvd.init()
+        hvd_magic.report(step=0, total=1)
+        time.sleep(600)
+
+    run = hvd_magic.run(reports_then_sleeps, np=-2, background=True,
+                        view=_ViewWithABug(quiet=True))
+    with pytest.raises(hvd_magic.InternalError) as caught:
+        run.wait(timeout=60)  # (without the fix: still "running" after 600 s)
+    message = str(caught.value)
+    assert "while applying rank " in message and "'progress' event" in message
+    assert "RuntimeError: a bug in the view" in message and run.run_dir in message
+    assert run.state == "failed" and run.error is caught.value
+    assert rank_processes_left(run) == [] and our_children() == []
+    with open(os.path.join(run.run_dir, "events.jsonl")) as f:
+        assert '"t": "internal"' in f.read()  # its traceback, where the message says

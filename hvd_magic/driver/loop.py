@@ -5,12 +5,18 @@ It reads the run's `EventServer` queue until the launcher says every task ended,
 - stops every rank as soon as one fails, on interrupt, timeout or a stall (``--on-stall fail``),
   and cancels the launcher's tasks if they do not end after the stop request;
 - at the end, gathers the values or the error (`hvd_magic.driver.ending`) and tells the view.
+
+An exception of its own (a bug here or in the view: nothing a rank sent can cause one) stops
+every rank and ends the run failed with an `InternalError` naming it, its traceback in
+``events.jsonl``: a loop that died would leave the run "running" and its ranks unminded.
 """
 
 import queue
 import time
+import traceback
 
 from .. import payload
+from ..errors import InternalError
 from ..task.stopping import STOP_GRACE_SECONDS
 from .apply import apply_event
 from .ending import collect, offline_message, run_error
@@ -27,6 +33,7 @@ class Driver:
         self._stop_sent = None
         self._meta_due = None        # when run.json should be rewritten, if something changed
         self._flushed = time.monotonic()
+        self._internal = None        # the InternalError the run ends with, if a bug struck
 
     def drive(self):
         run = self.run
@@ -55,6 +62,9 @@ class Driver:
         except KeyboardInterrupt:
             self.request_stop("cancelled")
             self._wait_stopped()
+        except Exception as exc:  # a bug of ours: stop the ranks, then end the run with it
+            self._internal_error(exc, "minding the run")
+            self._wait_stopped()
         finally:
             try:
                 self._drain()
@@ -62,6 +72,8 @@ class Driver:
             finally:
                 for ref in run._shared.values():  # the ranks are gone: their values' files too
                     payload.release(ref)
+                if run.elastic is not None:
+                    run.elastic.end()
                 run._done.set()
         if run.error is not None:
             raise run.error
@@ -163,6 +175,24 @@ class Driver:
             # a well-formed frame with nonsense in it (only a holder of the run's token can send
             # one): dropped and counted like a malformed frame, never fatal to the run
             self.run.rejected_events += 1
+        except Exception as exc:  # a bug of ours or the view's, not the sender's: stop the run
+            self._internal_error(exc, f"applying rank {event.get('rank')}'s {event.get('t')!r} event")
+
+    def _internal_error(self, exc, doing):
+        """Stop every rank; the run ends failed with the first such error (the later ones are
+        usually the same bug met again while the ranks stop)."""
+        run = self.run
+        if self._internal is None:
+            self._internal = InternalError(
+                f"hvd_magic failed while {doing}: {type(exc).__name__}: {exc}. Every rank was "
+                f"stopped. This is a bug in hvd_magic (or in the view given to it): please report "
+                f"it with the traceback recorded in {run.run_dir}/events.jsonl.")
+            try:
+                run.folder.record({"t": "internal", "message": str(self._internal),
+                                   "traceback": traceback.format_exc()})
+            except (OSError, ValueError, AttributeError):  # the folder is closed or not made
+                pass
+        self.request_stop("internal")
 
     # -- the end ------------------------------------------------------------------------------
     def _apply_late_events(self):
@@ -193,12 +223,13 @@ class Driver:
             results = run.elastic.survivors(results, ok_ranks)
         run.exports = exports
         run.ended = time.time()
-        run.error = run_error(run, infos, retried)
+        run.error = self._internal or run_error(run, infos, retried)
         if run.error is None:
             run.results = results
             run.state = "done"
         else:
-            run.state = {"cancelled": "cancelled", "timeout": "timeout"}.get(run.stop_reason, "failed")
+            run.state = "failed" if self._internal else {
+                "cancelled": "cancelled", "timeout": "timeout"}.get(run.stop_reason, "failed")
             for state in run.ranks:
                 if state.state in LIVE_STATES:
                     state.state = "cancelled"

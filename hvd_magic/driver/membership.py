@@ -10,12 +10,16 @@ An elastic run (`hvd_magic.launch.elastic`) keeps going when a rank process is l
   ``rank-<k>.attempt<n>.log``, beside the earlier attempts' logs;
 - ``ring``: Horovod formed a ring: its size and the slots in it, the ring's size over time.
 
+Horovod's elastic driver's own log lines go to the run folder's ``elastic.log`` while the run
+lasts (`hvd_magic.driver.horovod_log`), not under the cell.
+
 Not for: starting or replacing processes (the launcher), or drawing (views show the lines).
 The hang watchdog looks only at the ranks `watched` gives: an elastic reset is not a hang.
 """
 
 import time
 
+from .horovod_log import HorovodLog
 from .ranks import RankState
 
 
@@ -24,6 +28,17 @@ class Membership:
         self.np, self.min_np, self.max_np, self.timeout = np, min_np, max_np, timeout
         self.changes = []
         self.attempts = [1] * np     # the attempt number of each slot's current process
+        self._horovod_log = None
+
+    def log_horovod(self, run_dir):
+        """From before Horovod's driver starts until `end`: its log lines to ``elastic.log``."""
+        self._horovod_log = HorovodLog(run_dir).start()
+
+    def end(self):
+        """The run ended (Horovod's driver with it)."""
+        if self._horovod_log is not None:
+            self._horovod_log.stop()
+            self._horovod_log = None
 
     @property
     def ring_sizes(self):

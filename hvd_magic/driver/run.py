@@ -236,6 +236,8 @@ class Run:
         self.state = "running"
         self.write_meta()
         history.add(self)
+        if self.elastic is not None:
+            self.elastic.log_horovod(self.run_dir)  # until the driver loop ends (loop.py)
         self.launcher.start(settings, self.np)
         if background:
             self._thread = threading.Thread(target=self._drive_quietly,
