@@ -171,6 +171,47 @@ def test_an_elastic_session_goes_on_with_the_survivors_of_a_killed_rank(ip, fres
     assert session.launcher.done()
 
 
+ELASTIC_TRAIN = """\
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, optimizer, step=0)
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 100_000 and not (state.step >= 20 and hvd.size() == 1):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % 10 == 0:
+            state.commit()
+        if state.step == 20:
+            print('committed', flush=True)
+        time.sleep(0.01)
+"""
+
+
+def test_a_session_cell_inside_hvd_elastic_run_recovers_by_itself(ip, fresh_ns):
+    magics = ip.magics_manager.registry["HorovodMagics"]
+    ip.run_line_magic("horovod_session", "start --np -2 --min-np 1 --env "
+                                         "HOROVOD_GLOO_TIMEOUT_SECONDS=5")
+    pids = rank_pids(magics.session)
+    try:
+        cell(ip, INIT + "import time\n" + ELASTIC_TRAIN)
+        run = cell(ip, "train(state)\n(hvd.size(), state.step >= 20)", "--quiet --background")
+        deadline = time.monotonic() + 60
+        while not all(r.lines for r in run.ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(pids[1], signal.SIGKILL)
+        assert run.wait(60) == [(1, True)]  # the survivor finished the cell in a ring of 1
+        assert [c["t"] for c in run.membership] == ["lost", "ring"]
+        assert cell(ip, "hvd.size()") == 1
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+    assert wait_gone(pids, 10) == []
+
+
 def test_placement_options_are_refused_while_a_session_is_active(ip, session):
     with pytest.raises(UsageError, match="%horovod_session stop"):  # a script needs fresh ranks
         ip.run_line_magic("horovod", "train.py --epochs 1")
