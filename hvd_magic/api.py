@@ -156,7 +156,7 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
 
 
 def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,
-                  idle_timeout=None, progress=None, min_np=None, elastic_timeout=None):
+                  idle_timeout=None, progress=None, min_np=None):
     """Start a warm session of `np` ranks (placed as `run` places them) and wait until every
     rank is ready; return the `Session`. Its ranks keep their state between cells.
 
@@ -169,7 +169,7 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     from .driver.session import Session
 
     check_np(np)
-    elastic = check_elastic(np, min_np, None, elastic_timeout)
+    elastic = check_elastic(np, min_np, None, None)
     if elastic is not None:
         from .launch.elastic_session import ElasticSessionLauncher
         launcher = ElasticSessionLauncher(*elastic)
