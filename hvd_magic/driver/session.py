@@ -201,8 +201,10 @@ class Session:
                            "host": self.host_of(rank), "pid": self.ranks.get(rank, {}).get("pid")}
         self.reset_due = True
         if len(self.live) < self.elastic[0]:
-            self.broken = (f"rank {rank} was lost ({how}) and {len(self.live)} ranks are left, "
-                           f"fewer than --min-np {self.elastic[0]}")
+            left = len(self.live)
+            self.broken = (f"rank {rank} was lost ({how}) and {left} rank{'s' * (left != 1)} "
+                           f"{'are' if left != 1 else 'is'} left, fewer than --min-np "
+                           f"{self.elastic[0]}")
 
     def _ring(self, event):
         from ..launch.elastic import slot_of
