@@ -154,17 +154,27 @@ def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None,
 
 
 def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,
-                  idle_timeout=None, progress=None):
+                  idle_timeout=None, progress=None, min_np=None):
     """Start a warm session of `np` ranks (placed as `run` places them) and wait until every
-    rank is ready; return the `Session`. Its ranks keep their state between cells."""
+    rank is ready; return the `Session`. Its ranks keep their state between cells.
+
+    `min_np` makes it elastic (driver-only: `np` < 0): a lost rank process no longer ends the
+    session; the survivors keep their namespaces, Horovod is reset on them before the next
+    cell (`hvd.size()` is then smaller), and the session ends when fewer than `min_np` are left.
+    Lost ranks are not replaced."""
     import atexit
 
     from .driver.session import Session
 
     check_np(np)
-    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf)
+    elastic = check_elastic(np, min_np, None, None)
+    if elastic is not None:
+        from .launch.elastic_session import ElasticSessionLauncher
+        launcher = ElasticSessionLauncher(*elastic)
+    else:
+        launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf)
     session = Session(launcher, abs(np), horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
-                      extra_env=dict(env or {}), idle_timeout=idle_timeout)
+                      extra_env=dict(env or {}), idle_timeout=idle_timeout, elastic=elastic)
     session.start(progress=progress)
     atexit.register(session.stop)  # the kernel's exit ends the ranks and frees the slots
     return session
@@ -197,7 +207,7 @@ def run_in_session(session, cell, *, view=None, timeout=None, background=False, 
     run_ = Run(session.np, launcher=SessionLauncher(session), view=view, timeout=timeout,
                cell=cell, broadcast_bytes=broadcast_bytes, name=name,
                stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root, data=data,
-               equal_shards=equal_shards, data_cache=data_cache)
+               equal_shards=equal_shards, data_cache=data_cache, elastic=session.elastic)
     try:
         return run_.launch(job, pickled, background=background)
     finally:

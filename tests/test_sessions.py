@@ -1,5 +1,7 @@
 """Warm sessions: ranks that keep their state between cells. Real shell, real ranks, real Spark."""
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -121,6 +123,93 @@ def test_a_dead_rank_is_reported_and_restart_recovers(ip, session):
     ip.run_line_magic("horovod_session", "restart")
     assert cell(ip, "41 + 1") == 42
     assert wait_gone(old, 10) == []
+
+
+def test_an_elastic_session_goes_on_with_the_survivors_of_a_killed_rank(ip, fresh_ns, capsys):
+    with pytest.raises(UsageError, match="driver only"):
+        ip.run_line_magic("horovod_session", "start --np 3 --min-np 2")
+    magics = ip.magics_manager.registry["HorovodMagics"]
+    # (a survivor waiting on a peer inside a collective may fail only at the Gloo timeout)
+    ip.run_line_magic("horovod_session", "start --np -3 --min-np 2 --env "
+                                         "HOROVOD_GLOO_TIMEOUT_SECONDS=10")
+    session = magics.session
+    try:
+        pids = rank_pids(session)
+        cell(ip, INIT + "import os\nkept = os.getpid()")
+        # a real SIGKILL of rank 1's process while a cell runs collectives on every rank
+        run = cell(ip, "import time\nprint('training', flush=True)\nwhile True:\n"
+                       "    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.02)",
+                   "--quiet --background")
+        deadline = time.monotonic() + 60
+        while not all(r.lines for r in run.ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(hvd_magic.LaunchError) as info:
+            run.wait(60)
+        assert ("rank 1 was lost (SIGKILL) while this cell ran; the session goes on with 2 "
+                "ranks") in str(info.value)
+        capsys.readouterr()
+        ip.run_line_magic("horovod_session", "status")
+        status = capsys.readouterr().out
+        assert "2 of 3 ranks" in status and "rank 1 lost at" in status and "SIGKILL" in status
+        # the next cell runs on the survivors: a smaller ring, their namespaces kept
+        assert cell(ip, "(hvd.size(), kept, hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item())")
+        assert sorted(hvd_magic.last_run().results) == sorted((2, pid, 2.0) for pid in pids[::2])
+        capsys.readouterr()
+        ip.run_line_magic("horovod_session", "status")
+        assert "ring of 2" in capsys.readouterr().out
+        # fewer than --min-np left: the session says so and runs no more cells
+        os.kill(pids[2], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while 2 not in session.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(hvd_magic.LaunchError, match="fewer than --min-np 2"):
+            cell(ip, "1")
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+    assert wait_gone(pids, 10) == []
+    assert session.launcher.done()
+
+
+ELASTIC_TRAIN = """\
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, optimizer, step=0)
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 100_000 and not (state.step >= 20 and hvd.size() == 1):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % 10 == 0:
+            state.commit()
+        if state.step == 20:
+            print('committed', flush=True)
+        time.sleep(0.01)
+"""
+
+
+def test_a_session_cell_inside_hvd_elastic_run_recovers_by_itself(ip, fresh_ns):
+    magics = ip.magics_manager.registry["HorovodMagics"]
+    ip.run_line_magic("horovod_session", "start --np -2 --min-np 1 --env "
+                                         "HOROVOD_GLOO_TIMEOUT_SECONDS=5")
+    pids = rank_pids(magics.session)
+    try:
+        cell(ip, INIT + "import time\n" + ELASTIC_TRAIN)
+        run = cell(ip, "train(state)\n(hvd.size(), state.step >= 20)", "--quiet --background")
+        deadline = time.monotonic() + 60
+        while not all(r.lines for r in run.ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(pids[1], signal.SIGKILL)
+        assert run.wait(60) == [(1, True)]  # the survivor finished the cell in a ring of 1
+        assert [c["t"] for c in run.membership] == ["lost", "ring"]
+        assert cell(ip, "hvd.size()") == 1
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+    assert wait_gone(pids, 10) == []
 
 
 def test_placement_options_are_refused_while_a_session_is_active(ip, session):

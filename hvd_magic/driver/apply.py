@@ -68,10 +68,11 @@ def apply_event(run, event, request_stop):
         r.exit = {k: event.get(k) for k in ("code", "status", "summary")}
         r.ended_at = time.monotonic()
         status = event.get("status")
-        r.state = {"ok": "done", "stopped": "cancelled"}.get(status, "failed")
+        # ("lost": a warm session's rank lost before this cell; the cell runs without it)
+        r.state = {"ok": "done", "stopped": "cancelled", "lost": "lost"}.get(status, "failed")
         if status == "died" and run.elastic is not None and run.stop_reason is None:
             run.elastic.lost(run, r, event)  # the others go on without it
-        elif status not in ("ok", "stopped"):
+        elif status not in ("ok", "stopped", "lost"):
             run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
     recorded = kind not in ("lines", "file")
     if recorded:

@@ -7,6 +7,12 @@ events of the running cell go to its `CellChannel` (so a cell is an ordinary `Ru
 launcher is `hvd_magic.launch.session.SessionLauncher`); the rest keeps the session's own view
 of its ranks (host, pid, state) and notices a rank process that dies.
 
+An elastic session (``min_np``: `hvd_magic.launch.elastic_session`) outlives a lost rank: the
+rank's slot is marked lost, the survivors keep their processes and namespaces, and the next
+cell's job tells them to reset Horovod first (``"reset"``: `hvd_magic.rank.session`), which
+forms the smaller ring through Horovod's elastic driver. A lost slot is not refilled; fewer
+than ``min_np`` survivors end the session.
+
 Ends: `stop` (or the kernel's exit, or the idle limit) stops every rank and frees the Spark
 slots; a rank whose driver link drops (the notebook was killed) is stopped by its task.
 """
@@ -29,7 +35,7 @@ READY_TIMEOUT = 300.0
 
 class Session:
     def __init__(self, launcher, np, *, horovod_env, extra_env, idle_timeout=None,
-                 run_root="hvd_runs"):
+                 run_root="hvd_runs", elastic=None):
         self.id = datetime.datetime.now().strftime("s%H%M%S-") + secrets.token_hex(2)
         self.launcher = launcher
         self.np = np
@@ -46,6 +52,10 @@ class Session:
         self.started = None
         self.last_used = time.monotonic()
         self.cells = 0
+        self.elastic = elastic       # (min_np, max_np, timeout) of an elastic session, or None
+        self.lost = {}               # slot -> how its process ended (elastic sessions)
+        self.rings = []              # (time, slots) of every ring Horovod formed
+        self.reset_due = False       # a rank was lost and the survivors have not reset Horovod
         # What the ranks hold, as the notebook knows it: the names cells assigned there (their
         # values win over the notebook's), and the global names each function defined there
         # reads (capture/session.py sends the notebook's current values of those).
@@ -140,9 +150,18 @@ class Session:
                 self._current = None
         self.last_used = time.monotonic()
 
+    @property
+    def live(self):
+        """The slots whose rank process is alive (all of them unless an elastic session lost some)."""
+        return [r for r in range(self.np) if r not in self.lost]
+
     def rank_states(self):
-        """A "running" state event per rank, with what the session knows of it."""
+        """A "running" state event per live rank, an ending per lost one, with what the
+        session knows of it."""
         return [dict(self.ranks.get(r, {}), t="state", state="running", rank=r)
+                if r not in self.lost else
+                {"t": "exit", "rank": r, "status": "lost", "code": self.lost[r]["code"],
+                 "summary": {"message": "lost before this cell"}}
                 for r in range(self.np)]
 
     def host_of(self, rank):
@@ -153,7 +172,9 @@ class Session:
         """An event from a task (called by the event server's connection threads): the running
         cell's go to its channel; the session keeps what it needs to know of its ranks."""
         kind, rank = event.get("t"), event.get("rank")
-        if not isinstance(rank, int) or not 0 <= rank < self.np:
+        if kind == "ring":  # from the elastic launcher: Horovod formed a ring
+            self._ring(event)
+        elif not isinstance(rank, int) or not 0 <= rank < self.np:
             return
         if kind == "rendezvous" and rank == 0:  # task 0's Gloo rendezvous server is up
             self.server.announce({"t": "rendezvous", "port": int(event["port"])})
@@ -166,22 +187,56 @@ class Session:
         elif kind == "exit" and "cell" not in event and not self.stopped:
             # the rank process itself ended: killed, crashed, out of memory
             summary = event.get("summary") or {}
-            self.broken = (f"rank {rank} on {self.host_of(rank)} ended "
-                           f"({summary.get('signal') or summary.get('type') or event.get('status')})")
+            how = summary.get('signal') or summary.get('type') or event.get('status')
+            if self.elastic is not None and event.get("status") == "died":
+                self._lost(rank, event, how)
+            else:
+                self.broken = f"rank {rank} on {self.host_of(rank)} ended ({how})"
         current = self._current
         if current is not None:
             current.deliver(event)
+
+    def _lost(self, rank, event, how):
+        self.lost[rank] = {"code": event.get("code"), "how": how, "time": time.time(),
+                           "host": self.host_of(rank), "pid": self.ranks.get(rank, {}).get("pid")}
+        self.reset_due = True
+        if len(self.live) < self.elastic[0]:
+            left = len(self.live)
+            self.broken = (f"rank {rank} was lost ({how}) and {left} rank{'s' * (left != 1)} "
+                           f"{'are' if left != 1 else 'is'} left, fewer than --min-np "
+                           f"{self.elastic[0]}")
+
+    def _ring(self, event):
+        from ..launch.elastic import slot_of
+
+        slots = sorted(slot_of(key)[0] for key in event.get("keys", ()))
+        self.rings.append((float(event.get("time") or time.time()), slots))
+        if not set(slots) & set(self.lost):  # the survivors have reset Horovod
+            self.reset_due = False
+
+    def lost_text(self):
+        """One line per lost rank, or an empty list."""
+        return [f"  rank {r} lost at {time.strftime('%H:%M:%S', time.localtime(info['time']))} "
+                f"({info['how']}, pid {info['pid']})" for r, info in sorted(self.lost.items())]
 
     # -- what %horovod_session shows --------------------------------------------------------------
     def status(self):
         state = "stopped" if self.stopped else "broken" if self.broken else \
             "running a cell" if self._current is not None else "idle"
         idle = time.monotonic() - self.last_used
-        lines = [f"session {self.id}: {state}, {self.np} ranks on {self.where}, {self.cells} cells"
+        ranks = f"{self.np} ranks" if not self.lost else f"{len(self.live)} of {self.np} ranks"
+        lines = [f"session {self.id}: {state}, {ranks} on {self.where}, {self.cells} cells"
                  + (f", idle {idle:.0f} s" if state == "idle" else "")]
+        if self.elastic is not None:
+            lines.append(f"  elastic: goes on with at least {self.elastic[0]} ranks; lost ranks "
+                         "are not replaced" + "".join(
+                             f"; ring of {len(slots)} at "
+                             f"{time.strftime('%H:%M:%S', time.localtime(when))}"
+                             for when, slots in self.rings[-3:]))
+            lines += self.lost_text()
         if self.broken and not self.stopped:
             lines.append(f"  {self.broken}: %horovod_session restart")
-        for rank in range(self.np):
+        for rank in self.live:
             info = self.ranks.get(rank, {})
             memory = _rss(info.get("pid")) if info.get("host") == _hostname() else None
             lines.append(f"  rank {rank}: {info.get('host', '?')} pid {info.get('pid', '?')}"

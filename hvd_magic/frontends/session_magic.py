@@ -20,6 +20,11 @@ from .options import env_option, summary_first
           help="Spark master URL for a session hvd_magic starts (when none is active).")
 @argument("--env", action="append", default=[], metavar="NAME=VALUE",
           help="Environment variable for every rank (repeatable).")
+@argument("--min-np", type=int, default=None, metavar="M",
+          help="An elastic session (driver only for now: --np -N): a rank process that is lost "
+               "no longer ends the session; the next cell runs on the survivors (their "
+               "namespaces kept, Horovod reset to the smaller ring). Lost ranks are not "
+               "replaced; fewer than M left ends the session.")
 @argument("--idle-timeout", type=float, default=None,
           help="Seconds idle before the ranks are stopped (default: "
                "HorovodMagics.session_idle_timeout, 3600; 0: never).")
@@ -50,6 +55,14 @@ def horovod_session(magics, line):
     ``restart`` starts a new one. ``stop``, the kernel's exit and the idle limit end every
     rank.
 
+    With ``--min-np M`` (``--np -N`` only, for now) the session is elastic: a rank process
+    that is lost (killed, out of memory) leaves the others running with their namespaces.
+    A cell running at that moment ends with a message saying so (run it again), unless its
+    code is inside ``hvd.elastic.run``, which recovers by itself. Before the next cell the
+    survivors reset Horovod (``hvd.shutdown(); hvd.init()``): ``hvd.size()`` and
+    ``hvd.rank()`` are the smaller ring's. Lost ranks are not replaced: what they held is
+    gone, and the session goes on with fewer ranks until fewer than M are left.
+
     Examples
     --------
     ::
@@ -57,6 +70,7 @@ def horovod_session(magics, line):
         %horovod_session start --np 2         # on Spark executors: 2 barrier tasks held
         %horovod_session                      # ranks, hosts, idle time, memory per rank
         %horovod_session restart              # after a rank died
+        %horovod_session start --np -4 --min-np 2   # elastic: survives lost ranks
     """
     args = parse_argstring(magics.horovod_session, line)
     session = magics._active_session()
@@ -79,17 +93,19 @@ def horovod_session(magics, line):
         options = {}
     if args.np is not None or args.action == "start":
         options = {"np": magics.np if args.np is None else args.np, "master": args.master,
+                   "min_np": args.min_np,
                    "env": env_option(args.env),
                    "idle_timeout": magics.session_idle_timeout if args.idle_timeout is None
                    else args.idle_timeout}
     if not options:
         raise UsageError("No session to restart. Start one: %horovod_session start --np 2")
     api.check_np(options["np"])
+    api.check_elastic(options["np"], options.get("min_np"), None, None)
     print(f"starting a warm session of {abs(options['np'])} ranks "
           f"({'on the driver' if options['np'] < 0 else 'on Spark executors'})…", flush=True)
     magics.session = api.start_session(
         options["np"], master=options["master"], spark_conf=dict(magics.spark_conf),
         horovod_env=dict(magics.horovod_settings), env=options["env"],
-        idle_timeout=options["idle_timeout"] or None)
+        idle_timeout=options["idle_timeout"] or None, min_np=options.get("min_np"))
     magics.session.options = options
     print(magics.session.status())

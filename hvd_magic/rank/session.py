@@ -7,6 +7,8 @@ From its task, on stdin, length-prefixed pickled jobs: ``{"cell", "code", "kwarg
 "sources", "export"}`` (None ends the session). For each it:
 - puts the notebook's values into the namespace, except names an earlier cell assigned here
   (the rank's own value wins);
+- in an elastic session, when the job says a rank was lost (``"reset"``), first resets Horovod
+  (`reset_horovod`): the survivors form the smaller ring before the cell's code runs;
 - runs the cell's code; a KeyboardInterrupt (the task's SIGINT: Cancel, Ctrl-C, a timeout) ends
   the cell, not the session;
 - flushes stdout and stderr, marks their end with `END_OF_CELL` (so the task knows every line of
@@ -28,6 +30,9 @@ from . import reporting, stream
 END_OF_CELL = "\x00hvd_magic end of cell\x00"
 VALUE_NAME = "__hvd_magic_value__"
 _HEADER = struct.Struct("!I")
+# Horovod's framework modules: each has its own C++ library, initialised on its own.
+FRAMEWORKS = ("horovod.torch", "horovod.tensorflow", "horovod.mxnet")
+_released = set()   # frameworks shut down after a lost peer (`release_horovod`), to init again
 _running = False    # inside a cell's code: the only place an interrupt may land
 
 
@@ -52,6 +57,56 @@ def write_job(pipe, job_bytes):
     """The task's side of `read_job` (job_bytes: the pickled job, or b"" to end the session)."""
     pipe.write(_HEADER.pack(len(job_bytes)) + job_bytes)
     pipe.flush()
+
+
+def reset_horovod():
+    """A rank of the session was lost: join the survivors' new ring, as Horovod's own
+    `hvd.elastic.run` does after a failure. A framework this process initialised is shut down
+    and initialised again: with ``HOROVOD_ELASTIC=1`` that second `init()` asks the elastic
+    driver for its new rank and size (its rendezvous records this worker ready; the ring forms
+    once every survivor has). A process that never initialised Horovod asks the driver itself
+    and keeps the answer in its environment, where its first `init()` reads it."""
+    done = False
+    for name in FRAMEWORKS:
+        module = sys.modules.get(name)
+        if module is None or not (module.is_initialized() or name in _released):
+            continue
+        if module.is_initialized():
+            module.shutdown()
+        module.init()
+        done = True
+    _released.clear()
+    if not done:
+        _ask_rank_and_size()
+
+
+def release_horovod(exc):
+    """A collective of an elastic session's cell failed (a peer was lost): shut Horovod down at
+    once. That closes this rank's connections, so a survivor still waiting on it inside a
+    collective fails now rather than after the Gloo timeout (60 s by default); `reset_horovod`
+    initialises it again before the next cell."""
+    if type(exc).__name__ != "HorovodInternalError" or os.environ.get("HOROVOD_ELASTIC") != "1":
+        return
+    for name in FRAMEWORKS:
+        module = sys.modules.get(name)
+        if module is not None and module.is_initialized():
+            module.shutdown()
+            _released.add(name)
+
+
+def _ask_rank_and_size():
+    from urllib.request import urlopen
+
+    env = os.environ
+    url = (f"http://{env['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{env['HOROVOD_GLOO_RENDEZVOUS_PORT']}"
+           f"/rank_and_size/{env['HOROVOD_HOSTNAME']}:{env.get('HOROVOD_LOCAL_RANK', '0')}")
+    with urlopen(url) as answer:  # blocks until every survivor asked (Horovod's barrier)
+        values = answer.read().decode().split(",")
+    if values[0] == "-1":
+        raise RuntimeError("this rank was removed from the elastic session's ring")
+    for name, value in zip(("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK",
+                            "CROSS_SIZE"), values):
+        env[f"HOROVOD_{name}"] = value
 
 
 def serve(workdir, user_traceback, exports, register_source, install_modules):
@@ -82,6 +137,8 @@ def serve(workdir, user_traceback, exports, register_source, install_modules):
                     if name not in assigned:
                         namespace[name] = pickle.loads(data)
                 namespace.pop(VALUE_NAME, None)
+                if job.get("reset"):
+                    reset_horovod()
                 exec(marshal.loads(job["code"]), namespace)
             finally:
                 _running = False
@@ -92,6 +149,7 @@ def serve(workdir, user_traceback, exports, register_source, install_modules):
             status, summary = "stopped", {"type": "KeyboardInterrupt",
                                           "message": "interrupted; the session keeps its state"}
         except BaseException as exc:  # the user's code may raise anything, SystemExit included
+            release_horovod(exc)
             status = "error"
             summary = {"type": type(exc).__name__, "module": type(exc).__module__,
                        "message": str(exc), "traceback": user_traceback(exc)}

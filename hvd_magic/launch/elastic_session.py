@@ -1,0 +1,26 @@
+"""The launch of an elastic warm session (``%horovod_session start --np -4 --min-np 2``):
+Horovod's elastic driver holding the session's rank processes, none of them ever replaced.
+
+It is `ElasticLocalLauncher` (one host key per slot, our rank processes as Horovod's workers,
+every ring told as a ``ring`` event) with one difference: a lost slot gets no new process. A
+replacement would start with an empty namespace and join only when the survivors reset Horovod,
+so a session's later cells would run on ranks that lack what earlier cells defined there; the
+session goes on with its survivors instead (`hvd_magic.driver.session`), and ends, saying why,
+when fewer than ``--min-np`` are left.
+
+Not for: what the survivors do when a rank is lost (the session tells them to reset Horovod
+before the next cell: `hvd_magic.rank.session.reset_horovod`).
+"""
+
+from .elastic import ElasticLocalLauncher
+
+
+class ElasticSessionLauncher(ElasticLocalLauncher):
+    def _replace_waiting(self):
+        """Lost slots stay empty: the session goes on with the survivors."""
+
+    def _create_worker(self, slot_info, events):
+        """Horovod's `create_worker_fn`. A rank stopped with the session ends as a success: every
+        worker failing is, to Horovod's driver, a failed job, which it logs as an error."""
+        code, when = super()._create_worker(slot_info, events)
+        return (0 if self._stopping else code), when
