@@ -158,7 +158,7 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     """Start a warm session of `np` ranks (placed as `run` places them) and wait until every
     rank is ready; return the `Session`. Its ranks keep their state between cells.
 
-    `min_np` makes it elastic (driver-only: `np` < 0): a lost rank process no longer ends the
+    `min_np` makes it elastic: a lost rank process (or executor) no longer ends the
     session; the survivors keep their namespaces, Horovod is reset on them before the next
     cell (`hvd.size()` is then smaller), and the session ends when fewer than `min_np` are left.
     Lost ranks are not replaced."""
@@ -168,11 +168,8 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
 
     check_np(np)
     elastic = check_elastic(np, min_np, None, None)
-    if elastic is not None:
-        from .launch.elastic_session import ElasticSessionLauncher
-        launcher = ElasticSessionLauncher(*elastic)
-    else:
-        launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf)
+    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
+                             elastic=elastic, session=True)
     session = Session(launcher, abs(np), horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
                       extra_env=dict(env or {}), idle_timeout=idle_timeout, elastic=elastic)
     session.start(progress=progress)

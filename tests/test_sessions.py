@@ -13,6 +13,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
+from conftest import spark_session
 
 INIT = "import torch, horovod.torch as hvd\nhvd.init()\n"
 
@@ -125,12 +126,13 @@ def test_a_dead_rank_is_reported_and_restart_recovers(ip, session):
     assert wait_gone(old, 10) == []
 
 
-def test_an_elastic_session_goes_on_with_the_survivors_of_a_killed_rank(ip, fresh_ns, capsys):
-    with pytest.raises(UsageError, match="driver only"):
-        ip.run_line_magic("horovod_session", "start --np 3 --min-np 2")
+@pytest.mark.parametrize("np", ["-3", "3"], ids=["driver", "spark"])
+def test_an_elastic_session_goes_on_with_the_survivors_of_a_killed_rank(ip, fresh_ns, capsys, np):
+    if np == "3":
+        spark_session(4)  # the shared embedded session: each rank in a plain task of its own
     magics = ip.magics_manager.registry["HorovodMagics"]
     # (a survivor waiting on a peer inside a collective may fail only at the Gloo timeout)
-    ip.run_line_magic("horovod_session", "start --np -3 --min-np 2 --env "
+    ip.run_line_magic("horovod_session", f"start --np {np} --min-np 2 --env "
                                          "HOROVOD_GLOO_TIMEOUT_SECONDS=10")
     session = magics.session
     try:

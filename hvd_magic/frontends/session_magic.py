@@ -21,7 +21,7 @@ from .options import env_option, summary_first
 @argument("--env", action="append", default=[], metavar="NAME=VALUE",
           help="Environment variable for every rank (repeatable).")
 @argument("--min-np", type=int, default=None, metavar="M",
-          help="An elastic session (driver only for now: --np -N): a rank process that is lost "
+          help="An elastic session: a rank process (or Spark executor) that is lost "
                "no longer ends the session; the next cell runs on the survivors (their "
                "namespaces kept, Horovod reset to the smaller ring). Lost ranks are not "
                "replaced; fewer than M left ends the session.")

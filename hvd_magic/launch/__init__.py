@@ -9,14 +9,17 @@
 
 
 def make_launcher(np, spark=None, master=None, spark_conf=None, log_dir="hvd_runs", verbose=False,
-                  elastic=None):
+                  elastic=None, session=False):
     """The launcher for `np` ranks: Spark for N > 0, the driver alone for -N; elastic when
-    `elastic` is (min_np, max_np, timeout). A Spark JVM it starts writes to
-    log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr too)."""
+    `elastic` is (min_np, max_np, timeout), for a warm session's ranks if `session`. A Spark JVM
+    it starts writes to log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr too)."""
+    if elastic is not None and session:
+        from . import elastic_session
     if np < 0:
         if elastic is not None:
             from .elastic import ElasticLocalLauncher
-            return ElasticLocalLauncher(*elastic)
+            return (elastic_session.ElasticSessionLauncher if session
+                    else ElasticLocalLauncher)(*elastic)
         from .local import LocalLauncher
         return LocalLauncher()
     from .connect import ConnectLauncher, connect_session
@@ -33,6 +36,7 @@ def make_launcher(np, spark=None, master=None, spark_conf=None, log_dir="hvd_run
                       verbose=verbose)
     if elastic is not None:
         from .elastic_spark import ElasticSparkLauncher
-        return ElasticSparkLauncher(np, *elastic, **spark_args)
+        return (elastic_session.ElasticSparkSessionLauncher if session
+                else ElasticSparkLauncher)(np, *elastic, **spark_args)
     from .spark import SparkLauncher
     return SparkLauncher(**spark_args)

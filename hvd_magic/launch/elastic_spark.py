@@ -47,11 +47,13 @@ class _Slot:
 
 
 class _SlotEvents(queue.Queue):
-    """The run's event queue, the slots' own events taken out for the launcher on the way."""
+    """The run's event queue (or, for a warm session, its `sink`), the slots' own events taken
+    out for the launcher on the way."""
 
-    def __init__(self, launcher):
+    def __init__(self, launcher, sink=None):
         super().__init__()
         self.launcher = launcher
+        self.sink = sink
 
     def put(self, event, block=True, timeout=None):
         kind = event.get("t")
@@ -59,9 +61,15 @@ class _SlotEvents(queue.Queue):
             return self.launcher._slot_ready(event)
         if kind == "dropped":
             return self.launcher._slot_gone(event.get("rank"))
-        if kind == "exit":
+        if kind == "exit" and "cell" not in event:  # a rank process's end, not a session cell's
             self.launcher._worker_ended(event)
-        return super().put(event, block, timeout)
+        return self.forward(event)
+
+    def forward(self, event):
+        """`event` to the driver (a run's loop, or a session), as it is."""
+        if self.sink is not None:
+            return self.sink.put(event)
+        return super().put(event)
 
 
 class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
@@ -97,7 +105,7 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
         return self.np
 
     def open_channel(self, sink=None):
-        self._events = _SlotEvents(self)
+        self._events = _SlotEvents(self, sink)
         self._server = EventServer(host=self.bind_host, sink=self._events, report_drops=True)
         return self._server
 
@@ -182,8 +190,8 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
                        f"killed the task)")
             task.ended = (slot, "died", {"rank": slot, "code": None, "message": message})
         task.done.set()
-        queue.Queue.put(self._events, {"t": "exit", "rank": slot, "code": None, "status": "died",
-                                       "summary": {"message": message, "host": task.host}})
+        self._events.forward({"t": "exit", "rank": slot, "code": None, "status": "died",
+                              "summary": {"message": message, "host": task.host}})
 
     def _run_slot(self, slot, attempt, slot_info, env, events):
         with self._lock:
