@@ -162,9 +162,26 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
 
     def _slot_ready(self, event):
         slot = event.get("rank")
-        if isinstance(slot, int):
-            with self._lock:
-                self._slots[slot] = _Slot(event.get("host"))
+        if not isinstance(slot, int):
+            return
+        with self._lock:
+            earlier = self._slots.get(slot)
+            self._slots[slot] = _Slot(event.get("host"))
+        if earlier is not None:  # (Spark re-ran the slot's task before its end was heard)
+            self._lose(earlier, slot)
+
+    def _lose(self, task, slot):
+        """The task holding `slot` is gone: a worker it ran is dead, and the driver loop hears
+        it as the rank's exit."""
+        with self._lock:
+            if task.key is None or task.done.is_set():
+                return
+            message = (f"its Spark task on {task.host} ended (the executor was lost, or Spark "
+                       f"killed the task)")
+            task.ended = (slot, "died", {"rank": slot, "code": None, "message": message})
+        task.done.set()
+        self._events.forward({"t": "exit", "rank": slot, "code": None, "status": "died",
+                              "summary": {"message": message, "host": task.host}})
 
     def _worker_ended(self, event):
         slot = event.get("rank")
@@ -180,18 +197,11 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
         task.done.set()
 
     def _slot_gone(self, slot):
-        """A slot's connection ended: its task returned, or its executor was lost (then its
-        worker is dead now, and the driver loop hears it as the rank's exit)."""
+        """A slot's connection ended: its task returned, or its executor was lost."""
         with self._lock:
             task = self._slots.pop(slot, None)
-            if task is None or task.key is None or task.done.is_set():
-                return
-            message = (f"its Spark task on {task.host} ended (the executor was lost, or Spark "
-                       f"killed the task)")
-            task.ended = (slot, "died", {"rank": slot, "code": None, "message": message})
-        task.done.set()
-        self._events.forward({"t": "exit", "rank": slot, "code": None, "status": "died",
-                              "summary": {"message": message, "host": task.host}})
+        if task is not None:
+            self._lose(task, slot)
 
     def _run_slot(self, slot, attempt, slot_info, env, events):
         with self._lock:
