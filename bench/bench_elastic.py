@@ -34,9 +34,10 @@ per ``state.save()`` alone (``save_ms``, timed after the clock stopped), and the
 timed loop spent in commits (``commit_share``: within one run, so the machine's load, which varies
 from run to run, weighs less on it than on the ratio of two runs' rates; rank 0 waiting in a
 commit's broadcast for a slower rank is counted, a wait the next step would have had otherwise, so
-it leans high). A commit is a save
-(copies of the model's and optimizer's state) and ``check_host_updates()``, a ``broadcast_object``
-from rank 0 (two broadcasts, each a negotiation round of Horovod's background loop, like a step's).
+it leans high); ``paired_ratio``, the median over the repetitions of a run's rate over the barrier
+run's of the same repetition, for the same reason. A commit is a save (copies of the model's and optimizer's state) and
+``check_host_updates()``, a ``broadcast_object`` from rank 0 (two broadcasts, each a negotiation
+round of Horovod's background loop, like a step's).
 
     .venv/bin/python bench/bench_elastic.py [--part recovery cost] [--reps 1] [--steps 300]
         [--kill-at 105] [--cost-steps 600] [--cost-reps 5] [--commit-every 10 100]
@@ -115,7 +116,7 @@ def cost_loop(steps, warmup, commit_every=None):
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
-    commits = []
+    commits, cpu = [], []
 
     def step():
         optimizer.zero_grad()
@@ -126,15 +127,17 @@ def cost_loop(steps, warmup, commit_every=None):
         for _ in range(warmup):
             step()
         hvd.allreduce(torch.zeros(1), name="start")  # every rank starts the clock together
-        start = time.perf_counter()
+        start, cpu0 = time.perf_counter(), time.process_time()
         for i in range(1, steps + 1):
             step()
             after_step(i)
+        cpu.append(1000 * (time.process_time() - cpu0) / steps)  # all its threads, per step
         return time.perf_counter() - start
 
     if commit_every is None:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        return {"rank": hvd.rank(), "steps_per_s": steps / timed(lambda i: None)}
+        rate = steps / timed(lambda i: None)
+        return {"rank": hvd.rank(), "steps_per_s": rate, "cpu_ms_per_step": cpu[-1]}
     state = hvd.elastic.TorchState(model, optimizer, step=0)
 
     def commit(i):
@@ -157,7 +160,8 @@ def cost_loop(steps, warmup, commit_every=None):
         began = time.perf_counter()
         state.save()
         saves.append(time.perf_counter() - began)
-    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "commit_share": sum(commits) / wall,
+    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": cpu[-1],
+            "commit_share": sum(commits) / wall,
             "commit_ms": 1000 * statistics.median(commits), "save_ms": 1000 * statistics.median(saves)}
 
 
@@ -195,6 +199,11 @@ def measure_cost(args, env):
             extra = {k: statistics.median(o[k] for o in outcomes)
                      for k in ("commit_ms", "save_ms", "commit_share")}
             extra["commit_every"] = runs[name][1]
+        extra["cpu_ms_per_step"] = statistics.median(o["cpu_ms_per_step"] for o in outcomes)
+        # each run over the barrier run of its own repetition (seconds apart, so under much the
+        # same load: on a shared machine the load drifts over minutes, from run to run)
+        extra["paired_ratio"] = statistics.median(
+            o["steps_per_s"] / b["steps_per_s"] for o, b in zip(outcomes, seen["barrier"]))
         r = row("elastic-cost", name, NP, [o["steps_per_s"] for o in outcomes], unit="steps/s",
                 better="higher", ref=ref, reference="barrier", reps=args.cost_reps,
                 steps=args.cost_steps, **extra)
