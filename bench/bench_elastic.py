@@ -1,5 +1,7 @@
-"""Recovery from a killed rank in an elastic run: hvd_magic (driver-only) beside horovodrun.
+"""Elastic runs: recovery from a killed rank (hvd_magic driver-only beside horovodrun), and what
+an elastic run costs when nothing fails.
 
+**Recovery** (``--part recovery``).
 The same Horovod elastic PyTorch loop (`elastic_loop`: TorchState, a commit every 10 steps) runs
 on 3 ranks with ``--min-np 2``, once under ``hvd_magic.run(..., np=-3, min_np=2)`` and once under
 ``horovodrun --gloo -np 3 --min-np 2 --max-np 3 --host-discovery-script D`` (D names three "hosts"
@@ -15,7 +17,30 @@ the start (its pid, from the file it wrote), and reads from the file:
 - whether the run ended at the last step, and the ring's size then (hvd_magic replaces the lost
   rank, horovodrun does not: its host stays blacklisted).
 
-    .venv/bin/python bench/bench_elastic.py [--reps 1] [--steps 300] [--kill-at 105]
+**Cost** (``--part cost``): the steps/s of rank 0 in a run where nothing fails, driver-only on 3
+ranks, interleaved (the order alternates each repetition):
+
+- ``barrier``: ``hvd_magic.run(cost_loop, np=-3)`` with a plain Horovod loop (the reference);
+- ``barrier, elastic API, commit every K``: the same launch, the loop written against the elastic
+  API (``@hvd.elastic.run``, ``TorchState``, ``state.commit()`` every K steps, the first of
+  ``--commit-every``): what the API itself costs;
+- ``elastic, commit every K``: that loop with ``min_np=2`` (Horovod's elastic driver and its
+  rendezvous as well), for each K of ``--commit-every``.
+
+Each is the same step (bench_training.py's MLP, one synthetic batch of 32, one intra-op thread),
+clocked inside the rank after ``--cost-warmup`` steps and a common allreduce: start-up is not
+counted. Beside the rates, rank 0's median milliseconds per ``state.commit()`` (``commit_ms``) and
+per ``state.save()`` alone (``save_ms``, timed after the clock stopped), and the share of the
+timed loop spent in commits (``commit_share``: within one run, so the machine's load, which varies
+from run to run, weighs less on it than on the ratio of two runs' rates; rank 0 waiting in a
+commit's broadcast for a slower rank is counted, a wait the next step would have had otherwise, so
+it leans high); ``paired_ratio``, the median over the repetitions of a run's rate over the barrier
+run's of the same repetition, for the same reason. A commit is a save (copies of the model's and optimizer's state) and
+``check_host_updates()``, a ``broadcast_object`` from rank 0 (two broadcasts, each a negotiation
+round of Horovod's background loop, like a step's).
+
+    .venv/bin/python bench/bench_elastic.py [--part recovery cost] [--reps 1] [--steps 300]
+        [--kill-at 105] [--cost-steps 600] [--cost-reps 5] [--commit-every 10 100]
 
 Not a test: numbers live here only.
 """
@@ -26,6 +51,7 @@ import os
 import signal
 import socket
 import stat
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +97,119 @@ def elastic_loop(folder, steps, commit_every=10, pause=0.02):
 
     train(state)
     return state.step
+
+
+def cost_loop(steps, warmup, commit_every=None):
+    """This rank's steps/s over `steps` steps of a small MLP: a plain loop, or (`commit_every`)
+    one written against Horovod's elastic API; and what its commits took."""
+    import statistics
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # ranks share 2 cores: no intra-op threads fighting them
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    commits, cpu = [], []
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    def timed(after_step):
+        for _ in range(warmup):
+            step()
+        hvd.allreduce(torch.zeros(1), name="start")  # every rank starts the clock together
+        start, cpu0 = time.perf_counter(), time.process_time()
+        for i in range(1, steps + 1):
+            step()
+            after_step(i)
+        cpu.append(1000 * (time.process_time() - cpu0) / steps)  # all its threads, per step
+        return time.perf_counter() - start
+
+    if commit_every is None:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        rate = steps / timed(lambda i: None)
+        return {"rank": hvd.rank(), "steps_per_s": rate, "cpu_ms_per_step": cpu[-1]}
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+
+    def commit(i):
+        state.step = i
+        if i % commit_every == 0:
+            began = time.perf_counter()
+            state.commit()
+            commits.append(time.perf_counter() - began)
+
+    @hvd.elastic.run
+    def train(state):  # (its first state.sync() is the broadcast of the plain loop)
+        return timed(commit)
+
+    wall = train(state)
+    # A commit is state.save() (copies of the model's and the optimizer's state) and
+    # check_host_updates() (a broadcast_object from rank 0: two broadcasts): the copies alone,
+    # after the clock stopped, tell the two apart.
+    saves = []
+    for _ in range(20):
+        began = time.perf_counter()
+        state.save()
+        saves.append(time.perf_counter() - began)
+    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": cpu[-1],
+            "commit_share": sum(commits) / wall,
+            "commit_ms": 1000 * statistics.median(commits), "save_ms": 1000 * statistics.median(saves)}
+
+
+def _cost_runs(commit_every):
+    """name -> (min_np, commit_every): the reference, the API without the elastic launch, and
+    elastic runs committing every `commit_every` steps (each value)."""
+    runs = {"barrier": (None, None), f"barrier, elastic API, commit every {commit_every[0]}":
+            (None, commit_every[0])}
+    runs.update({f"elastic, commit every {k}": (MIN_NP, k) for k in commit_every})
+    return runs
+
+
+def run_cost(min_np, commit_every, args):
+    import hvd_magic
+    from hvd_magic.view import TextView
+
+    run = hvd_magic.run(cost_loop, np=-NP, min_np=min_np, view=TextView(quiet=True),
+                        args=(args.cost_steps, args.cost_warmup, commit_every))
+    # (results are in hvd_magic's slot order; Horovod may number an elastic run's ranks otherwise)
+    return next(r for r in run.results if r["rank"] == 0)
+
+
+def measure_cost(args):
+    runs = _cost_runs(args.commit_every)
+    seen = {name: [] for name in runs}
+    for rep in range(args.cost_reps):  # interleaved, the order alternating
+        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+            seen[name].append(run_cost(*runs[name], args))
+            print(f"cost: {name}: {json.dumps(seen[name][-1])}", flush=True)
+    ref = statistics.median(o["steps_per_s"] for o in seen["barrier"])
+    rows = []
+    for name, outcomes in seen.items():
+        extra = {}
+        if runs[name][1] is not None:  # rank 0's commits, the median of the runs' figures
+            extra = {k: statistics.median(o[k] for o in outcomes)
+                     for k in ("commit_ms", "save_ms", "commit_share")}
+            extra["commit_every"] = runs[name][1]
+        extra["cpu_ms_per_step"] = statistics.median(o["cpu_ms_per_step"] for o in outcomes)
+        # each run over the barrier run of its own repetition (seconds apart, so under much the
+        # same load: on a shared machine the load drifts over minutes, from run to run)
+        extra["paired_ratio"] = statistics.median(
+            o["steps_per_s"] / b["steps_per_s"] for o, b in zip(outcomes, seen["barrier"]))
+        r = row("elastic-cost", name, NP, [o["steps_per_s"] for o in outcomes], unit="steps/s",
+                better="higher", ref=ref, reference="barrier", reps=args.cost_reps,
+                steps=args.cost_steps, **extra)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    return rows
 
 
 def _steps(folder):
@@ -156,15 +295,7 @@ def run_horovodrun(folder, steps, kill_at, env):
     return _measure(folder, killed, pid, steps)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--kill-at", type=int, default=105)  # half-way to a commit
-    parser.add_argument("--gloo-timeout", type=int, default=10)
-    parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args()
-    env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(args.gloo_timeout)}
+def measure_recovery(args, env):
     seen = {"horovodrun": [], "hvd_magic": []}
     for _ in range(args.reps):  # interleaved: the machine's load falls on both alike
         for name, launch in (("horovodrun", run_horovodrun), ("hvd_magic", run_hvd_magic)):
@@ -183,6 +314,32 @@ def main():
         ref = ref or r["median"]
         rows.append(r)
         print(json.dumps(r), flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", nargs="+", choices=("recovery", "cost"),
+                        default=["recovery", "cost"])
+    parser.add_argument("--reps", type=int, default=1, help="recovery: runs of each launcher")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--kill-at", type=int, default=105)  # half-way to a commit
+    parser.add_argument("--gloo-timeout", type=int, default=10,
+                        help="recovery: HOROVOD_GLOO_TIMEOUT_SECONDS of both launchers")
+    parser.add_argument("--cost-steps", type=int, default=600, help="cost: steps timed per run")
+    parser.add_argument("--cost-warmup", type=int, default=20)
+    parser.add_argument("--cost-reps", type=int, default=5, help="cost: runs of each")
+    parser.add_argument("--commit-every", type=int, nargs="+", default=[10, 100],
+                        help="cost: an elastic run for each (the first also in a barrier run)")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(args.gloo_timeout)}
+    rows = []
+    if "recovery" in args.part:
+        rows += measure_recovery(args, env)
+    if "cost" in args.part:
+        rows += measure_cost(args)  # (hvd_magic's Gloo timeout: nothing fails, and a short one
+        # can fail hvd.init() itself on a loaded machine)
     write(args.json, rows)
 
 

@@ -63,7 +63,8 @@ BENCHMARKS = {
                                        "--np", "2"]),
     "scripts": ("bench_scripts.py", ["--reps", "5", "--points", "1000"],
                 ["--reps", "2", "--points", "400"]),
-    "elastic": ("bench_elastic.py", ["--reps", "3"], ["--reps", "1"]),
+    "elastic": ("bench_elastic.py", ["--reps", "3", "--cost-reps", "5"],
+                ["--reps", "1", "--cost-reps", "2", "--cost-steps", "300"]),
     # --- DataFrame shards (issue #17): bench/bench_shards.py, when it exists, writes the same
     # rows (bench "shards": shard throughput, ratio to toPandas()) and takes --json PATH and
     # --quick; until then the file notes it as not run, and make bench does not fail for it.

@@ -253,3 +253,30 @@ def test_scripts_and_mlflow(tmp_path):
     assert "'train.py'" in shown and "'run'" in shown
     shown = view(nb, terminal)
     assert "exit code 0" in shown and "done in" in shown and "rank 1 on" in shown
+
+
+def test_elastic(tmp_path):
+    nb = execute("elastic.ipynb", tmp_path)
+    _, train, history = code_cells(nb)
+    assert not any(errors(c) for c in code_cells(nb))
+    # (a dashboard shows a line twice: in its table and in the rank's log)
+    starts = {int(rank): [int(s) for s in steps.split(", ")] for rank, steps in re.findall(
+        r"rank (\d) of 3: step 200; the loop started at steps \[([\d, ]+)\]", view(nb, train))}
+    assert sorted(starts) == [0, 1, 2]
+    survivors = sorted(s for s in starts.values() if s[0] == 0)
+    replacement = [s for s in starts.values() if s[0] != 0]
+    # the survivors: from 0, then from 40 (the commit before the kill at 45), then from the
+    # commit at which the replacement joined, where the replacement began
+    assert len(survivors) == 2 and survivors[0] == survivors[1], starts
+    assert survivors[0][:2] == [0, 40] and len(replacement) == 1, starts
+    joined_at = replacement[0][0]
+    assert replacement == [[joined_at]] and survivors[0][2:] == [joined_at], starts
+    assert joined_at % 10 == 0 and joined_at > 40
+
+    shown = view(nb, history)
+    assert "the ring: 3 → 2 → 3" in shown
+    assert "3 results, at step 200; weights equal: True" in shown
+    lost = re.findall(r"rank (\d) lost \(hvd-s\d-a1, killed by SIGKILL\)", shown)
+    joined = re.findall(r"rank (\d) joined \(attempt 2, hvd-s\d-a2\)", shown)
+    assert len(lost) == 1 and joined == lost, shown  # the lost row is the one replaced
+    assert any("image/png" in o.get("data", {}) for o in history.outputs)  # the ring drawn
