@@ -165,47 +165,55 @@ def cost_loop(steps, warmup, commit_every=None):
             "commit_ms": 1000 * statistics.median(commits), "save_ms": 1000 * statistics.median(saves)}
 
 
-def _cost_runs(commit_every):
-    """name -> (min_np, commit_every): the reference, the API without the elastic launch, and
-    elastic runs committing every `commit_every` steps (each value)."""
-    runs = {"barrier": (None, None), f"barrier, elastic API, commit every {commit_every[0]}":
-            (None, commit_every[0])}
-    runs.update({f"elastic, commit every {k}": (MIN_NP, k) for k in commit_every})
+def _cost_runs(commit_every, where):
+    """name -> (np, min_np, commit_every): the reference, the API without the elastic launch,
+    and elastic runs committing every `commit_every` steps (each value); on the driver, and on
+    Spark if `where` says so (a Spark barrier stage, and plain tasks for the elastic runs)."""
+    runs = {}
+    for place, np, prefix in (("driver", -NP, ""), ("spark", NP, "Spark ")):
+        if place in where:
+            runs[f"{prefix}barrier"] = (np, None, None)
+            runs[f"{prefix}barrier, elastic API, commit every {commit_every[0]}"] = (
+                np, None, commit_every[0])
+            runs.update({f"{prefix}elastic, commit every {k}": (np, MIN_NP, k)
+                         for k in commit_every})
     return runs
 
 
-def run_cost(min_np, commit_every, args):
+def run_cost(np, min_np, commit_every, args):
     import hvd_magic
     from hvd_magic.view import TextView
 
-    run = hvd_magic.run(cost_loop, np=-NP, min_np=min_np, view=TextView(quiet=True),
+    run = hvd_magic.run(cost_loop, np=np, min_np=min_np, view=TextView(quiet=True),
                         args=(args.cost_steps, args.cost_warmup, commit_every))
     # (results are in hvd_magic's slot order; Horovod may number an elastic run's ranks otherwise)
     return next(r for r in run.results if r["rank"] == 0)
 
 
 def measure_cost(args):
-    runs = _cost_runs(args.commit_every)
+    runs = _cost_runs(args.commit_every, args.where)
     seen = {name: [] for name in runs}
     for rep in range(args.cost_reps):  # interleaved, the order alternating
         for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
             seen[name].append(run_cost(*runs[name], args))
             print(f"cost: {name}: {json.dumps(seen[name][-1])}", flush=True)
-    ref = statistics.median(o["steps_per_s"] for o in seen["barrier"])
     rows = []
     for name, outcomes in seen.items():
+        # each beside the barrier run of its own place (the driver's, or Spark's)
+        barrier = "Spark barrier" if name.startswith("Spark") else "barrier"
+        ref = statistics.median(o["steps_per_s"] for o in seen[barrier])
         extra = {}
-        if runs[name][1] is not None:  # rank 0's commits, the median of the runs' figures
+        if runs[name][2] is not None:  # rank 0's commits, the median of the runs' figures
             extra = {k: statistics.median(o[k] for o in outcomes)
                      for k in ("commit_ms", "save_ms", "commit_share")}
-            extra["commit_every"] = runs[name][1]
+            extra["commit_every"] = runs[name][2]
         extra["cpu_ms_per_step"] = statistics.median(o["cpu_ms_per_step"] for o in outcomes)
         # each run over the barrier run of its own repetition (seconds apart, so under much the
         # same load: on a shared machine the load drifts over minutes, from run to run)
         extra["paired_ratio"] = statistics.median(
-            o["steps_per_s"] / b["steps_per_s"] for o, b in zip(outcomes, seen["barrier"]))
+            o["steps_per_s"] / b["steps_per_s"] for o, b in zip(outcomes, seen[barrier]))
         r = row("elastic-cost", name, NP, [o["steps_per_s"] for o in outcomes], unit="steps/s",
-                better="higher", ref=ref, reference="barrier", reps=args.cost_reps,
+                better="higher", ref=ref, reference=barrier, reps=args.cost_reps,
                 steps=args.cost_steps, **extra)
         rows.append(r)
         print(json.dumps(r), flush=True)
@@ -247,11 +255,11 @@ def _measure(folder, killed, pid, steps):
             "went_on_from": first_s - 1}
 
 
-def run_hvd_magic(folder, steps, kill_at, env):
+def run_hvd_magic(folder, steps, kill_at, env, np=-NP):
     import hvd_magic
     from hvd_magic.view import TextView
 
-    run = hvd_magic.run(elastic_loop, np=-NP, min_np=MIN_NP, args=(folder, steps),
+    run = hvd_magic.run(elastic_loop, np=np, min_np=MIN_NP, args=(folder, steps),
                         background=True, view=TextView(quiet=True), horovod_env=env)
     try:
         killed, pid = _kill_at(folder, kill_at, lambda: run.state == "running")
@@ -296,15 +304,18 @@ def run_horovodrun(folder, steps, kill_at, env):
 
 
 def measure_recovery(args, env):
-    seen = {"horovodrun": [], "hvd_magic": []}
-    for _ in range(args.reps):  # interleaved: the machine's load falls on both alike
-        for name, launch in (("horovodrun", run_horovodrun), ("hvd_magic", run_hvd_magic)):
-            with tempfile.TemporaryDirectory(prefix=f"bench-elastic-{name}-") as folder:
+    launchers = {"horovodrun": run_horovodrun, "hvd_magic": run_hvd_magic}
+    if "spark" in args.where:  # the same ranks as plain tasks of an embedded local[4] session
+        launchers["hvd_magic on Spark"] = lambda *a: run_hvd_magic(*a, np=NP)
+    seen = {name: [] for name in launchers}
+    for _ in range(args.reps):  # interleaved: the machine's load falls on all alike
+        for name, launch in launchers.items():
+            with tempfile.TemporaryDirectory(prefix="bench-elastic-") as folder:
                 seen[name].append(launch(folder, args.steps, args.kill_at, env))
             print(name, json.dumps(seen[name][-1]), flush=True)
     ref = None
     rows = []
-    for name in ("horovodrun", "hvd_magic"):
+    for name in launchers:
         outcomes = seen[name]
         r = row("elastic", f"recovery after SIGKILL, {name}", NP,
                 [o["recovery"] for o in outcomes], ref=ref, reference="horovodrun",
@@ -331,6 +342,9 @@ def main():
     parser.add_argument("--cost-reps", type=int, default=5, help="cost: runs of each")
     parser.add_argument("--commit-every", type=int, nargs="+", default=[10, 100],
                         help="cost: an elastic run for each (the first also in a barrier run)")
+    parser.add_argument("--where", nargs="+", choices=("driver", "spark"),
+                        default=["driver", "spark"],
+                        help="hvd_magic's ranks on the driver (-np) and/or on Spark (local[4])")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(args.gloo_timeout)}

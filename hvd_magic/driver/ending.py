@@ -119,8 +119,11 @@ def _first_failure(run, failures, infos):
 def _lost_task_error(run):
     """A LaunchError naming the rank whose Spark task died without a word, if one did."""
     error = run.launcher.error
-    if not isinstance(error, LaunchError):
+    if error is None:
         return None
+    if not isinstance(error, LaunchError):  # the job cancelled by the driver's last resort
+        # (the other ranks were slow to stop): its first line, never a Java stack trace
+        error = (str(error).strip().splitlines() or [type(error).__name__])[0]
     lost = run.unended()
     failed = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", str(error))
     # the task Spark names as the failed one, else the first without an ending
