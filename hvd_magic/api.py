@@ -18,7 +18,7 @@ from .driver.history import last_run, runs
 from .driver.tracking import tracked
 from .driver.run import DEFAULT_BROADCAST_BYTES, DEFAULT_HOROVOD_ENV, DEFAULT_STALL_TIMEOUT, Run
 from .launch import make_launcher
-from .payload import inband
+from .payload import cloud_dumps, inband
 
 __all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run", "start_session",
            "run_in_session"]
@@ -109,10 +109,8 @@ def check_elastic(np, min_np, max_np, elastic_timeout):
 
 def run_cell(cell_fn, np, **options):
     """Run a captured cell (`hvd_magic.capture.CellFunction`) on `np` ranks; see `run`."""
-    import cloudpickle
-
     pickled = pickle_values(dict(cell_fn.values))
-    job = {"fn": cloudpickle.dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
+    job = {"fn": cloud_dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
            "cell": True, "export": list(cell_fn.export),
            "modules": _shipped(pickled.values(), cell_fn.imports, cell_fn.fn)}
     return launch(job, pickled, np, cell=cell_fn, **options)

@@ -24,6 +24,7 @@ Shared by both sides: the driver calls `dumps` and `LocalFile`, the task `for_ra
 `load`. Not for: small values, which travel inside the job.
 """
 
+import functools
 import mmap
 import os
 import pickle
@@ -40,6 +41,34 @@ _ALIGN = 64                         # each buffer starts at a multiple of this i
 _SIZE = struct.Struct("<Q")
 
 
+def cloud_dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=None):
+    """`cloudpickle.dumps`, its code objects keeping their file names: cloudpickle >= 3.1.3 writes
+    ``<dynamic-code>`` instead, and a rank's traceback would lose the cell's lines (found by
+    ``<hvd_magic cell N>``, the file name a cell is compiled with)."""
+    import io
+
+    buffer = io.BytesIO()
+    _named_code_pickler()(buffer, protocol=protocol, buffer_callback=buffer_callback).dump(value)
+    return buffer.getvalue()
+
+
+@functools.lru_cache(maxsize=None)
+def _named_code_pickler():
+    """cloudpickle's Pickler, its reduction of a code object given back the code's file name."""
+    import types
+
+    import cloudpickle
+
+    class NamedCodePickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if type(obj) is types.CodeType:
+                make, args = self.dispatch_table[types.CodeType](obj)  # cloudpickle's own
+                return make, tuple(obj.co_filename if a == "<dynamic-code>" else a for a in args)
+            return super().reducer_override(obj)
+
+    return NamedCodePickler
+
+
 class OutOfBand:
     """A value pickled with protocol 5, its large buffers left out: `head` (the pickle without
     them) and `buffers` (memoryviews of the value's memory). `len()` is the whole size;
@@ -54,22 +83,19 @@ class OutOfBand:
         return len(self.head) + sum(b.nbytes for b in self.buffers)
 
     def inband(self):
-        import cloudpickle
-        return cloudpickle.dumps(self.obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return cloud_dumps(self.obj)
 
 
 def dumps(value):
     """`value` pickled by cloudpickle: bytes, or an `OutOfBand` when its buffers are large."""
-    import cloudpickle
-
     buffers = []
-    head = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    head = cloud_dumps(value, protocol=5, buffer_callback=buffers.append)
     if not buffers:
         return head
     try:
         oob = OutOfBand(value, head, buffers)
     except BufferError:  # a buffer that is not contiguous: the ordinary pickle copies it
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return cloud_dumps(value)
     return oob if len(oob) - len(head) >= OUT_OF_BAND_FROM else oob.inband()
 
 

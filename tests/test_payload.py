@@ -100,3 +100,16 @@ def test_a_large_array_is_shared_without_a_copy_and_mapped_copy_on_write():
     assert np.array_equal(pickle.loads(payload.inband(data)), big)  # where bytes must travel
     payload.release(shared)
     assert not os.path.exists(shared.path)
+
+
+def test_code_keeps_its_file_name_whatever_cloudpickle_does():
+    """A cell's function keeps the file name it was compiled with (cloudpickle >= 3.1.3 writes
+    "<dynamic-code>"), nested code too: a rank's traceback finds the cell's lines by it."""
+    import pickle
+
+    namespace = {}
+    exec(compile("def outer():\n    def inner():\n        return 1 / 0\n    return inner\n",
+                 "<hvd_magic cell 7>", "exec"), namespace)
+    loaded = pickle.loads(payload.cloud_dumps(namespace["outer"]))
+    assert loaded.__code__.co_filename == "<hvd_magic cell 7>"
+    assert loaded().__code__.co_filename == "<hvd_magic cell 7>"

@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 
 from .. import api
 from ..capture.modules import script_modules
+from ..payload import cloud_dumps
 
 
 def script_job(path, args=()):
@@ -36,8 +37,7 @@ def script_job(path, args=()):
     compile(source, filename, "exec")  # a SyntaxError names the script's line, here and now
     from ..rank.script import run_script as on_rank  # pickled by reference: ranks import it
 
-    import cloudpickle
-    job = {"fn": cloudpickle.dumps(on_rank),
+    job = {"fn": cloud_dumps(on_rank),
            "args": [pickle.dumps(x) for x in (path, source, args)],
            "sources": {filename: source},   # for the ranks' tracebacks (linecache)
            "modules": script_modules(path, source),

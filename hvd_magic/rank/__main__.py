@@ -156,7 +156,7 @@ def main(workdir):
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        data = cloudpickle.dumps(value)
+        data = payload.cloud_dumps(value)
     except Exception as exc:
         _write_json(os.path.join(workdir, "error.json"), {
             "type": "ResultError",

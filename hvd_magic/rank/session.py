@@ -25,6 +25,7 @@ import signal
 import struct
 import sys
 
+from ..payload import cloud_dumps
 from . import reporting, stream
 
 END_OF_CELL = "\x00hvd_magic end of cell\x00"
@@ -111,7 +112,7 @@ def _ask_rank_and_size():
 
 def serve(workdir, user_traceback, exports, register_source, install_modules):
     global _running
-    import cloudpickle
+    import cloudpickle  # noqa: F401  (the jobs and values unpickle with it)
 
     signal.signal(signal.SIGINT, _interrupt)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
@@ -144,7 +145,7 @@ def serve(workdir, user_traceback, exports, register_source, install_modules):
                 _running = False
                 assigned.update(job["assigns"])
             value = namespace.pop(VALUE_NAME, None)
-            payload = cloudpickle.dumps((value, exports(namespace, job.get("export", ()))))
+            payload = cloud_dumps((value, exports(namespace, job.get("export", ()))))
         except KeyboardInterrupt:
             status, summary = "stopped", {"type": "KeyboardInterrupt",
                                           "message": "interrupted; the session keeps its state"}
