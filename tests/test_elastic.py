@@ -27,7 +27,7 @@ GLOO_TIMEOUT = 10  # bounds how long a survivor may wait on the lost peer before
 
 # A cell written against Horovod's elastic API, as a user writes it: TorchState, commit every
 # COMMIT_EVERY steps, the step each (re)start of the loop began from kept (a restore goes back
-# to a commit).
+# to a commit). Its free names: steps, commit_every, grow_to.
 ELASTIC_CELL = """\
 import time
 import horovod.torch as hvd
@@ -55,6 +55,12 @@ def train(state):
             state.commit()
         hvd_magic.report(step=state.step, total=steps)
         time.sleep(0.05)
+    # a test that needs the ring whole at the end waits for it at commits, where Horovod lets a
+    # new rank in (a replacement takes seconds to start on a busy machine)
+    give_up = time.monotonic() + 120
+    while hvd.size() < grow_to and time.monotonic() < give_up:
+        state.commit()
+        time.sleep(0.2)
 
 train(state)
 {"step": state.step, "starts": starts, "weights": [p.detach().flatten().tolist() for p in model.parameters()]}
@@ -73,10 +79,14 @@ def _wait_for(run, predicate, timeout, what):
 
 
 @pytest.mark.parametrize("np", ["-3", "3"], ids=["driver", "spark"])
-def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd, np):
+def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_ns, capfd, np,
+                                                                    monkeypatch):
     if np == "3":
         spark_session(4)  # the shared embedded session: slots are plain tasks there
-    fresh_ns.update(steps=150, commit_every=COMMIT_EVERY)
+    else:  # Horovod's first word of the replacement's host does not reach rank 0 (as when it
+        # was re-initialising): the launcher tells it again
+        told = _drop_the_first_news_of_a_new_host(monkeypatch)
+    fresh_ns.update(steps=150, commit_every=COMMIT_EVERY, grow_to=3)
     with _elastic_run(ip, f"--np {np} --min-np 2 --export starts", view="--text") as run:
         pid, seen = _kill_rank_1_at_step(run, 25)
         results = run.wait(240)
@@ -88,23 +98,29 @@ def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_n
     assert all(r["step"] == 150 for r in results)
     # the survivors restarted from a commit no earlier than the last one before the kill
     last_commit = seen // COMMIT_EVERY * COMMIT_EVERY
-    survivors = [results[0], results[-1]]
-    for r in survivors:
+    for r in results:
         assert all(s % COMMIT_EVERY == 0 for s in r["starts"]), r["starts"]
         assert r["starts"] == sorted(r["starts"]), r["starts"]
-    restarts = results[0]["starts"][1:]
-    assert restarts and restarts[0] >= last_commit, (results[0]["starts"], seen)
+    survivors = [r for r in results if r["starts"][0] == 0]
+    assert survivors, results
+    for r in survivors:
+        assert r["starts"][1:] and r["starts"][1] >= last_commit, (r["starts"], seen)
 
     # membership: rank 1 lost by SIGKILL with its last line and key, a replacement joined, the
     # ring went 3 -> 2 -> 3; all of it in events.jsonl and run.json
     kinds = [c["t"] for c in run.membership]
-    lost = next(c for c in run.membership if c["t"] == "lost")
-    assert lost["rank"] == 1 and lost["pid"] == pid and lost["code"] == -signal.SIGKILL
-    assert lost["key"] == "hvd-s1-a1"
-    joined = next(c for c in run.membership if c["t"] == "joined")
-    assert joined["rank"] == 1 and joined["key"] == "hvd-s1-a2"
+    lost = [c for c in run.membership if c["t"] == "lost"]
+    assert lost[0]["rank"] == 1 and lost[0]["pid"] == pid and lost[0]["code"] == -signal.SIGKILL
+    assert lost[0]["key"] == "hvd-s1-a1"
+    # Rarely, a survivor aborts in Gloo as its peer dies (Horovod #2484: "terminate called after
+    # throwing gloo::EnforceNotMet"): it is lost and replaced the same way
+    also = lost[1:]
+    assert all(c["code"] == -signal.SIGABRT for c in also), also
+    joined = [c for c in run.membership if c["t"] == "joined"]
+    assert sorted(c["rank"] for c in joined) == sorted(c["rank"] for c in lost), joined
+    assert next(c for c in joined if c["rank"] == 1)["key"] == "hvd-s1-a2"
     sizes = [c["size"] for c in run.membership if c["t"] == "ring"]
-    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, sizes
+    assert sizes[0] == 3 and sizes[-1] == 3 and (also or 2 in sizes), sizes
     assert kinds.index("lost") < kinds.index("joined")
     with open(os.path.join(run.run_dir, "events.jsonl")) as f:
         recorded = [json.loads(line)["t"] for line in f]
@@ -121,9 +137,31 @@ def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_n
     out, err = capfd.readouterr()
     assert f"[hvd_magic] rank 1 lost (hvd-s1-a1, pid {pid}, killed by SIGKILL)" in err
     assert "[hvd_magic] rank 1 replaced: attempt 2 started (hvd-s1-a2" in err
-    assert "[hvd_magic] ring of 2 ranks: slots 0, 2" in err
+    assert also or "[hvd_magic] ring of 2 ranks: slots 0, 2" in err
     assert "membership:" in out and "rank 1 joined (attempt 2, hvd-s1-a2)" in out
     assert not run.unended()
+    if np == "-3":
+        assert len(told) >= 2, told
+
+
+def _drop_the_first_news_of_a_new_host(monkeypatch):
+    """Horovod's driver tells rank 0 of added hosts: the first time (after the first ring) is
+    lost. Each call is listed."""
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    tell = ElasticDriver._notify_workers_host_changes
+    told = []
+
+    def lose_the_first(driver, hosts, update):
+        if update & HostUpdateResult.added and driver.get_coordinator_info() is not None:
+            told.append(update)
+            if len(told) == 1:
+                return None
+        return tell(driver, hosts, update)
+
+    monkeypatch.setattr(ElasticDriver, "_notify_workers_host_changes", lose_the_first)
+    return told
 
 
 @contextlib.contextmanager
@@ -150,7 +188,7 @@ def _kill_rank_1_at_step(run, step):
 def test_too_few_ranks_for_longer_than_the_elastic_timeout_is_a_clear_error(
         ip, fresh_ns, monkeypatch):
     monkeypatch.setattr(elastic, "REPLACEMENTS_PER_SLOT", 0)  # a lost rank stays lost
-    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY)
+    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY, grow_to=0)
     with _elastic_run(ip, "--np -2 --min-np 2 --elastic-timeout 3") as run:
         pid, _ = _kill_rank_1_at_step(run, 5)
         with pytest.raises(LaunchError) as caught:
@@ -177,7 +215,7 @@ def test_an_elastic_reset_is_not_a_hang():
 
 @pytest.mark.parametrize("np", ["-2", "2"], ids=["driver", "spark"])
 def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns, np):
-    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY)
+    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY, grow_to=0)
     # on Spark, a slot beyond what the session can hold waits in Spark's queue: the end
     # cancels it too
     more = " --max-np 9" if np == "2" else ""

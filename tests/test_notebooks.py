@@ -265,18 +265,23 @@ def test_elastic(tmp_path):
     assert sorted(starts) == [0, 1, 2]
     survivors = sorted(s for s in starts.values() if s[0] == 0)
     replacement = [s for s in starts.values() if s[0] != 0]
-    # the survivors: from 0, then from 40 (the commit before the kill at 45), then from the
-    # commit at which the replacement joined, where the replacement began
-    assert len(survivors) == 2 and survivors[0] == survivors[1], starts
-    assert survivors[0][:2] == [0, 40] and len(replacement) == 1, starts
-    joined_at = replacement[0][0]
-    assert replacement == [[joined_at]] and survivors[0][2:] == [joined_at], starts
-    assert joined_at % 10 == 0 and joined_at > 40
-
     shown = view(nb, history)
-    assert "the ring: 3 → 2 → 3" in shown
     assert "3 results, at step 200; weights equal: True" in shown
     lost = re.findall(r"rank (\d) lost \(hvd-s\d-a1, killed by SIGKILL\)", shown)
     joined = re.findall(r"rank (\d) joined \(attempt 2, hvd-s\d-a2\)", shown)
-    assert len(lost) == 1 and joined == lost, shown  # the lost row is the one replaced
+    # the rare case the text names: a survivor aborted by Gloo (Horovod #2484), replaced too
+    aborted = re.findall(r"rank (\d) lost \(hvd-s\d-a1, killed by SIGABRT\)", shown)
+    assert len(lost) == 1 and sorted(joined) == sorted(lost + aborted), shown
+    assert re.search(r"^the ring: 3( → \d)* → 3$", shown, re.M), shown
+    assert survivors and all(s[:2] == [0, 40] for s in survivors), starts
     assert any("image/png" in o.get("data", {}) for o in history.outputs)  # the ring drawn
+    if aborted:
+        return
+    # the survivors: from 0, then from 40 (the commit before the kill at 45), then from the
+    # commit at which the replacement joined, where the replacement began
+    assert len(survivors) == 2 and survivors[0] == survivors[1], starts
+    assert len(replacement) == 1, starts
+    joined_at = replacement[0][0]
+    assert replacement == [[joined_at]] and survivors[0][2:] == [joined_at], starts
+    assert joined_at % 10 == 0 and joined_at > 40
+    assert "the ring: 3 → 2 → 3" in shown

@@ -1,5 +1,7 @@
 """The same cell on a real Spark standalone cluster: one master, two workers, four ranks."""
 
+import signal
+
 import pytest
 
 import hvd_magic
@@ -169,15 +171,20 @@ def test_elastic_run_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standal
     last_commit = seen // 10 * 10
     for r in results:
         assert all(s % 10 == 0 for s in r["starts"]) and r["starts"] == sorted(r["starts"])
-    survivor_starts = [results[i]["starts"] for i in range(4) if i not in on_worker_1]
-    assert all(s[0] == 0 and s[1] >= last_commit for s in survivor_starts), survivor_starts
-    # membership: both slots of the lost worker lost, joined again, the ring 4 -> 2 -> 4
-    lost = {c["rank"] for c in run.membership if c["t"] == "lost"}
+    # membership: both slots of the lost worker lost, joined again, the ring 4 -> 2 -> 4.
+    # Rarely, a survivor aborts in Gloo as its peers die (Horovod #2484: "terminate called after
+    # throwing gloo::EnforceNotMet"): it is lost (SIGABRT) and replaced in its task
+    lost = [c for c in run.membership if c["t"] == "lost"]
+    also = [c for c in lost if c["rank"] not in on_worker_1]
+    assert all(c["code"] == -signal.SIGABRT for c in also), also
     joined = {c["rank"] for c in run.membership if c["t"] == "joined"}
-    assert lost == joined == set(on_worker_1)
+    assert {c["rank"] for c in lost} == joined and set(on_worker_1) <= joined
     sizes = [c["size"] for c in run.membership if c["t"] == "ring"]
     assert sizes[0] == 4 and 2 in sizes and sizes[-1] == 4, sizes
-    for c in run.membership:
-        if c["t"] == "lost":  # what the driver heard: the task's connection ended with it
+    for c in lost:
+        if c["rank"] in on_worker_1:  # what the driver heard: the task's connection ended with it
             assert "the executor was lost" in c["how"] and c["key"].startswith(f"hvd-s{c['rank']}-")
+    survivor_starts = [results[i]["starts"] for i in range(4) if i not in joined]
+    assert survivor_starts and all(s[0] == 0 and s[1] >= last_commit for s in survivor_starts), \
+        survivor_starts
     assert not run.unended()

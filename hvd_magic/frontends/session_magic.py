@@ -55,8 +55,9 @@ def horovod_session(magics, line):
     ``restart`` starts a new one. ``stop``, the kernel's exit and the idle limit end every
     rank.
 
-    With ``--min-np M`` (``--np -N`` only, for now) the session is elastic: a rank process
-    that is lost (killed, out of memory) leaves the others running with their namespaces.
+    With ``--min-np M`` the session is elastic (on Spark each rank is a plain task of its
+    own, not a barrier stage): a rank process or executor that is lost (killed, out of
+    memory) leaves the others running with their namespaces.
     A cell running at that moment ends with a message saying so (run it again), unless its
     code is inside ``hvd.elastic.run``, which recovers by itself. Before the next cell the
     survivors reset Horovod (``hvd.shutdown(); hvd.init()``): ``hvd.size()`` and

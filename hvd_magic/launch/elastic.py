@@ -14,8 +14,12 @@ as shell commands. What is ours:
   again in a ring without it (the replacement then joins at a later commit), or at once when fewer
   than `min_np` are left. Not sooner: Horovod tells only rank 0 of new hosts, and a rank that is
   still re-initialising drops what it was told (`State.on_reset` empties its queue), so a key
-  offered during the survivors' reset would never be acted on. "Train again" is the driver loop's
-  word (`ring_working`: a step reported after the ring formed), or `REPLACE_AFTER` seconds;
+  offered during the survivors' reset would not be acted on. "Train again" is the driver loop's
+  word (`ring_working`: a step reported after the ring formed), or `REPLACE_AFTER` seconds. A step
+  can reach the driver late (a rank sends its last report from a timer), so the word can come too
+  soon: a key offered for `REMIND_AFTER` seconds that Horovod started no worker on is told to rank
+  0 again (`_remind_rank_0`), until a worker starts; the same holds for a Spark slot that gets
+  capacity mid-run;
 - **a worker is our rank process** (`_run_slot`: here `hvd_magic.task.runner.run_worker`, on Spark
   a task holding the slot), so its output, progress, logs and result reach the driver loop as in
   every other run, labelled by its slot: the view's row `k` is slot `k`, whatever Horovod rank it
@@ -26,6 +30,7 @@ A worker killed by a signal is a lost member, not a failed run; one that raised 
 as usual (a bug in the cell does not go away by retrying it).
 """
 
+import logging
 import threading
 import time
 import types
@@ -37,6 +42,8 @@ from .base import Launcher
 
 SLOT_KEY = "hvd-s{slot}-a{attempt}"
 REPLACE_AFTER = 5.0   # seconds after a ring without the lost keys formed, if no step is heard
+REMIND_AFTER = 3.0    # seconds a key may be offered with no worker started on it before rank 0
+                      # is told of it again
 # A slot whose processes died this many times more is not replaced again (a crash loop): the
 # run goes on with the others, or ends after the elastic timeout if they are too few.
 REPLACEMENTS_PER_SLOT = 3
@@ -86,6 +93,9 @@ class ElasticLauncher(Launcher):
         self._waiting = set()    # slots whose worker died and that have no new key yet
         self._lost = []          # (slot, key, code, when) of every death
         self._last = {}          # slot -> the outcome of its latest worker
+        self._started = set()    # keys Horovod started a worker on
+        self._offered_since = {}  # key offered, no worker started on it yet -> since when
+        self._reminded_at = float("-inf")
         self._stopping = False
         self._ring_at = None     # when a ring without the dead keys formed (replacements due)
         self._working = False    # a step was reported in that ring
@@ -119,8 +129,38 @@ class ElasticLauncher(Launcher):
             if self._waiting and (due or len(live) < self.min_np):
                 self._replace_waiting()
             hosts = {key: 1 for slot, key in self._keys.items() if self._has_capacity(slot)}
+            remind = self._remind_due(hosts)
             hosts.update({key: 1 for key in self._dead})  # kept: a vanished host is a "removal"
-            return hosts
+        if remind:
+            self._remind_rank_0()
+        return hosts
+
+    def _remind_due(self, hosts):
+        """Some key of `hosts` has been offered for REMIND_AFTER seconds (and none reminded of
+        for as long) without a worker started on it."""
+        now = time.monotonic()
+        unstarted = [k for k in hosts if k not in self._started]
+        self._offered_since = {k: self._offered_since.get(k, now) for k in unstarted}
+        if not unstarted or self._driver is None:
+            return False
+        if now - max(min(self._offered_since.values()), self._reminded_at) < REMIND_AFTER:
+            return False
+        self._reminded_at = now
+        return True
+
+    def _remind_rank_0(self):
+        """Tell Horovod's rank 0 again that hosts were added (it resets at its next commit and
+        Horovod starts workers on them). Horovod tells it only when discovery sees a change, and
+        a rank 0 that was re-initialising then dropped it; Horovod skips this when no worker
+        would be added. (A private method of Horovod 0.28.1's driver, the last release.)"""
+        from horovod.runner.elastic.worker import HostUpdateResult
+
+        driver = self._driver
+        try:
+            driver._notify_workers_host_changes(driver._host_manager.current_hosts,
+                                                HostUpdateResult.added)
+        except Exception:  # (rank 0 is going away): the next reminder, or none is needed
+            logging.debug("hvd_magic: reminding rank 0 of new hosts failed", exc_info=True)
 
     def _replace_waiting(self):
         if self._stopping:
@@ -195,6 +235,8 @@ class ElasticLauncher(Launcher):
     def _create_worker(self, slot_info, events):
         """Horovod's `create_worker_fn`: run one worker to its end; (exit code, time)."""
         slot, attempt = slot_of(slot_info.hostname)
+        with self._lock:
+            self._started.add(slot_info.hostname)
         if self._stopping:
             return 1, time.time()
         from horovod.runner.gloo_run import create_slot_env_vars
