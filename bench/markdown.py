@@ -254,5 +254,6 @@ def render(record, reading):
             out += ["**It failed**; its last output:", "", "```", *tail, "```", ""]
         for bench, rows in by_bench.items():
             out += [f"### {TITLES.get(bench, bench)}", "", *section(bench, rows), ""]
-        out += [f"_`{b.get('command')}` took {b.get('seconds', 0):.0f} s._", ""]
+        apart = f"; measured apart from the full run, on {b['measured']}" if b.get("measured") else ""
+        out += [f"_`{b.get('command')}` took {b.get('seconds', 0):.0f} s{apart}._", ""]
     return "\n".join(out) + "\n"

@@ -15,6 +15,11 @@ which run it reads.
     .venv/bin/python bench/run_all.py --quick    # fewer repetitions and sizes, ~10 minutes
     .venv/bin/python bench/run_all.py --only launch training --out /tmp/B.md
     .venv/bin/python bench/run_all.py --from-json BENCHMARKS.json   # the .md again, no runs
+    .venv/bin/python bench/run_all.py --only elastic --merge   # measure one again, keep the rest
+
+With ``--merge`` the benchmarks named are measured and replace their earlier results in the
+.json beside ``--out``; the others are kept, and the file says of each benchmark measured apart
+from the full run when and at which commit it was.
 
 hvd_magic is imported from wherever the interpreter finds it; the file names the commit (and says
 when the working tree differed from it, or changed during the run). To measure one commit while
@@ -168,14 +173,22 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and sizes")
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), help="just these")
     parser.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    parser.add_argument("--merge", action="store_true",
+                        help="with --only: replace just those in --out's .json, keep the others")
     parser.add_argument("--from-json", metavar="PATH",
                         help="write --out from a BENCHMARKS.json of an earlier run; measure nothing")
     args = parser.parse_args()
     out_json = os.path.splitext(args.out)[0] + ".json"
 
+    if args.merge and not args.only:
+        parser.error("--merge goes with --only: which benchmarks to measure again")
     if args.from_json:
         with open(args.from_json) as f:
             record = json.load(f)
+    elif args.merge:
+        record = merged(out_json, args.only, args.quick)
+        with open(out_json, "w") as f:
+            json.dump(record, f, indent=1)
     else:
         started = datetime.datetime.now()
         version = hvd_magic_version()
@@ -198,6 +211,20 @@ def main():
     print(f"\nwrote {args.out}" + ("" if args.from_json else f" and {out_json}")
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
+
+
+def merged(path, names, quick):
+    """The record in `path` with the benchmarks `names` measured again, each saying when and at
+    which commit (the record's own date and machine are the full run's)."""
+    with open(path) as f:
+        record = json.load(f)
+    started, version = datetime.datetime.now(), hvd_magic_version()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        for name in names:
+            result = run_benchmark(name, quick, tmp)
+            result["measured"] = f"{started:%Y-%m-%d %H:%M}, {version}"
+            record["benchmarks"][name] = result
+    return record
 
 
 READING_START, READING_END = "<!-- reading -->", "<!-- /reading -->"

@@ -213,6 +213,63 @@ def test_an_elastic_reset_is_not_a_hang():
     assert stall_message(Membership(3, 2, 3).watched(ranks), 60, now) is None
 
 
+def test_a_spark_elastic_run_grows_beyond_np_when_spark_has_room(ip, fresh_ns, tmp_path):
+    """--np 2 --max-np 3 while another job holds every core but 2: the run starts on 2 ranks;
+    the job ends, Spark runs the third slot's task, and its rank joins at a commit."""
+    import threading
+
+    from hvd_magic.launch.spark import local_slots
+
+    sc = spark_session(4).sparkContext
+    held, release = local_slots(sc.master) - 2, str(tmp_path / "release")
+
+    def hold(_):
+        import os
+        import time
+        deadline = time.monotonic() + 120
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return []
+
+    holder = threading.Thread(target=lambda: sc.parallelize(range(held), held)
+                              .mapPartitions(hold).collect())
+    holder.start()
+    try:
+        _wait_for_running_tasks(sc, held)
+        fresh_ns.update(steps=60, commit_every=COMMIT_EVERY, grow_to=3)
+        with _elastic_run(ip, "--np 2 --min-np 2 --max-np 3") as run:
+            _wait_for(run, lambda: sum((r.step or 0) >= 20 for r in run.ranks) == 2, 120,
+                      "2 ranks at step 20")
+            # (Spark picks which slot's task waits: each slot is a job of its own)
+            third = next(r.rank for r in run.ranks if r.pid is None)  # its task waits for a core
+            open(release, "w").close()
+            results = run.wait(240)
+    finally:
+        open(release, "w").close()
+        holder.join(60)
+    assert run.state == "done", run.error
+    assert len(results) == 3 and all(r["weights"] == results[0]["weights"] for r in results)
+    assert all(r["step"] == 60 for r in results)
+    assert [c["size"] for c in run.membership if c["t"] == "ring"] == [2, 3]
+    assert not [c for c in run.membership if c["t"] == "lost"]
+    joined_at = results[third]["starts"]
+    assert len(joined_at) == 1 and joined_at[0] >= 20 and joined_at[0] % COMMIT_EVERY == 0
+    assert all(r["starts"] == [0] + joined_at for i, r in enumerate(results) if i != third)
+    assert not run.unended()
+
+
+def _wait_for_running_tasks(sc, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tracker = sc.statusTracker()
+        running = sum(tracker.getStageInfo(s).numActiveTasks for s in tracker.getActiveStageIds()
+                      if tracker.getStageInfo(s) is not None)
+        if running >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {n} tasks to run")
+
+
 @pytest.mark.parametrize("np", ["-2", "2"], ids=["driver", "spark"])
 def test_timeout_ends_every_rank_of_an_elastic_run(ip, fresh_ns, np):
     fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY, grow_to=0)
