@@ -208,6 +208,13 @@ def targets(record):
         elif r.get("ratio") is not None:
             line("`%horovod --np 2 script.py` launch ≤ 1.05× the same code in a cell",
                  f"{r['median']:.2f} s, {r['ratio']:.3f}×", r["ratio"] <= 1.05)
+    for r in _rows(record, "elastic"):
+        if r.get("ratio") is not None:
+            who = r["name"].split(", ", 1)[-1]
+            line(f"elastic recovery ({who}) ≤ 1.0× `horovodrun --min-np`'s and ≤ 20 s",
+                 f"{r['median']:.2f} s, {r['ratio']:.2f}× ({r['median'] / r['ratio']:.2f} s); "
+                 f"steps redone: {', '.join(map(str, r.get('redone') or []))}",
+                 r["ratio"] <= 1 and r["median"] <= 20)
     for r in _with_best_ratios(_rows(record, "elastic-cost")):
         if r["name"].startswith(("elastic", "Spark elastic")) and r.get("ratio") is not None:
             place = "on Spark " if r["name"].startswith("Spark") else ""
