@@ -3,7 +3,7 @@
 import contextlib
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import time
@@ -70,12 +70,6 @@ def _stop_spark_at_exit():
     _stop_spark()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for_workers(ui_port, n, timeout=90, host="127.0.0.1"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -104,10 +98,8 @@ class StandaloneCluster:
         import pyspark
         self.spark_home = os.path.dirname(pyspark.__file__)
         self.tmp = tmp
-        self.port = free_port()
-        self.ui_port = free_port()
+        self.port = self.ui_port = self.url = None  # the master's, once it listens (start())
         self.master_host = master_host
-        self.url = f"spark://{master_host}:{self.port}"
         self.procs = []
         self.worker_hosts = worker_hosts
         self.cores = cores
@@ -127,16 +119,40 @@ class StandaloneCluster:
         return proc
 
     def start(self):
-        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", self.master_host,
-                               "--port", str(self.port), "--webui-port", str(self.ui_port)],
-                    env={"SPARK_LOCAL_IP": self.master_host})  # its web UI listens there too
-        self.workers = [self._start_worker(i) for i in range(len(self.worker_hosts))]
+        # Port 0: the master binds free ports itself and we read them from its log. (Ports picked
+        # here could be taken before it binds: it then moves to the next one, and workers told
+        # the first waited for it in vain: seen in a fresh clone's run.)
+        master = self._spawn("master", ["org.apache.spark.deploy.master.Master",
+                                        "--host", self.master_host, "--port", "0",
+                                        "--webui-port", "0"],
+                             env={"SPARK_LOCAL_IP": self.master_host})  # its web UI there too
         try:
+            self.port, self.ui_port = self._master_ports(master)
+            self.url = f"spark://{self.master_host}:{self.port}"
+            self.workers = [self._start_worker(i) for i in range(len(self.worker_hosts))]
             _wait_for_workers(self.ui_port, len(self.worker_hosts), host=self.master_host)
         except BaseException:  # the fixture never yields: stop what was started here
             self.stop()
             raise
         return self
+
+    def _master_ports(self, master, timeout=60):
+        """The master's RPC and web UI ports, from the lines it logs once each listens."""
+        found = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and master.poll() is None:
+            with open(os.path.join(self.tmp, "master.log")) as log:
+                text = log.read()
+            for key, pattern in (("rpc", r"Starting Spark master at spark://\S+:(\d+)"),
+                                 ("ui", r"MasterWebUI.* started at http://\S+:(\d+)")):
+                match = re.search(pattern, text)
+                if match:
+                    found[key] = int(match.group(1))
+            if len(found) == 2:
+                return found["rpc"], found["ui"]
+            time.sleep(0.2)
+        raise RuntimeError(f"the standalone master did not listen in {timeout} s "
+                           f"(exit code {master.poll()}); see {self.tmp}/master.log")
 
     def _start_worker(self, i):
         host = self.worker_hosts[i]
@@ -147,7 +163,7 @@ class StandaloneCluster:
         return self._spawn(
             f"worker{i}", ["org.apache.spark.deploy.worker.Worker", self.url,
                            "--host", host, "--cores", str(self.cores), "--memory", "2g",
-                           "--webui-port", str(free_port()),
+                           "--webui-port", "0",
                            "--work-dir", os.path.join(self.tmp, f"work{i}")], env=env,
             prefix=self.worker_prefixes.get(i, ()))
 

@@ -28,7 +28,7 @@ import nbformat
 import psutil
 import pytest
 
-from conftest import ROOT, free_port
+from conftest import ROOT
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -63,9 +63,8 @@ class JupyterLab:
 
     def __init__(self, root):
         self.root = root
-        self.port = free_port()
         self.token = secrets.token_hex(16)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = None  # once it listens (wait_ready): it picks a free port itself
         home = os.path.join(root, ".jupyter-home")
         # No news or update checks (no network, no toast over the screenshot); the notebook's
         # own kernel started without asking (else a "Select Kernel" dialog waits for a click).
@@ -73,15 +72,16 @@ class JupyterLab:
                        {"fetchNews": "false", "checkForUpdates": False})
         self._settings(home, "notebook-extension/tracker", {"autoStartDefaultKernel": True})
         env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
+        self.runtime = os.path.join(home, "runtime")
         env.update(JUPYTER_CONFIG_DIR=os.path.join(home, "config"),
                    JUPYTER_DATA_DIR=os.path.join(home, "data"),  # no user-level kernelspecs
-                   JUPYTER_RUNTIME_DIR=os.path.join(home, "runtime"),
+                   JUPYTER_RUNTIME_DIR=self.runtime,
                    JUPYTERLAB_SETTINGS_DIR=os.path.join(home, "settings"),
                    JUPYTERLAB_WORKSPACES_DIR=os.path.join(home, "workspaces"))
         self.log = open(os.path.join(home, "jupyterlab.log"), "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+             "--ServerApp.port=0", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
              "--allow-root", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
             cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -102,11 +102,14 @@ class JupyterLab:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"JupyterLab exited with {self.proc.returncode}; see {self.log.name}")
+            info = os.path.join(self.runtime, f"jpserver-{self.proc.pid}.json")  # once it listens
             try:
+                with open(info) as f:
+                    self.url = json.load(f)["url"].rstrip("/")
                 status, _ = self.api("status")
                 if status == 200:
                     return
-            except (urllib.error.URLError, ConnectionError):
+            except (OSError, ValueError):  # no file yet, half written, or not answering yet
                 pass
             time.sleep(0.2)  # (a poll interval, not a readiness signal)
         raise RuntimeError(f"JupyterLab did not answer in {timeout} s; see {self.log.name}")

@@ -2,8 +2,8 @@
 wheel's jars, local[4]) and this process as its client, with no SparkContext of its own."""
 
 import os
+import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -12,18 +12,20 @@ import time
 import pytest
 
 import hvd_magic
-from conftest import ALLREDUCE_CELL, _stop_spark, free_port
+from conftest import ALLREDUCE_CELL, _stop_spark
 from hvd_magic.errors import RankError
 
 
-def _wait_for_port(port, proc, log, timeout=120):
+def _server_port(proc, log, timeout=120):
+    """The port the server listens on, from the line it logs once it does (it picks a free one:
+    a port picked here could be taken before it binds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        match = re.search(r"Spark Connect server started at: \S+:(\d+)", open(log).read())
+        if match:
+            return int(match.group(1))
         if proc.poll() is not None:
             raise RuntimeError(f"the Connect server exited:\n{open(log).read()[-3000:]}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
         time.sleep(0.5)
     raise RuntimeError(f"the Connect server did not listen within {timeout} s")
 
@@ -34,7 +36,6 @@ def connect(tmp_path_factory):
 
     _stop_spark()  # this process is a pure Connect client from here on
     home = os.path.dirname(pyspark.__file__)
-    port = free_port()
     log = str(tmp_path_factory.mktemp("connect") / "server.log")
     env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable)
     # The server (and its executors) run where the tests' folders are an empty tmpfs: what the
@@ -44,11 +45,11 @@ def connect(tmp_path_factory):
     proc = subprocess.Popen(
         hide + [os.path.join(home, "bin", "spark-submit"), "--class",
          "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[4]",
-         "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.connect.grpc.binding.port=0", "--conf", "spark.ui.enabled=false",
          "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"],
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        _wait_for_port(port, proc, log)
+        port = _server_port(proc, log)
         from pyspark.sql import SparkSession
         spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
         spark.test_url = f"sc://127.0.0.1:{port}"

@@ -2,6 +2,7 @@
 from a real tracking server (``mlflow server``, SQLite store) and from a ``file:`` store."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
-from conftest import free_port, spark_session
+from conftest import spark_session
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -43,26 +44,29 @@ if hvd.rank() == 1:
 def tracking_server(tmp_path_factory):
     """``mlflow server`` on a free port with a SQLite store; its artifacts served by it."""
     tmp = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     log = open(tmp / "server.log", "w")
-    server = subprocess.Popen(
+    server = subprocess.Popen(  # port 0: it picks a free one (one picked here could be taken)
         [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
+         "--port", "0", "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
          "--artifacts-destination", str(tmp / "artifacts")],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     try:
-        while True:  # ready when /health answers (the SQLite schema is made before that)
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mlflow server did not start: {open(tmp / 'server.log').read()}")
-                time.sleep(0.2)
+        while True:  # ready when it says where it listens and /health answers there
+            text = open(tmp / "server.log").read()
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {text}")
+            match = re.search(r"running on (http://\S+:\d+)", text)
+            if match:
+                url = match.group(1)
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                        if answer.status == 200:
+                            break
+                except OSError:
+                    pass
+            time.sleep(0.2)
         yield url
     finally:
         os.killpg(server.pid, 15)
