@@ -70,6 +70,24 @@ def _stop_spark_at_exit():
     _stop_spark()
 
 
+def logged(log, pattern, server, what, timeout=120):
+    """The first match of `pattern` in the file `log`, which `server` (a Popen) writes: how the
+    tests learn the port a server picked itself (port 0; a port picked by the tests could be
+    taken before the server bound it). Raises if the server exits or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(log) as f:
+            text = f.read()
+        match = re.search(pattern, text)
+        if match:
+            return match
+        if server.poll() is not None or time.monotonic() > deadline:
+            why = (f"exited with code {server.returncode}" if server.poll() is not None
+                   else f"did not log where it listens in {timeout} s")
+            raise RuntimeError(f"{what} {why}; the end of {log}:\n{text[-3000:]}")
+        time.sleep(0.2)
+
+
 def _wait_for_workers(ui_port, n, timeout=90, host="127.0.0.1"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -136,23 +154,12 @@ class StandaloneCluster:
             raise
         return self
 
-    def _master_ports(self, master, timeout=60):
+    def _master_ports(self, master):
         """The master's RPC and web UI ports, from the lines it logs once each listens."""
-        found = {}
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and master.poll() is None:
-            with open(os.path.join(self.tmp, "master.log")) as log:
-                text = log.read()
-            for key, pattern in (("rpc", r"Starting Spark master at spark://\S+:(\d+)"),
-                                 ("ui", r"MasterWebUI.* started at http://\S+:(\d+)")):
-                match = re.search(pattern, text)
-                if match:
-                    found[key] = int(match.group(1))
-            if len(found) == 2:
-                return found["rpc"], found["ui"]
-            time.sleep(0.2)
-        raise RuntimeError(f"the standalone master did not listen in {timeout} s "
-                           f"(exit code {master.poll()}); see {self.tmp}/master.log")
+        log = os.path.join(self.tmp, "master.log")
+        return [int(logged(log, pattern, master, "the standalone master", timeout=60).group(1))
+                for pattern in (r"Starting Spark master at spark://\S+:(\d+)",
+                                r"MasterWebUI.* started at http://\S+:(\d+)")]
 
     def _start_worker(self, i):
         host = self.worker_hosts[i]

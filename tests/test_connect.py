@@ -2,7 +2,6 @@
 wheel's jars, local[4]) and this process as its client, with no SparkContext of its own."""
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -12,22 +11,8 @@ import time
 import pytest
 
 import hvd_magic
-from conftest import ALLREDUCE_CELL, _stop_spark
+from conftest import ALLREDUCE_CELL, _stop_spark, logged
 from hvd_magic.errors import RankError
-
-
-def _server_port(proc, log, timeout=120):
-    """The port the server listens on, from the line it logs once it does (it picks a free one:
-    a port picked here could be taken before it binds)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = re.search(r"Spark Connect server started at: \S+:(\d+)", open(log).read())
-        if match:
-            return int(match.group(1))
-        if proc.poll() is not None:
-            raise RuntimeError(f"the Connect server exited:\n{open(log).read()[-3000:]}")
-        time.sleep(0.5)
-    raise RuntimeError(f"the Connect server did not listen within {timeout} s")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +34,8 @@ def connect(tmp_path_factory):
          "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"],
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        port = _server_port(proc, log)
+        port = int(logged(log, r"Spark Connect server started at: \S+:(\d+)", proc,
+                          "the Spark Connect server").group(1))
         from pyspark.sql import SparkSession
         spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
         spark.test_url = f"sc://127.0.0.1:{port}"

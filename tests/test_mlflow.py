@@ -2,7 +2,6 @@
 from a real tracking server (``mlflow server``, SQLite store) and from a ``file:`` store."""
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
-from conftest import spark_session
+from conftest import logged, spark_session
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -51,22 +50,19 @@ def tracking_server(tmp_path_factory):
          "--port", "0", "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
          "--artifacts-destination", str(tmp / "artifacts")],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 120
     try:
-        while True:  # ready when it says where it listens and /health answers there
-            text = open(tmp / "server.log").read()
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {text}")
-            match = re.search(r"running on (http://\S+:\d+)", text)
-            if match:
-                url = match.group(1)
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                        if answer.status == 200:
-                            break
-                except OSError:
-                    pass
-            time.sleep(0.2)
+        url = logged(tmp / "server.log", r"running on (http://\S+:\d+)", server,
+                     "mlflow server").group(1)
+        deadline = time.monotonic() + 60
+        while True:  # ready when /health answers (the SQLite schema is made before that)
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mlflow server did not answer: {open(tmp / 'server.log').read()}")
+                time.sleep(0.2)
         yield url
     finally:
         os.killpg(server.pid, 15)
