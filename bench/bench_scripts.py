@@ -22,15 +22,16 @@ Not a test: timings live here only.
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import types
-import urllib.request
 
 from rows import row as make_row, write
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests"))
+from conftest import start_mlflow_server  # noqa: E402  (the tests' own mlflow server)
 
 STEP = 0.005       # seconds of the training step each point stands for
 EVENT_EVERY = 0.1  # the rank's batching of its points (hvd_magic.rank.reporting.MIN_INTERVAL)
@@ -40,29 +41,6 @@ import torch, horovod.torch as hvd
 hvd.init()
 hvd.allreduce(torch.ones(1)).item()
 """
-
-
-def start_server(tmp):
-    """``mlflow server`` (SQLite) on a free port; (its process, its URL) once /health answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/server.db",
-         "--artifacts-destination", f"{tmp}/artifacts"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                return server, url
-        except OSError:
-            time.sleep(0.2)
-    os.killpg(server.pid, 9)
-    raise RuntimeError("mlflow server did not start")
 
 
 def feed(tracker, points):
@@ -182,7 +160,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-scripts-") as tmp:
         os.chdir(tmp)  # run folders and MLflow's files go here
-        server, url = start_server(tmp)
+        server, url = start_mlflow_server(tmp, os.path.join(tmp, "server.log"))
         try:
             steps = step_times(url, args.reps, args.points)
             per_point = [a - b for a, b in zip(steps[True], steps[False])]

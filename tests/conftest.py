@@ -88,6 +88,36 @@ def logged(log, pattern, server, what, timeout=120):
         time.sleep(0.2)
 
 
+def start_mlflow_server(folder, log):
+    """``mlflow server`` with a SQLite store in `folder`, its artifacts served by it, on a port it
+    picks itself; its output goes to the file `log`. (Its process, its URL) once /health answers
+    (the SQLite schema is made before that). tests/test_mlflow.py and bench/bench_scripts.py."""
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server",
+             "--host", "127.0.0.1", "--port", "0", "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+             "--artifacts-destination", os.path.join(folder, "artifacts")],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+    try:
+        url = logged(log, r"running on (http://\S+:\d+)", server, "mlflow server").group(1)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return server, url
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mlflow server did not answer at {url}; see {log}")
+                time.sleep(0.2)
+    except BaseException:
+        os.killpg(server.pid, 9)
+        server.wait()
+        raise
+
+
 def _wait_for_workers(ui_port, n, timeout=90, host="127.0.0.1"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -2,16 +2,13 @@
 from a real tracking server (``mlflow server``, SQLite store) and from a ``file:`` store."""
 
 import os
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
-from conftest import logged, spark_session
+from conftest import spark_session, start_mlflow_server
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -43,31 +40,12 @@ if hvd.rank() == 1:
 def tracking_server(tmp_path_factory):
     """``mlflow server`` on a free port with a SQLite store; its artifacts served by it."""
     tmp = tmp_path_factory.mktemp("mlflow-server")
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    log = open(tmp / "server.log", "w")
-    server = subprocess.Popen(  # port 0: it picks a free one (one picked here could be taken)
-        [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--host", "127.0.0.1",
-         "--port", "0", "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
-         "--artifacts-destination", str(tmp / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server, url = start_mlflow_server(tmp, tmp / "server.log")
     try:
-        url = logged(tmp / "server.log", r"running on (http://\S+:\d+)", server,
-                     "mlflow server").group(1)
-        deadline = time.monotonic() + 60
-        while True:  # ready when /health answers (the SQLite schema is made before that)
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mlflow server did not answer: {open(tmp / 'server.log').read()}")
-                time.sleep(0.2)
         yield url
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
-        log.close()
 
 
 @pytest.fixture
