@@ -87,10 +87,12 @@ class Recording(Measured):
 
 def record(np, seconds, root):
     from hvd_magic.driver.run import Run
+    from hvd_magic.config import RunOptions
     from hvd_magic.view.dashboard import Dashboard
     launcher = _launcher_class()(4, seconds, 0.2, 20, 2, 0)
     view = Recording(Dashboard())
-    run = Run(np, run_dir=os.path.join(root, f"np{np}"), launcher=launcher, view=view)
+    run = Run(np, RunOptions(run_dir=os.path.join(root, f"np{np}")), launcher=launcher,
+              view=view)
     with contextlib.redirect_stdout(io.StringIO()):
         run.launch({"fn": pickle.dumps(None), "args": []}, {})
     shutil.rmtree(run.run_dir, ignore_errors=True)

@@ -244,12 +244,14 @@ def folder_bytes(path):
 
 def one_run(np, args, root):
     from hvd_magic.driver.run import Run
+    from hvd_magic.config import RunOptions
     gc.collect()
     rss0 = psutil.Process().memory_info().rss
     launcher = _launcher_class()(args.workers, args.seconds, args.tick, args.lines_per_tick,
                                  args.points_per_tick, args.points)
     measured = Measured(make_view(args.view))
-    run = Run(np, run_dir=os.path.join(root, f"np{np}"), launcher=launcher, view=measured)
+    run = Run(np, RunOptions(run_dir=os.path.join(root, f"np{np}")), launcher=launcher,
+              view=measured)
     load0 = os.getloadavg()[0]
     start = time.monotonic()
     run.launch({"fn": pickle.dumps(None), "args": []}, {})

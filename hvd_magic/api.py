@@ -1,14 +1,14 @@
 """The plain Python API: `run(fn, np=...)` returns a finished `Run`. The magics are a thin shell
 over it (`run_cell`), and so is every other way in.
 
-What it does: checks the arguments, pickles the function and each value on its own
+What it does: checks the arguments (once, into a `Placement` and `RunOptions`:
+`hvd_magic.config`), pickles the function and each value on its own
 (`hvd_magic.capture.pickle_values`, so that everything that cannot travel is named before any
 job starts), picks a launcher (`hvd_magic.launch.make_launcher`) and starts a `Run`
 (`hvd_magic.driver.run`), which drives the launch to its end.
 """
 
 import marshal
-import os
 
 from IPython.core.error import UsageError
 
@@ -16,19 +16,14 @@ from .capture import pickle_values
 from .capture.modules import local_sources, names_in_code, names_in_imports, names_in_pickle
 from .driver.history import last_run, runs
 from .driver.tracking import tracked
-from .driver.run import DEFAULT_BROADCAST_BYTES, DEFAULT_HOROVOD_ENV, DEFAULT_STALL_TIMEOUT, Run
+from .driver.run import DEFAULT_HOROVOD_ENV, Run
 from .launch import make_launcher
+from .config import (DEFAULT_BROADCAST_BYTES, DEFAULT_STALL_TIMEOUT, Placement, RunOptions,
+                      check_np, check_together, split)
 from .payload import cloud_dumps, inband
 
 __all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run", "start_session",
            "run_in_session"]
-
-
-def check_np(np):
-    if isinstance(np, bool) or not isinstance(np, int) or np == 0:
-        raise UsageError(f"np must be a non-zero whole number (N ranks on Spark, -N for N ranks on "
-                         f"the driver only), not {np!r}.")
-    return np
 
 
 def _shipped(pickles, import_lines=(), code=None):
@@ -53,12 +48,15 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     `data`: a Spark DataFrame; each rank reads a disjoint shard of its rows from Parquet files,
     with `hvd_magic.shard()` or the batch functions (`equal_shards`: as many rows on every rank,
     the rest dropped; `data_cache`: where a DataFrame that is not plain Parquet is converted).
-    `mlflow`: see `launch`.
+    `mlflow`: None logs to the notebook's active MLflow run if there is one, True or an
+    experiment's name to a new run, False never (`hvd_magic.driver.tracking`).
     `min_np` makes the run elastic: Horovod's elastic driver runs here, a lost rank process (or
     executor) is replaced and the others go on from their last commit (code written with
     `hvd.elastic.run` and a `State`); fewer than `min_np` ranks for longer than
     `elastic_timeout` seconds ends the run. `max_np`: at most this many ranks (on Spark, ranks
     beyond `np` join when Spark has room for them).
+    Every option is a field of `hvd_magic.config.Placement` or `RunOptions`, checked (alone
+    and together) before anything starts.
 
     Examples
     --------
@@ -69,7 +67,10 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     >>> hvd_magic.run(total, np=2).results
     [3.0, 3.0]
     """
-    check_np(np)
+    # every keyword but the call's own is a field of Placement or RunOptions (hvd_magic.config)
+    given = {k: v for k, v in locals().items()
+             if k not in ("fn", "np", "args", "kwargs", "view", "background")}
+    placement, options = split(np, **given)
     if not callable(fn):
         raise UsageError(f"fn must be callable, not {type(fn).__name__}.")
     values = {f"argument {i}": a for i, a in enumerate(args)}
@@ -79,75 +80,28 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
            "args": [inband(pickled[f"argument {i}"]) for i in range(len(args))],
            "sources": {}, "modules": _shipped(pickled.values(), code=fn)}
     kwargs_pickled = {k: pickled[f"keyword {k}"] for k in (kwargs or {})}
-    return launch(job, kwargs_pickled, np, spark=spark, master=master, spark_conf=spark_conf,
-                  timeout=timeout, run_dir=run_dir, view=view, background=background,
-                  horovod_env=horovod_env, env=env, broadcast_bytes=broadcast_bytes,
-                  retries=retries, name=name, timeline=timeline, stall_timeout=stall_timeout,
-                  on_stall=on_stall, tensorboard=tensorboard, verbose=verbose, data=data,
-                  equal_shards=equal_shards, data_cache=data_cache, mlflow=mlflow,
-                  min_np=min_np, max_np=max_np, elastic_timeout=elastic_timeout)
+    return launch(job, kwargs_pickled, placement, options, view=view, background=background)
 
 
-def check_elastic(np, min_np, max_np, elastic_timeout):
-    """(min_np, max_np, timeout) of an elastic run, or None when `min_np` is None."""
-    if min_np is None:
-        if max_np is not None or elastic_timeout is not None:
-            raise UsageError("--max-np and --elastic-timeout belong to an elastic run: add "
-                             "--min-np M (the fewest ranks the run may go on with).")
-        return None
-    max_np = abs(np) if max_np is None else max_np
-    for name, value in (("min_np", min_np), ("max_np", max_np)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"{name} must be a whole number of ranks >= 1, not {value!r}.")
-    if not min_np <= abs(np) <= max_np:
-        raise UsageError(f"an elastic run needs min_np <= ranks <= max_np; got min_np {min_np}, "
-                         f"{abs(np)} ranks, max_np {max_np}.")
-    if elastic_timeout is not None and elastic_timeout <= 0:
-        raise UsageError(f"elastic_timeout takes a positive number of seconds, not {elastic_timeout!r}.")
-    return min_np, max_np, elastic_timeout
-
-
-def run_cell(cell_fn, np, **options):
-    """Run a captured cell (`hvd_magic.capture.CellFunction`) on `np` ranks; see `run`."""
+def run_cell(cell_fn, placement, options, *, view=None, background=False):
+    """Run a captured cell (`hvd_magic.capture.CellFunction`) as `placement` and `options`
+    say (`hvd_magic.config`); see `run`."""
     pickled = pickle_values(dict(cell_fn.values))
     job = {"fn": cloud_dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
            "cell": True, "export": list(cell_fn.export),
            "modules": _shipped(pickled.values(), cell_fn.imports, cell_fn.fn)}
-    return launch(job, pickled, np, cell=cell_fn, **options)
+    return launch(job, pickled, placement, options, view=view, background=background,
+                  cell=cell_fn)
 
 
-def launch(job, kwargs_pickled, np, *, spark=None, master=None, spark_conf=None, timeout=None,
-           run_dir=None, view=None, background=False, horovod_env=None, env=None,
-           broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, cell=None,
-           timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn",
-           run_root="hvd_runs", tensorboard=None, verbose=False, data=None, equal_shards=False,
-           data_cache=None, mlflow=None, min_np=None, max_np=None, elastic_timeout=None):
-    """Start a pickled job on `np` ranks with the launcher `np` asks for; return the `Run`.
-    A Spark JVM started now writes to run_root/spark-<time>.log (and to stderr if `verbose`).
-    `mlflow`: None logs to the notebook's active MLflow run if there is one, True or an
-    experiment's name to a new run, False never (`hvd_magic.driver.tracking`)."""
-    elastic = check_elastic(np, min_np, max_np, elastic_timeout)
-    if data is not None:
-        _check_data_arg(data)
-        if np < 0:
-            raise UsageError("data= needs Spark: the shards are made by Spark's executors. Use "
-                             f"np={-np} (a Spark barrier stage) instead of np={np}.")
-    view, env = tracked(mlflow, view, env, job, cell, {
-        "timeout": timeout, "timeline": timeline, "retries": retries, "name": name,
-        "data": data is not None or None})
-    if elastic is not None and data is not None:
-        raise UsageError("data= is not available in elastic runs yet: read the data in the "
-                         "function (e.g. with hvd.elastic.ElasticSampler), or leave out min_np.")
-    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
-                             log_dir=run_root, verbose=verbose, elastic=elastic)
-    # an elastic run on Spark has a row per slot it may fill (max_np); on the driver, -np rows
-    rows = elastic[1] if elastic is not None and np > 0 else abs(np)
-    run_ = Run(rows, run_dir=run_dir, launcher=launcher, view=view, timeout=timeout, cell=cell,
-               horovod_env=horovod_env, extra_env=env, broadcast_bytes=broadcast_bytes,
-               allow_retry=retries > 0, name=name, timeline=timeline,
-               stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root,
-               tensorboard=tensorboard and os.path.abspath(tensorboard), data=data,
-               equal_shards=equal_shards, data_cache=data_cache, elastic=elastic)
+def launch(job, kwargs_pickled, placement, options, *, view=None, background=False, cell=None):
+    """Start a pickled job as `placement` and `options` say (`hvd_magic.config`, checked
+    together here once more: a front door may have made them apart); return the `Run`."""
+    placement, options = check_together(placement, options)
+    view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
+    launcher = make_launcher(placement)
+    run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
+               elastic=placement.elastic)
     return run_.launch(job, kwargs_pickled, background=background)
 
 
@@ -164,45 +118,32 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
 
     from .driver.session import Session
 
-    check_np(np)
-    elastic = check_elastic(np, min_np, None, None)
-    launcher = make_launcher(np, spark=spark, master=master, spark_conf=spark_conf,
-                             elastic=elastic, session=True)
-    session = Session(launcher, abs(np), horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
-                      extra_env=dict(env or {}), idle_timeout=idle_timeout, elastic=elastic)
+    placement = Placement(np, spark=spark, master=master, spark_conf=spark_conf, min_np=min_np)
+    launcher = make_launcher(placement, session=True)
+    session = Session(launcher, placement, horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
+                      extra_env=dict(env or {}), idle_timeout=idle_timeout)
     session.start(progress=progress)
     atexit.register(session.stop)  # the kernel's exit ends the ranks and frees the slots
     return session
 
 
-def _check_data_arg(data):
-    from .launch.frames import is_dataframe
-    if not is_dataframe(data):
-        raise UsageError(f"data= takes a Spark DataFrame, not a {type(data).__name__}; pass "
-                         "other values as arguments (or name them in the cell).")
-
-
-def run_in_session(session, cell, *, view=None, timeout=None, background=False, name=None,
-                   broadcast_bytes=DEFAULT_BROADCAST_BYTES, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                   on_stall="warn", run_root="hvd_runs", data=None, equal_shards=False,
-                   data_cache=None, mlflow=None):
+def run_in_session(session, cell, *, view=None, background=False, options=None, **given):
     """Run a captured session cell (`hvd_magic.capture.session.SessionCell`) on the session's
-    ranks; return the finished `Run`, as `run` does. `data`: as for `run`, for this cell (and
-    the session's later cells, until another `data`)."""
+    ranks; return the finished `Run`, as `run` does. `options` (`RunOptions`), or its fields as
+    keyword arguments (`timeout`, `name`, `stall_timeout`, `on_stall`, `data`, `mlflow`...);
+    `data` is for this cell (and the session's later cells, until another `data`)."""
     from .launch.session import SessionLauncher
 
-    if data is not None:
-        _check_data_arg(data)
+    options = options if options is not None else RunOptions(**given)
+    _, options = check_together(session.placement, options)
     pickled = pickle_values(dict(cell.values))
     job = {"code": cell.code, "assigns": list(cell.assigns), "sources": cell.sources,
            "export": list(cell.export),
            "modules": _shipped(pickled.values(), cell.imports, marshal.loads(cell.code))}
     # (the session's ranks started without MLFLOW_* variables: only the driver logs)
-    view, _ = tracked(mlflow, view, None, job, cell, {"timeout": timeout, "name": name})
-    run_ = Run(session.np, launcher=SessionLauncher(session), view=view, timeout=timeout,
-               cell=cell, broadcast_bytes=broadcast_bytes, name=name,
-               stall_timeout=stall_timeout, on_stall=on_stall, run_root=run_root, data=data,
-               equal_shards=equal_shards, data_cache=data_cache, elastic=session.elastic)
+    view, _ = tracked(options.mlflow, view, None, job, cell, options.tracked())
+    run_ = Run(session.np, options, launcher=SessionLauncher(session), view=view, cell=cell,
+               elastic=session.elastic)
     try:
         return run_.launch(job, pickled, background=background)
     finally:

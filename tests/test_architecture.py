@@ -120,8 +120,8 @@ def test_the_rank_side_imports_nothing_of_the_notebook_or_spark():
                    for m in loaded)
 
 
-@pytest.mark.parametrize("folder", ["capture", "launch", "task", "rank", "driver", "timelines",
-                                    "view", "api"])
+@pytest.mark.parametrize("folder", ["capture", "launch", "data", "task", "rank", "driver",
+                                    "timelines", "view", "api"])
 def test_views_and_front_doors_are_imported_only_by_the_notebook_side(folder):
     edges = internal_edges()
     below = ("hvd_magic.frontends",) if folder == "view" else ("hvd_magic.view", "hvd_magic.frontends")
@@ -137,6 +137,16 @@ def test_the_front_doors_have_one_room():
     assert top.isdisjoint({f"hvd_magic.{n}" for n in (
         "magics", "cells", "session_magic", "tensorboard_magic", "horovod_runner", "options")})
     assert "hvd_magic.frontends.magics" in modules()
+
+
+def test_the_data_room_is_below_the_launchers():
+    """data/ plans a DataFrame for the ranks; the launchers call it, never the other way."""
+    edges = internal_edges()
+    for module, targets in edges.items():
+        if module.startswith("hvd_magic.data"):
+            assert not {t for t in targets if t.startswith(("hvd_magic.launch", "hvd_magic.driver"))}, module
+        if module.startswith("hvd_magic.launch"):
+            assert not module.endswith(("frames", "parquet", "dataplan", "datacache")), module
 
 
 def test_tasks_never_import_the_notebooks_packages():

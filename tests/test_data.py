@@ -97,9 +97,11 @@ def test_data_options_without_a_dataframe(ip, fresh_ns):
     with pytest.raises(UsageError, match="--equal-shards evens the shards of --data"):
         ip.run_cell_magic("horovod", "--np 2 --equal-shards", "1")
     fresh_ns["frame"] = _FakeFrameType()
-    with pytest.raises(UsageError, match=r"--data needs Spark .*use --np 2 instead of --np -2"):
+    # one check, one message, whichever door (hvd_magic.config.check_together)
+    message = r"--data \(data=\) needs Spark.* --np 2 \(np=2, .*\) instead of --np -2"
+    with pytest.raises(UsageError, match=message):
         ip.run_cell_magic("horovod", "--np -2 --data frame", "1")
-    with pytest.raises(UsageError, match="data= needs Spark"):
+    with pytest.raises(UsageError, match=message):
         hvd_magic.run(lambda: 1, np=-2, data=_FakeFrameType())
 
 
@@ -158,7 +160,7 @@ def test_a_parquet_scan_is_read_directly_in_equal_seeded_resumable_batches(
 
 
 def test_shares_stream_the_same_number_of_batches_and_resume_anywhere(spark, table_dir):
-    from hvd_magic.launch.frames import data_plan
+    from hvd_magic.data.frames import data_plan
     from hvd_magic.rank import stream
 
     plan = data_plan(spark.read.parquet(table_dir).where("id < 998"), 4, lambda df: df,
@@ -188,8 +190,8 @@ def test_other_dataframes_are_converted_once_and_never_served_stale(ip, spark, t
                                                                     capsys):
     from pyspark.sql import functions as F
 
-    from hvd_magic.launch import datacache
-    from hvd_magic.launch.frames import data_plan
+    from hvd_magic.data import cache as datacache
+    from hvd_magic.data.frames import data_plan
 
     source, cache = str(tmp_path / "src"), str(tmp_path / "cache")
     spark.range(0, 100, 1, 2).write.parquet(source)
@@ -224,7 +226,7 @@ def test_other_dataframes_are_converted_once_and_never_served_stale(ip, spark, t
 KEY_SCRIPT = """\
 import sys
 from pyspark.sql import SparkSession, functions as F
-from hvd_magic.launch import datacache
+from hvd_magic.data import cache as datacache
 spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "1").getOrCreate())
 def frame(sep):
@@ -264,7 +266,7 @@ def stream_path(uri):
 
 
 def test_unreadable_files_are_told_before_any_rank_starts(spark, tmp_path):
-    from hvd_magic.launch.frames import data_plan
+    from hvd_magic.data.frames import data_plan
 
     from hvd_magic.rank.stream import Share
 
@@ -302,7 +304,7 @@ def test_data_in_a_warm_session_per_cell(ip, fresh_ns, spark, table_dir):
 
 
 def test_describe_says_what_each_rank_gets():
-    from hvd_magic.launch.dataplan import describe, equalize
+    from hvd_magic.data.plan import describe, equalize
 
     plan = {"counts": [5, 5], "source": "read directly from 1 Parquet file"}
     assert describe(plan) == ("--data: 10 rows in 2 shards of 5 rows each, read directly from 1 "

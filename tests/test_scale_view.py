@@ -13,6 +13,7 @@ from IPython.utils.capture import capture_output
 
 from hvd_magic.driver.apply import apply_event
 from hvd_magic.driver.run import Run
+from hvd_magic.config import RunOptions
 from hvd_magic.view.dashboard import Dashboard
 from hvd_magic.view.text import TextView
 
@@ -21,7 +22,7 @@ STEPS = 30
 
 
 def fed_run(view, tmp_path):
-    run = Run(NP, run_dir=str(tmp_path / "run"), view=view)
+    run = Run(NP, RunOptions(run_dir=str(tmp_path / "run")), view=view)
     run.folder.create(NP)
     run.state, run.where, run.started = "running", "simulated", 1.0
     view.start(run)

@@ -19,6 +19,7 @@ import time
 from .. import payload
 from ..capture.modules import identifiers, names_in_pickle
 from ..errors import RunCancelled
+from ..config import RunOptions
 from ..task.settings import TaskSettings
 from . import history
 from .folder import RunFolder
@@ -26,8 +27,6 @@ from .loop import Driver
 from .membership import Membership
 from .ranks import RankState
 
-DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
-DEFAULT_STALL_TIMEOUT = 60.0
 OFFLINE_HINT_AFTER = 10.0    # seconds without a Spark Connect task heard before the view says so
 TASKS_WAIT_SHOWN_AFTER = 3.0  # seconds without a task started before the view says it waits
 DEFAULT_HOROVOD_ENV = {
@@ -91,28 +90,30 @@ def new_run_id():
 class Run:
     """One launch of a function on N ranks. `results` are in rank order; `value` is rank 0's."""
 
-    def __init__(self, np, run_dir=None, launcher=None, view=None, timeout=None, cell=None,
-                 horovod_env=None, extra_env=None, broadcast_bytes=DEFAULT_BROADCAST_BYTES,
-                 allow_retry=False, name=None, timeline=False, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                 on_stall="warn", run_root="hvd_runs", tensorboard=None, data=None,
-                 equal_shards=False, data_cache=None, elastic=None):
+    def __init__(self, np, options=None, *, launcher=None, view=None, cell=None, env=None,
+                 elastic=None):
+        """`np` rows (ranks, or an elastic run's slots); `options`: `hvd_magic.config.RunOptions`;
+        `env`: the ranks' variables when something (MLflow) added to `options.env`; `elastic`:
+        the placement's (min_np, max_np, timeout)."""
+        options = options if options is not None else RunOptions()
+        self.options = options
         self.id = new_run_id()
         self.np = np
-        self.name = name
-        self.run_dir = os.path.abspath(run_dir or os.path.join(run_root, self.id))
+        self.name = options.name
+        self.run_dir = os.path.abspath(options.run_dir or os.path.join(options.run_root, self.id))
         self.folder = RunFolder(self.run_dir)
         self.launcher = launcher
         self.view = view
-        self.timeout = timeout
+        self.timeout = options.timeout
         self.cell = cell
-        self.horovod_env = {**DEFAULT_HOROVOD_ENV, **(horovod_env or {})}
-        self.extra_env = {**DEFAULT_RANK_ENV, **(extra_env or {})}
-        self.broadcast_bytes = broadcast_bytes
-        self.allow_retry = allow_retry
-        self.timeline = timeline
-        self.tensorboard = tensorboard  # where the ranks' TensorBoard logs go (default: run folder)
-        self.stall_timeout = stall_timeout
-        self.on_stall = on_stall
+        self.horovod_env = {**DEFAULT_HOROVOD_ENV, **options.horovod_env}
+        self.extra_env = {**DEFAULT_RANK_ENV, **(options.env if env is None else env)}
+        self.broadcast_bytes = options.broadcast_bytes
+        self.allow_retry = options.retries > 0
+        self.timeline = options.timeline
+        self.tensorboard = options.tensorboard  # the ranks' TensorBoard logs (default: run folder)
+        self.stall_timeout = options.stall_timeout
+        self.on_stall = options.on_stall
         self.state = "pending"
         self.ranks = [RankState(r) for r in range(np)]
         self.results = None
@@ -131,9 +132,9 @@ class Run:
         self.failures = []           # exit events of failed ranks, in arrival order
         self.retry = None            # set when Spark re-attempted the stage (and we refused)
         self.stop_reason = None
-        self.data = data             # a Spark DataFrame whose rows the ranks get (--data)
-        self.equal_shards = equal_shards
-        self.data_cache = data_cache  # where a DataFrame that is not plain Parquet is converted
+        self.data = options.data     # a Spark DataFrame whose rows the ranks get (--data)
+        self.equal_shards = options.equal_shards
+        self.data_cache = options.data_cache  # where a DataFrame not plain Parquet is converted
         self.shards = None           # rows per rank's shard (--data), once planned
         # an elastic run's members and every change to them (min_np, max_np, timeout given)
         self.elastic = Membership(np, *elastic) if elastic is not None else None
@@ -249,7 +250,7 @@ class Run:
 
     def _data_plan(self):
         """The --data plan the ranks read their rows by (None without --data); its shards told."""
-        from ..launch.dataplan import describe, equalize
+        from ..data.plan import describe, equalize
 
         plan = getattr(self.launcher, "data", None)
         if plan is None:

@@ -34,11 +34,12 @@ READY_TIMEOUT = 300.0
 
 
 class Session:
-    def __init__(self, launcher, np, *, horovod_env, extra_env, idle_timeout=None,
-                 run_root="hvd_runs", elastic=None):
+    def __init__(self, launcher, placement, *, horovod_env, extra_env, idle_timeout=None,
+                 run_root="hvd_runs"):
         self.id = datetime.datetime.now().strftime("s%H%M%S-") + secrets.token_hex(2)
         self.launcher = launcher
-        self.np = np
+        self.placement = placement   # `hvd_magic.config.Placement`: a cell's options meet it
+        self.np = placement.ranks
         self.horovod_env = horovod_env
         self.extra_env = extra_env
         self.idle_timeout = idle_timeout
@@ -52,7 +53,7 @@ class Session:
         self.started = None
         self.last_used = time.monotonic()
         self.cells = 0
-        self.elastic = elastic       # (min_np, max_np, timeout) of an elastic session, or None
+        self.elastic = placement.elastic  # (min_np, max_np, timeout) of an elastic session, or None
         self.lost = {}               # slot -> how its process ended (elastic sessions)
         self.rings = []              # (time, slots) of every ring Horovod formed
         self.reset_due = False       # a rank was lost and the survivors have not reset Horovod

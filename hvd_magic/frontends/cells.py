@@ -8,8 +8,8 @@ from IPython.core.error import UsageError
 from .. import api
 from ..capture import capture_cell
 from ..capture.session import capture_session_cell
-from ..launch.frames import is_dataframe
-from .options import env_option, names, positive
+from ..config import Placement, RunOptions, check_together, is_dataframe
+from .options import env_option, names
 from ..timelines.show import TimelineNote
 from ..view import TextView, make_view
 
@@ -20,16 +20,13 @@ def run_cell(magics, args, cell, opening=None):
     session = magics._active_session()
     if session is not None:
         return run_in_session(magics, session, args, cell, opening)
-    np = api.check_np(magics.np if args.np is None else args.np)
     export = names(args.export)
     shell = magics.shell
-    data = data_option(shell.user_ns, args.data, args.equal_shards)
-    if data is not None and np < 0:
-        raise UsageError(f"--data needs Spark (its executors make the shards): use --np {-np} "
-                         f"instead of --np {np}.")
+    data = data_option(shell.user_ns, args.data)
+    placement, options, view = run_options(magics, args, data, opening)
     cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
                            hidden=set(shell.user_ns_hidden))
-    run = api.run_cell(cell_fn, np, **run_options(magics, args, data, opening))
+    run = api.run_cell(cell_fn, placement, options, view=view, background=args.background)
     if args.background:
         return run
     if run.exports:
@@ -38,31 +35,38 @@ def run_cell(magics, args, cell, opening=None):
 
 
 def run_options(magics, args, data, opening=None):
-    """`hvd_magic.api.launch`'s keyword arguments from a ``%horovod`` line's options (a cell's
-    or a script's) and the magics' defaults; `opening` is what the cell shows already."""
-    timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
-    stall_timeout = positive("--stall-timeout", args.stall_timeout or magics.stall_timeout)
+    """(`Placement`, `RunOptions`, view) from a ``%horovod`` line's options (a cell's or a
+    script's) and the magics' defaults, checked together (`hvd_magic.config`); `opening` is
+    what the cell shows already."""
     verbose = args.verbose or magics.verbose
+    placement = Placement(
+        magics.np if args.np is None else args.np, master=args.master,
+        spark_conf=magics.spark_conf, min_np=args.min_np, max_np=args.max_np,
+        elastic_timeout=args.elastic_timeout, log_dir=magics.run_root, verbose=verbose)
+    options = cell_options(magics, args, data, env=env_option(args.env),
+                           horovod_env=magics.horovod_settings, retries=args.retries,
+                           timeline=args.timeline, tensorboard=args.tensorboard)
     view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose,
                      opening=opening)
     if isinstance(view, TextView):  # the dashboard shows the timeline itself
         view = TimelineNote(view)
-    return dict(
-        master=args.master, spark_conf=dict(magics.spark_conf), timeout=timeout,
-        run_root=magics.run_root, view=view, background=args.background,
-        horovod_env=dict(magics.horovod_settings), env=env_option(args.env),
-        broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024), retries=args.retries,
-        name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
-        tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
-        equal_shards=args.equal_shards, data_cache=magics.data_cache or None, mlflow=args.mlflow,
-        min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout)
+    return (*check_together(placement, options), view)
 
 
-def data_option(user_ns, name, equal_shards):
+def cell_options(magics, args, data, **more):
+    """The `RunOptions` a cell's line gives, fresh ranks or a session's (`more`: the fields
+    only fresh ranks take)."""
+    return RunOptions(
+        timeout=args.timeout if args.timeout is not None else magics.timeout,
+        stall_timeout=args.stall_timeout or magics.stall_timeout, on_stall=args.on_stall,
+        name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
+        data=data, equal_shards=args.equal_shards, data_cache=magics.data_cache or None,
+        mlflow=args.mlflow, run_root=magics.run_root, **more)
+
+
+def data_option(user_ns, name):
     """The DataFrame that ``--data NAME`` names, or None."""
     if name is None:
-        if equal_shards:
-            raise UsageError("--equal-shards evens the shards of --data: add --data NAME.")
         return None
     if name not in user_ns:
         raise UsageError(f"--data {name}: the notebook has no variable {name!r}. Name a Spark "
@@ -76,7 +80,7 @@ def data_option(user_ns, name, equal_shards):
 
 
 def run_in_session(magics, session, args, cell, opening=None):
-    data = data_option(magics.shell.user_ns, args.data, args.equal_shards)
+    data = data_option(magics.shell.user_ns, args.data)
     placement = [flag for flag, given in (("--np", args.np is not None),
                                           ("--master", args.master), ("--env", args.env),
                                           ("--retries", args.retries),
@@ -95,17 +99,12 @@ def run_in_session(magics, session, args, cell, opening=None):
                                    export=names(args.export),
                                    hidden=set(shell.user_ns_hidden),
                                    functions=session.functions, assigned=session.assigned)
+    options = cell_options(magics, args, data)
     view = make_view(quiet=args.quiet, widgets=False if args.text else None,
                      verbose=args.verbose or magics.verbose, opening=opening)
-    timeout = positive("--timeout", args.timeout if args.timeout is not None else magics.timeout)
     try:
-        run = api.run_in_session(
-            session, cell_fn, view=view, timeout=timeout, background=args.background,
-            name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
-            stall_timeout=positive("--stall-timeout", args.stall_timeout or magics.stall_timeout),
-            on_stall=args.on_stall, run_root=magics.run_root, data=data,
-            equal_shards=args.equal_shards, data_cache=magics.data_cache or None,
-            mlflow=args.mlflow)
+        run = api.run_in_session(session, cell_fn, view=view, background=args.background,
+                                 options=options)
     finally:
         if session.broken and not session.stopped:  # said once, under the cell that broke it
             print(f"[hvd_magic] session {session.id} needs a restart: {session.broken}. "

@@ -1,11 +1,11 @@
-"""``%horovod_data``: the data cache of ``--data`` (`hvd_magic.launch.datacache`), listed,
+"""``%horovod_data``: the data cache of ``--data`` (`hvd_magic.data.cache`), listed,
 sized and cleared from the notebook. A thin shell: the cache's own functions do the work."""
 
 import datetime
 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ..launch import datacache
+from ..data import cache as datacache
 from .options import summary_first
 
 

@@ -11,15 +11,6 @@ def names(text):
     return names
 
 
-def positive(flag, value):
-    """None for "no limit" (0 or unset); a positive number; else a UsageError."""
-    if not value:
-        return None
-    if value < 0:
-        raise UsageError(f"{flag} takes a positive number of seconds, not {value:g}.")
-    return value
-
-
 def env_option(items):
     env = {}
     for item in items:

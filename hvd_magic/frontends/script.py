@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 
 from .. import api
 from ..capture.modules import script_modules
+from ..config import split
 from ..payload import cloud_dumps
 
 
@@ -60,9 +61,10 @@ def run_script(path, args=(), np=2, **options):
     >>> run.state
     'done'
     """
-    api.check_np(np)
+    view, background = options.pop("view", None), options.pop("background", False)
+    placement, run_options = split(np, **options)
     job, _ = script_job(path, args)
-    return api.launch(job, {}, np, **options)
+    return api.launch(job, {}, placement, run_options, view=view, background=background)
 
 
 def script_line(magics, args, opening=None):
@@ -78,8 +80,8 @@ def script_line(magics, args, opening=None):
     if args.export:
         raise UsageError("--export sets notebook names from a cell's variables; a script's stay on "
                          "its ranks. Have rank 0 write what you need (a checkpoint) to a file.")
-    np = api.check_np(magics.np if args.np is None else args.np)
-    data = data_option(magics.shell.user_ns, args.data, args.equal_shards)
-    run = run_script(args.command[0], args.command[1:], np,
-                     **run_options(magics, args, data, opening))
+    data = data_option(magics.shell.user_ns, args.data)
+    placement, options, view = run_options(magics, args, data, opening)
+    job, _ = script_job(args.command[0], args.command[1:])
+    run = api.launch(job, {}, placement, options, view=view, background=args.background)
     return run if args.background else None

@@ -5,6 +5,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .. import api
+from ..config import Placement
 from .options import env_option, summary_first
 
 
@@ -100,8 +101,7 @@ def horovod_session(magics, line):
                    else args.idle_timeout}
     if not options:
         raise UsageError("No session to restart. Start one: %horovod_session start --np 2")
-    api.check_np(options["np"])
-    api.check_elastic(options["np"], options.get("min_np"), None, None)
+    Placement(options["np"], min_np=options.get("min_np"))  # a UsageError before "starting"
     print(f"starting a warm session of {abs(options['np'])} ranks "
           f"({'on the driver' if options['np'] < 0 else 'on Spark executors'})…", flush=True)
     magics.session = api.start_session(

@@ -2,17 +2,19 @@
 
 - `spark`: one Spark barrier stage of N tasks on the active or an embedded SparkSession;
 - `connect`: the same stage through a Spark Connect session (no SparkContext there);
-- `frames`: ``--data`` DataFrames checked, and the barrier stage over a DataFrame;
+- `elastic`, `elastic_spark`, `elastic_session`: ``--min-np``, Horovod's elastic driver here;
 - `local`: ``--np -N``, N tasks as threads of the driver, no Spark;
 - `envcheck`: ``%horovod_env``, can the executors run ranks at all (versions, GPUs)?
+
+The driver side of ``--data`` (its DataFrame checked and planned) is `hvd_magic.data`.
 """
 
 
-def make_launcher(np, spark=None, master=None, spark_conf=None, log_dir="hvd_runs", verbose=False,
-                  elastic=None, session=False):
-    """The launcher for `np` ranks: Spark for N > 0, the driver alone for -N; elastic when
-    `elastic` is (min_np, max_np, timeout), for a warm session's ranks if `session`. A Spark JVM
-    it starts writes to log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr too)."""
+def make_launcher(placement, session=False):
+    """The launcher for a `hvd_magic.config.Placement`: Spark for N > 0, the driver alone for
+    -N; elastic when it asks for `min_np`; for a warm session's ranks if `session`. A Spark JVM
+    it starts writes to its log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr)."""
+    np, spark, elastic = placement.np, placement.spark, placement.elastic
     if elastic is not None and session:
         from . import elastic_session
     if np < 0:
@@ -32,8 +34,8 @@ def make_launcher(np, spark=None, master=None, spark_conf=None, log_dir="hvd_run
                              "them yet. Use a classic session, or --np -N --min-np M on the "
                              "driver.")
         return ConnectLauncher(connect)
-    spark_args = dict(session=spark, master=master, conf=spark_conf, log_dir=log_dir,
-                      verbose=verbose)
+    spark_args = dict(session=spark, master=placement.master, conf=placement.spark_conf,
+                      log_dir=placement.log_dir, verbose=placement.verbose)
     if elastic is not None:
         from .elastic_spark import ElasticSparkLauncher
         return (elastic_session.ElasticSparkSessionLauncher if session

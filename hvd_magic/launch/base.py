@@ -60,11 +60,9 @@ class Launcher:
     def use_data(self, df, np, cache=None):
         """Plan how each of `np` ranks reads its rows of the DataFrame `df` (into `data`; `cache`:
         where a DataFrame that is not plain Parquet is converted to). UsageError saying why
-        they cannot."""
-        from IPython.core.error import UsageError
-        raise UsageError(f"--data needs Spark: ranks {self.where} cannot get DataFrame shards. "
-                         "Run the cell with --np N (N > 0), or start the warm session with "
-                         "%horovod_session start --np N.")
+        they cannot. Launchers without Spark's executors never get here:
+        `hvd_magic.config.check_together` refuses ``--data`` for them first."""
+        raise NotImplementedError(f"{type(self).__name__} cannot plan --data")
 
     def _set_phase(self, phase):
         if phase != self.phase:

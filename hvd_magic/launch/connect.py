@@ -2,7 +2,7 @@
 Databricks shared and serverless compute), which has no SparkContext to run an RDD from.
 
 The ranks' stage is a DataFrame's: ``mapInArrow(frame_task, barrier=True)`` over
-``spark.range(N)`` with N partitions, or over the ``--data`` DataFrame (`hvd_magic.launch.frames`),
+``spark.range(N)`` with N partitions, or over the ``--data`` DataFrame (`hvd_magic.data.frames`),
 so every task runs the same `run_task` as a classic barrier task. Outcomes come back as rows of at
 most 1 MiB (under the gRPC message limit); the stage carries a tag of its own, which `cancel`
 interrupts. Large values travel inside the stage's plan (Connect has no broadcast).
@@ -16,16 +16,18 @@ Not for: anything the classic launcher does with a SparkContext (`hvd_magic.laun
 """
 
 import dataclasses
+import functools
 import os
 import sys
 import uuid
 
 from IPython.core.error import UsageError
 
+from ..data.frames import check_data, data_plan
 from ..errors import LaunchError
+from ..task.connect_stage import OUTCOME_SCHEMA, frame_task, outcomes
 from ..task.plan import _local_ip_towards, _resolve
 from .base import Launcher
-from .frames import barrier_stage, check_data, collect_outcomes, data_plan
 
 
 def connect_session(spark=None):
@@ -150,3 +152,14 @@ class ConnectLauncher(Launcher):
                 self.session.interruptTag(self.tag)
             except Exception:
                 pass
+
+
+def barrier_stage(frame, settings):
+    """The barrier stage of `frame_task` over `frame`'s partitions, as a DataFrame to collect."""
+    return frame.mapInArrow(functools.partial(frame_task, settings), OUTCOME_SCHEMA, barrier=True)
+
+
+def collect_outcomes(stage):
+    """Run the stage; (the tasks' outcomes in task order, the events of tasks that could not
+    reach the driver, to be applied now)."""
+    return outcomes(stage.collect())

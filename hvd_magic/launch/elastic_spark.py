@@ -25,8 +25,6 @@ import queue
 import threading
 import time
 
-from IPython.core.error import UsageError
-
 from ..errors import LaunchError
 from ..events import EventServer
 from ..task.elastic_slot import elastic_slot_task
@@ -95,11 +93,6 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
     def prepare(self, np):
         """The session, with room for the first `self.np` ranks (`np`: the view's rows)."""
         return SparkLauncher.prepare(self, self.np)
-
-    def use_data(self, df, np, cache=None):
-        raise UsageError("--data is not available in elastic runs yet: read the data in the cell "
-                         "(e.g. hvd.elastic.ElasticSampler over a dataset), or run without "
-                         "--min-np.")
 
     def _initial_np(self, np):
         return self.np

@@ -27,7 +27,7 @@ from .. import payload
 from ..errors import LaunchError, RunCancelled
 from ..task import spark_task
 from .base import Launcher
-from .frames import check_data, data_plan
+from ..data.frames import check_data, data_plan
 from .sparkstart import SparkStart
 
 EMBEDDED_MARK = "spark.hvd_magic.embedded"

@@ -1,6 +1,6 @@
 """A rank's share of a ``--data`` DataFrame, read straight from Parquet files.
 
-The driver (`hvd_magic.launch.dataplan`) sends every rank the same *plan*: the files, their row
+The driver (`hvd_magic.data.plan`) sends every rank the same *plan*: the files, their row
 groups in one fixed order with how many rows each holds after the scan's filter, the columns, the
 filter, and each rank's contiguous range of those rows (``starts``/``counts``: the ranks differ by
 at most one row, or none with ``--equal-shards``). A rank reads only the row groups its range

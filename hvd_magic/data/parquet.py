@@ -8,7 +8,7 @@ Connect shows only the plan's text: there a ``Relation ... parquet`` under at mo
 ``Project`` of plain columns is direct, and a filter is left to Spark.
 
 Anything else (joins, UDFs, aggregations, casts, other formats) is not direct: `scan` says why,
-and the DataFrame is converted once instead (`hvd_magic.launch.datacache`).
+and the DataFrame is converted once instead (`hvd_magic.data.cache`).
 """
 
 import re
