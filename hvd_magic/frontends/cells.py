@@ -9,7 +9,7 @@ from .. import api
 from ..capture import capture_cell
 from ..capture.session import capture_session_cell
 from ..launch.frames import is_dataframe
-from .options import env_option, names, positive
+from .options import elastic_kwargs, env_option, names, positive
 from ..timelines.show import TimelineNote
 from ..view import TextView, make_view
 
@@ -55,7 +55,7 @@ def run_options(magics, args, data, opening=None):
         name=args.name, timeline=args.timeline, stall_timeout=stall_timeout,
         tensorboard=args.tensorboard, on_stall=args.on_stall, verbose=verbose, data=data,
         equal_shards=args.equal_shards, data_cache=magics.data_cache or None, mlflow=args.mlflow,
-        min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout)
+        **elastic_kwargs(args))
 
 
 def data_option(user_ns, name, equal_shards):
