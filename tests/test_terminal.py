@@ -9,6 +9,8 @@ import threading
 import time
 
 import psutil
+import pytest
+from IPython.core.error import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,3 +134,61 @@ def test_the_console_script_is_the_same_command():
     module, _, name = target.partition(":")
     from hvd_magic.frontends import terminal
     assert getattr(importlib.import_module(module), name) is terminal.run
+
+
+# A horovodrun elastic script: rank 1 SIGKILLs itself once (a marker file says it did), after
+# a commit; the others go on from the commit, and rank 0 writes the steps and the ring's size.
+ELASTIC = """\
+import os, signal, sys, time
+import torch, horovod.torch as hvd
+
+marker, out = sys.argv[1], sys.argv[2]
+hvd.init()
+model = torch.nn.Linear(2, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, optimizer, step=0)
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 30:
+        optimizer.zero_grad()
+        model(torch.ones(4, 2)).sum().backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % 5 == 0:
+            state.commit()
+        if state.step == 12 and hvd.rank() == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.05)
+
+train(state)
+if hvd.rank() == 0:
+    with open(out, "w") as f:
+        f.write(str(state.step))
+"""
+
+
+def test_elastic_options_as_the_magic_has_them(ip, tmp_path):
+    (tmp_path / "elastic.py").write_text(ELASTIC)
+    run = command("-np", "-2", "--min-np", "1", "--max-np", "2", "--elastic-timeout", "60",
+                  "elastic.py", "killed", "steps.txt")
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, out + err
+    assert (tmp_path / "killed").exists()  # rank 1 was really killed...
+    assert (tmp_path / "steps.txt").read_text() == "30"  # ...and the run went on to the end
+    assert "membership:" in out and "lost" in out
+
+    usage = command("--help")
+    help_text, _ = usage.communicate(timeout=60)
+    for flag in ("--min-np M", "--max-np N", "--elastic-timeout S"):
+        assert flag in help_text
+    # a bad combination: the magic's own message, exit code 2
+    for line in ("-np -2 --max-np 3", "-np -3 --min-np 4", "-np -2 --min-np 0",
+                 "-np -2 --min-np 1 --elastic-timeout -5"):
+        bad = command(*line.split(), "elastic.py", "m", "o")
+        _, err = bad.communicate(timeout=60)
+        with pytest.raises(UsageError) as magic:
+            ip.run_line_magic("horovod", f"{line.replace('-np', '--np', 1)} --text elastic.py m o")
+        assert bad.returncode == 2 and f"error: {magic.value}" in err, (line, err)

@@ -10,7 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.utils.process import arg_split
 from traitlets import Bool, Dict, Float, Int, Unicode
 
-from .options import mlflow_before_script
+from .options import elastic_arguments, mlflow_before_script
 from .options import summary_first as _summary_first
 from .data_magic import horovod_data
 from .env_magic import horovod_env
@@ -52,19 +52,7 @@ class HorovodMagics(Magics):
               help="Number of ranks. N > 0: a Spark barrier stage of N tasks (the active "
                    "SparkSession, or an embedded local[N] one). -N: N processes on the driver "
                    "only, no Spark. Default: HorovodMagics.np (2).")
-    @argument("--min-np", type=int, default=None, metavar="M",
-              help="An elastic run: a rank process or Spark executor that is lost is replaced "
-                   "and the others go on from their last commit, with code written for "
-                   "Horovod's elastic API (@hvd.elastic.run, hvd.elastic.TorchState, "
-                   "KerasState). On Spark each rank is a plain task, run again where Spark "
-                   "has room. The run ends if fewer than M ranks are left for longer than "
-                   "--elastic-timeout.")
-    @argument("--max-np", type=int, default=None, metavar="N",
-              help="With --min-np: at most N ranks (default: the ranks of --np). On Spark, "
-                   "ranks beyond --np join when Spark has room for them.")
-    @argument("--elastic-timeout", type=float, default=None, metavar="S",
-              help="With --min-np: seconds the run may have fewer than --min-np ranks "
-                   "(default 600, Horovod's).")
+    @elastic_arguments
     @argument("--data", type=str, default=None, metavar="DF",
               help="A Spark DataFrame of the notebook: each rank reads a disjoint shard of its "
                    "rows from Parquet files (the DataFrame's own when it is a plain Parquet "

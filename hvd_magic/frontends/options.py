@@ -2,6 +2,41 @@
 
 from IPython.core.error import UsageError
 
+# An elastic run's options, declared once for every front door that has them (``%%horovod``,
+# ``%horovod train.py``, ``hvd-run``): the same names, defaults and help; `hvd_magic.config.Placement`
+# checks their values, so each door refuses a bad combination with the same message.
+ELASTIC_OPTIONS = (
+    (("--min-np",), dict(
+        type=int, default=None, metavar="M",
+        help="An elastic run: a rank process or Spark executor that is lost is replaced "
+             "and the others go on from their last commit, with code written for "
+             "Horovod's elastic API (@hvd.elastic.run, hvd.elastic.TorchState, "
+             "KerasState). On Spark each rank is a plain task, run again where Spark "
+             "has room. The run ends if fewer than M ranks are left for longer than "
+             "--elastic-timeout.")),
+    (("--max-np",), dict(
+        type=int, default=None, metavar="N",
+        help="With --min-np: at most N ranks (default: the ranks of --np). On Spark, "
+             "ranks beyond --np join when Spark has room for them.")),
+    (("--elastic-timeout",), dict(
+        type=float, default=None, metavar="S",
+        help="With --min-np: seconds the run may have fewer than --min-np ranks "
+             "(default 600, Horovod's).")),
+)
+
+
+def elastic_arguments(magic):
+    """The magic's ``@argument`` lines for `ELASTIC_OPTIONS`, in their order."""
+    from IPython.core.magic_arguments import argument
+    for flags, spec in reversed(ELASTIC_OPTIONS):  # (the lowest decorator is applied first)
+        magic = argument(*flags, **spec)(magic)
+    return magic
+
+
+def elastic_kwargs(args):
+    """The elastic fields of `hvd_magic.config.Placement` from parsed options."""
+    return dict(min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout)
+
 
 def names(text):
     names = [n.strip() for n in (text or "").split(",") if n.strip()]

@@ -25,6 +25,7 @@ examples:
   hvd-run -np 4 train.py --epochs 3
   hvd-run -np 8 --master spark://head:7077 train.py
   hvd-run -np -2 --timeout 600 train.py          # 2 processes here, no Spark
+  hvd-run -np -3 --min-np 2 train.py             # elastic: a lost rank is replaced
   python -m hvd_magic --np 2 --mlflow exp train.py
 
 exit code: 0 when every rank succeeded; the script's code when a rank called sys.exit(N);
@@ -42,6 +43,9 @@ def parser():
     p.add_argument("-np", "--np", "-n", type=int, default=2, dest="np",
                    help="Number of ranks (default 2). Negative: that many processes on this "
                         "machine, without Spark.")
+    from .options import ELASTIC_OPTIONS
+    for flags, spec in ELASTIC_OPTIONS:  # %%horovod's own, checked by the same code
+        p.add_argument(*flags, **spec)
     p.add_argument("--master", metavar="URL",
                    help="Spark master URL (spark://host:7077, yarn, local[N]...); default: an "
                         "embedded local session with enough slots.")
@@ -82,7 +86,7 @@ def main(argv=None):
     from IPython.core.error import UsageError
 
     from ..errors import RankError, RunCancelled, RunTimeout
-    from .options import env_option, mlflow_before_script
+    from .options import elastic_kwargs, env_option, mlflow_before_script
     from ..view import TextView
     from .script import run_script
 
@@ -97,7 +101,7 @@ def main(argv=None):
                    timeline=args.timeline, name=args.name, retries=args.retries,
                    stall_timeout=args.stall_timeout or None, on_stall=args.on_stall,
                    run_root=args.run_root, view=TextView(quiet=args.quiet, verbose=args.verbose),
-                   verbose=args.verbose, mlflow=args.mlflow)
+                   verbose=args.verbose, mlflow=args.mlflow, **elastic_kwargs(args))
         return 0
     except UsageError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
