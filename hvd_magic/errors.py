@@ -2,12 +2,44 @@
 
 `RankError` shows the first failing rank's own traceback (its rank and host in the header), then
 one line per other rank saying how it ended. IPython calls `_render_traceback_`, so the driver-side
-stack (Spark, threads, this package) is never shown.
+stack (Spark, threads, this package) is never shown. A cell's frames are named as IPython names
+a plain cell's (`name_cells`: ``Cell In[5], line 6``).
 """
+
+import re
 
 FOLLOW_ON_TYPES = {"HorovodInternalError", "HorovodShutdownError"}
 FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken pipe",
                   "Connection reset by peer", "Connection closed by peer")
+
+
+_CELL_FRAME = re.compile(r'File "<hvd_magic cell ([^>]+)>", line (\d+)(, in <(?:cell|module)>)?')
+
+
+def cell_filename(count):
+    """The file name a cell's code is compiled with: the prompt number of the cell it came from."""
+    return f"<hvd_magic cell {count}>"
+
+
+def name_cells(traceback_text):
+    """A formatted traceback with each cell frame named as IPython names a cell's frames:
+    ``File "<hvd_magic cell 5>", line 6, in <cell>`` becomes ``Cell In[5], line 6`` (the
+    function's name stays where it is one the user wrote: ``Cell In[5], line 3, in train``)."""
+    return _CELL_FRAME.sub(lambda m: f"Cell In[{m[1]}], line {m[2]}", traceback_text)
+
+
+# What Horovod's C++ side and Gloo print when a peer went away (a rank died, the run was stopped):
+# "[/tmp/pip-build-x/third_party/gloo/.../pair.cc:589] Read error [..]: Connection reset by peer",
+# "terminate called after throwing an instance of 'gloo::EnforceNotMet'", its "what():" line.
+_PEER_GONE = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|\bRead error\b"
+                        r"|gloo::EnforceNotMet|terminate called after throwing"
+                        r"|background loop uncaught exception|^\s*what\(\):")
+
+
+def is_peer_gone(line):
+    """True for a line that only says a peer went away: kept in the rank's log, never a rank's
+    "last line" (a bystander's would read like the cause)."""
+    return bool(_PEER_GONE.search(line))
 
 
 def is_follow_on(info):

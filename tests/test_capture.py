@@ -83,12 +83,13 @@ def test_capture_values(ip, fresh_ns, name, setup, options, cell, expected):
 
 # (name, notebook setup, magic options, cell, substrings of the UsageError)
 USAGE_CASES = [
-    ("line magic", "", "", "x = 1\n%time x\n", ["line 2", "%time", "line magic"]),
+    # (line numbers as the editor shows them: the %%horovod line is line 1)
+    ("line magic", "", "", "x = 1\n%time x\n", ["line 3", "%time", "line magic"]),
     ("nested cell magic", "", "", "%%timeit\n1\n", ["cell magic"]),
-    ("global statement", "", "", "global g\ng = 1\n", ["line 1", "global"]),
-    ("top-level return", "", "", "x = 1\nreturn x\n", ["line 2", "return"]),
+    ("global statement", "", "", "global g\ng = 1\n", ["line 2", "global"]),
+    ("top-level return", "", "", "x = 1\nreturn x\n", ["line 3", "return"]),
     ("top-level yield", "", "", "yield 1\n", ["yield"]),
-    ("top-level await", "", "", "import asyncio\nawait asyncio.sleep(0)\n", ["line 2", "await"]),
+    ("top-level await", "", "", "import asyncio\nawait asyncio.sleep(0)\n", ["line 3", "await"]),
     ("unpicklable names, all at once",
      "import threading\nlock = threading.Lock()\ngen = (i for i in range(3))\nok = 1",
      "", "(lock, gen, ok)", ["lock", "gen", "no job was started", "inside the cell"]),
@@ -124,7 +125,7 @@ def test_unpicklable_names_start_no_spark_job(ip, fresh_ns):
 def test_syntax_error_points_at_the_cells_line(ip):
     with pytest.raises(SyntaxError) as info:
         ip.run_cell_magic("horovod", "--np 2", "x = 1\ny = (2 +\n")
-    assert info.value.lineno in (2, 3)
+    assert info.value.lineno in (3, 4)  # the editor's line: %%horovod is line 1
     assert "hvd_magic cell" in info.value.filename
 
 
@@ -198,3 +199,19 @@ def test_large_value_travels_by_broadcast_without_doubling_driver_memory(ip, fre
     # The array's buffer is written to the shared file from the array itself (payload.OutOfBand):
     # no pickled copy of it on the driver.
     assert peak < 1.3 * nbytes, f"driver peak {peak / 2**20:.0f} MiB for a {nbytes / 2**20:.0f} MiB array"
+
+
+def test_a_failing_cell_names_its_prompt_and_the_editors_line(ip):
+    """As IPython names a plain cell's frames: ``Cell In[N], line L``, N the cell's prompt and L
+    the line as the editor numbers it (the %%horovod line is line 1)."""
+    cell = ("%%horovod --np -2 --quiet\n"
+            "def step(x):\n"
+            "    return 1 / x\n"
+            "\n"
+            "step(0)\n")
+    result = ip.run_cell(cell)
+    text = "\n".join(result.error_in_exec._render_traceback_())
+    n = result.execution_count
+    assert f"Cell In[{n}], line 5\n" in text + "\n", text   # step(0), the cell's own frame
+    assert f"Cell In[{n}], line 3, in step" in text         # the function it defined
+    assert "hvd_magic cell" not in text and "ZeroDivisionError" in text

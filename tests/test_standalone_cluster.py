@@ -188,3 +188,34 @@ def test_elastic_run_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standal
     assert survivor_starts and all(s[0] == 0 and s[1] >= last_commit for s in survivor_starts), \
         survivor_starts
     assert not run.unended()
+
+
+ELASTIC_LOCAL_RANKS = """\
+import os
+import horovod.torch as hvd
+hvd.init()
+(os.environ.get("SPARK_LOCAL_IP"), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+ hvd.cross_size())
+"""
+
+
+def test_elastic_ranks_have_local_ranks_per_worker_host(ip, standalone):
+    """Horovod's elastic driver sees a host key per rank; the ranks are still told their local
+    rank among the ranks of their own worker host (SPARK_LOCAL_IP: 127.0.0.1 and 127.0.0.2),
+    and their cross rank among the hosts, as horovodrun gives them."""
+    session = standalone.session()
+    try:
+        ip.run_cell_magic("horovod", "--np 4 --min-np 2 --quiet", ELASTIC_LOCAL_RANKS)
+        results = hvd_magic.last_run().results
+    finally:
+        session.stop()
+    by_host = {}
+    for host, local_rank, local_size, cross_rank, cross_size in results:
+        by_host.setdefault(host, []).append((local_rank, local_size, cross_rank, cross_size))
+    assert sorted(by_host) == ["127.0.0.1", "127.0.0.2"], results
+    for host, ranks in by_host.items():
+        assert sorted(r[0] for r in ranks) == [0, 1] and all(r[1] == 2 for r in ranks), results
+        assert all(r[3] == 2 for r in ranks), results
+    for local_rank in (0, 1):  # a cross ring per local rank, one member on each host
+        crosses = sorted(r[2] for ranks in by_host.values() for r in ranks if r[0] == local_rank)
+        assert crosses == [0, 1], results

@@ -77,12 +77,24 @@ def test_a_shell_without_a_kernel_gets_the_text_view(ip, monkeypatch):
     assert type(make_view(widgets=False)) is TextView
 
 
-def test_run_notices_go_to_stderr(ip, capsys):
-    """A message about the whole run (rank None, e.g. the stall watchdog) is not a rank's line."""
+def test_a_stall_warning_goes_to_stderr_and_our_news_to_stdout(ip, capsys):
+    """A message about the whole run (rank None) is not a rank's line; only the stall watchdog's
+    warning is stderr (a notebook shows stderr in red): --data's shards, a ring that re-formed,
+    a note before Spark starts are news."""
     view = TextView()
     view.event(None, None, {"t": "stall", "message": "stall: rank 1 waits"})
     captured = capsys.readouterr()
     assert captured.err == "[hvd_magic] stall: rank 1 waits\n" and captured.out == ""
+    for kind in ("shards", "ring", "lost", "note"):
+        view.event(None, None, {"t": kind, "message": f"about {kind}"})
+        captured = capsys.readouterr()
+        assert captured.out == f"[hvd_magic] about {kind}\n" and captured.err == ""
+
+
+def test_one_line_is_a_line(ip, capsys):
+    ip.run_cell_magic("horovod", "--np -2", "print('one')")
+    out = capsys.readouterr().out
+    assert summary_line(out, 0) == "done, 1 line" and summary_line(out, 1) == "done, 1 line"
 
 
 @pytest.mark.parametrize("line, shown", [

@@ -28,6 +28,8 @@ import types
 
 from IPython.core.error import UsageError
 
+from ..errors import cell_filename
+
 CELL_FUNCTION = "__cell__"
 _HIDDEN = re.compile(r"^(_+|_i{1,3}|_i?\d+|_[iod]h|In|Out|get_ipython|exit|quit)$")
 _SHELL_CALLS = {"system": "_hvd_magic_system", "getoutput": "_hvd_magic_getoutput"}
@@ -297,15 +299,20 @@ def semicolon_at_end(cell):
         return cell.rstrip().endswith(";")
 
 
-def prepare(cell, namespace, *, cell_id="0", hidden=(), also_read=None):
+def prepare(cell, namespace, *, cell_id="0", first_line=1, hidden=(), also_read=None):
     """What a cell is, whichever way it runs: its transformed source and tree (checked), the
     import lines for the notebook modules it uses, and the notebook values it reads
-    (`also_read(names read)`, if given, adds names read elsewhere: a warm session's functions)."""
-    filename = f"<hvd_magic cell {cell_id}>"
-    source = _ipython_transform(cell)
+    (`also_read(names read)`, if given, adds names read elsewhere: a warm session's functions).
+
+    `cell_id` is the cell's prompt number and `first_line` the editor's number of its first line
+    (2 under a ``%%horovod`` line): tracebacks and messages then say the line the user sees. The
+    source is padded with blank lines to start there, so its line numbers are the editor's."""
+    filename = cell_filename(cell_id)
+    source = "\n" * (first_line - 1) + _ipython_transform(cell)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     tree = ast.parse(source, filename)  # a SyntaxError here names the cell's own line
-    _check_statements(tree, cell.splitlines())  # IPython's transforms keep line numbers
+    # IPython's transforms keep line numbers
+    _check_statements(tree, [""] * (first_line - 1) + cell.splitlines())
     shell_calls = _ShellCalls()
     tree = shell_calls.visit(tree)
 
@@ -343,10 +350,11 @@ def split_last_expression(tree):
     return body, None, first
 
 
-def capture_cell(cell, namespace, *, cell_id="0", export=(), hidden=()):
-    """Make a `CellFunction` out of a cell's text and the notebook namespace it runs against."""
+def capture_cell(cell, namespace, *, cell_id="0", first_line=1, export=(), hidden=()):
+    """Make a `CellFunction` out of a cell's text and the notebook namespace it runs against
+    (`cell_id`, `first_line`: the cell's prompt number and first line, as `prepare` says)."""
     filename, source, tree, imports, values = prepare(cell, namespace, cell_id=cell_id,
-                                                       hidden=hidden)
+                                                       first_line=first_line, hidden=hidden)
     body, last, first = split_last_expression(tree)
     value_expr = ast.Constant(None) if last is None else last.value
     exports_expr = (ast.Call(ast.Name("locals", ast.Load()), [], []) if export

@@ -99,8 +99,8 @@ def reads_through(names, functions, assigned=()):
     return found - set(assigned)
 
 
-def capture_session_cell(cell, namespace, *, cell_id="0", export=(), hidden=(), functions=None,
-                         assigned=()):
+def capture_session_cell(cell, namespace, *, cell_id="0", first_line=1, export=(), hidden=(),
+                         functions=None, assigned=()):
     """Make a `SessionCell` out of a cell's text and the notebook namespace it runs against.
 
     `functions` ({name: names it reads}, from earlier cells' `SessionCell.functions`) and
@@ -108,7 +108,7 @@ def capture_session_cell(cell, namespace, *, cell_id="0", export=(), hidden=(), 
     read travel with a cell that uses them."""
     functions = functions or {}
     filename, source, tree, imports, values = prepare(
-        cell, namespace, cell_id=cell_id, hidden=hidden,
+        cell, namespace, cell_id=cell_id, first_line=first_line, hidden=hidden,
         also_read=lambda reads: reads_through(reads, functions, assigned))
     body, last, first = split_last_expression(tree)
     assigns = top_level_stores(ast.Module(body=body, type_ignores=[]))

@@ -8,7 +8,8 @@ An elastic run (`hvd_magic.launch.elastic`) keeps going when a rank process is l
   signal, its last line;
 - ``joined``: a new process started for a lost slot (attempt 2, 3...); its log is
   ``rank-<k>.attempt<n>.log``, beside the earlier attempts' logs;
-- ``ring``: Horovod formed a ring: its size and the slots in it, the ring's size over time.
+- ``ring``: Horovod formed a ring: its size and the slots in it, the ring's size over time, and
+  which Horovod rank each slot is in it (``order``; also each `RankState.horovod_rank`).
 
 Horovod's elastic driver's own log lines go to the run folder's ``elastic.log`` while the run
 lasts (`hvd_magic.driver.horovod_log`), not under the cell.
@@ -64,9 +65,9 @@ class Membership:
 
         how = how_lost(dict(summary, code=code))
         change["how"] = how
-        self._add(run, change, f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {how}); "
-                               f"last line: {r.last_line!r}. The others go on from their last "
-                               f"commit.")
+        last = f"; its last line: {r.last_line.strip()}" if r.last_line.strip() else ""
+        self._add(run, change, f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {how}){last}. "
+                               f"The others go on from their last commit.")
 
     def joined(self, run, r, event):
         """A new process for slot `r` (its earlier one was lost): a fresh log and state."""
@@ -75,6 +76,7 @@ class Membership:
         run.folder.new_attempt(r.rank, attempt)
         fresh = RankState(r.rank)
         fresh.history = r.history  # the slot's metrics go on across attempts
+        fresh.horovod_rank = r.horovod_rank  # (the ring that took it in was told first)
         vars(r).update(vars(fresh))
         change = {"t": "joined", "rank": r.rank, "attempt": attempt,
                   "key": event.get("executor"), "pid": event.get("pid"),
@@ -86,12 +88,19 @@ class Membership:
     def ring(self, run, event):
         from ..launch.elastic import slot_of
 
-        slots = sorted(slot_of(k)[0] for k in event.get("keys", ()))
-        change = {"t": "ring", "size": len(slots), "slots": slots,
+        order = [slot_of(k)[0] for k in event.get("keys", ())]  # Horovod's rank order
+        slots = sorted(order)
+        change = {"t": "ring", "size": len(slots), "slots": slots, "order": order,
                   "time": round(float(event.get("time") or time.time()), 3)}
         if self.changes and self.changes[-1] == change:
             return False
-        self._add(run, change, f"ring of {len(slots)} ranks: slots {', '.join(map(str, slots))}")
+        for r in run.ranks:
+            r.horovod_rank = order.index(r.rank) if r.rank in order else None
+        message = f"ring of {len(slots)} ranks: slots {', '.join(map(str, slots))}"
+        if order != list(range(len(order))):  # rows and Horovod's ranks differ: say how
+            message += " (" + ", ".join(f"slot {s} is Horovod rank {i}"
+                                        for i, s in enumerate(order) if s != i) + ")"
+        self._add(run, change, message)
         return True
 
     def progressed(self, run):
@@ -120,5 +129,6 @@ class Membership:
             elif c["t"] == "joined":
                 lines.append(f"  {when} rank {c['rank']} joined (attempt {c['attempt']}, {c['key']})")
             else:
-                lines.append(f"  {when} ring of {c['size']}: slots {c['slots']}")
+                lines.append(f"  {when} ring of {c['size']}: slots "
+                             f"{', '.join(map(str, c['slots']))}")
         return "\n".join(lines)

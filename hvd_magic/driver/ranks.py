@@ -11,6 +11,7 @@ LIVE_STATES = ("pending", "starting", "rendezvous", "running")
 class RankState:
     def __init__(self, rank):
         self.rank = rank
+        self.horovod_rank = None    # elastic runs: its Horovod rank in the current ring, if any
         self.host = None
         self.local_rank = None
         self.gpus = []
@@ -38,3 +39,8 @@ class RankState:
 def ranks_text(ranks):
     """"rank 3" or "ranks 1, 2"."""
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r.rank) for r in ranks)}"
+
+
+def plural(n, word):
+    """"1 line", "2 lines"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -28,6 +28,7 @@ import time
 import psutil
 
 from ..errors import LaunchError
+from .ranks import plural
 from ..task.settings import TaskSettings
 
 READY_TIMEOUT = 300.0
@@ -226,7 +227,7 @@ class Session:
             "running a cell" if self._current is not None else "idle"
         idle = time.monotonic() - self.last_used
         ranks = f"{self.np} ranks" if not self.lost else f"{len(self.live)} of {self.np} ranks"
-        lines = [f"session {self.id}: {state}, {ranks} on {self.where}, {self.cells} cells"
+        lines = [f"session {self.id}: {state}, {ranks} on {self.where}, {plural(self.cells, 'cell')}"
                  + (f", idle {idle:.0f} s" if state == "idle" else "")]
         if self.elastic is not None:
             lines.append(f"  elastic: goes on with at least {self.elastic[0]} ranks; lost ranks "

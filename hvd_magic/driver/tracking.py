@@ -67,7 +67,8 @@ def tracked(option, view, env, job, cell=None, options=None):
     if script:
         artifacts = {os.path.basename(script[0]): next(iter(job["sources"].values()))}
     else:
-        artifacts = {"cell.py": getattr(cell, "source", "")}
+        # the cell's source starts with blank lines standing for the %%horovod line
+        artifacts = {"cell.py": getattr(cell, "source", "").lstrip("\n")}
     return tracker.wrap(view, params, artifacts), {**tracker.env, **(env or {})}
 
 

@@ -9,6 +9,7 @@ from .. import api
 from ..capture import capture_cell
 from ..capture.session import capture_session_cell
 from ..config import Placement, RunOptions, check_together, is_dataframe
+from ..errors import cell_filename
 from .options import env_option, names
 from ..timelines.show import TimelineNote
 from ..view import TextView, make_view
@@ -24,14 +25,28 @@ def run_cell(magics, args, cell, opening=None):
     shell = magics.shell
     data = data_option(shell.user_ns, args.data)
     placement, options, view = run_options(magics, args, data, opening)
-    cell_fn = capture_cell(cell, shell.user_ns, cell_id=shell.execution_count, export=export,
-                           hidden=set(shell.user_ns_hidden))
+    cell_fn = capture_cell(cell, shell.user_ns, export=export, hidden=set(shell.user_ns_hidden),
+                           **where_in_notebook(shell))
     run = api.run_cell(cell_fn, placement, options, view=view, background=args.background)
     if args.background:
         return run
     if run.exports:
         shell.user_ns.update(run.exports)
     return None if cell_fn.quiet else run.value
+
+
+def where_in_notebook(shell):
+    """The cell's prompt number and the editor's number of the line after ``%%horovod``, for
+    tracebacks that say ``Cell In[5], line 6`` as IPython's own do. IPython 9 counts the next
+    cell up before running this one: the running cell's number is its result's."""
+    running = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(running, "execution_count", None)
+    if count is None:  # run_cell_magic called outside a cell (a test, a script)
+        count = shell.execution_count
+    compiled_names = getattr(shell.compile, "_filename_map", None)
+    if isinstance(compiled_names, dict):  # IPython then shows a SyntaxError as Cell In[N] too
+        compiled_names[cell_filename(count)] = count
+    return {"cell_id": count, "first_line": 2}
 
 
 def run_options(magics, args, data, opening=None):
@@ -95,7 +110,7 @@ def run_in_session(magics, session, args, cell, opening=None):
             f"%horovod_session stop. (Inside a session cell, `with hvd_magic.timeline():` "
             f"records a timeline.)")
     shell = magics.shell
-    cell_fn = capture_session_cell(cell, shell.user_ns, cell_id=shell.execution_count,
+    cell_fn = capture_session_cell(cell, shell.user_ns, **where_in_notebook(shell),
                                    export=names(args.export),
                                    hidden=set(shell.user_ns_hidden),
                                    functions=session.functions, assigned=session.assigned)

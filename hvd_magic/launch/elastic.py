@@ -24,7 +24,9 @@ as shell commands. What is ours:
   a task holding the slot), so its output, progress, logs and result reach the driver loop as in
   every other run, labelled by its slot: the view's row `k` is slot `k`, whatever Horovod rank it
   has now; a slot is offered to Horovod only while it has capacity (`_has_capacity`);
-- every ring Horovod forms is told to the driver loop as a ``ring`` event (`Membership`).
+- every ring Horovod forms is told to the driver loop as a ``ring`` event (`Membership`), and
+  its ranks are told their local and cross ranks by the machine each key runs on (`_machine_of`;
+  `hvd_magic.launch.elastic_hosts`), not one machine per key.
 
 A worker killed by a signal is a lost member, not a failed run; one that raised is the run's error
 as usual (a bug in the cell does not go away by retrying it).
@@ -39,6 +41,7 @@ from ..errors import LaunchError
 from ..task.plan import _iface_of, _local_ip_towards
 from ..task.runner import run_worker
 from .base import Launcher
+from .elastic_hosts import machine_rendezvous, placement, slot_env
 
 SLOT_KEY = "hvd-s{slot}-a{attempt}"
 REPLACE_AFTER = 5.0   # seconds after a ring without the lost keys formed, if no step is heard
@@ -62,7 +65,8 @@ def _ring_rendezvous(launcher):
 
     class RingRendezvous(RendezvousServer):
         def init(self, host_alloc_plan):
-            super().init(host_alloc_plan)
+            launcher._placed = placement(host_alloc_plan, launcher._machine_of)
+            super().init(list(launcher._placed.values()))  # Gloo's scopes are the machines'
             launcher._ring_formed([s.hostname for s in host_alloc_plan])
 
     return RingRendezvous()
@@ -102,6 +106,7 @@ class ElasticLauncher(Launcher):
         self._driver = None
         self._drive_thread = None
         self._server = None
+        self._placed = {}        # key -> its SlotInfo in the current ring, by machine
 
     def open_channel(self, sink=None):
         self._server = super().open_channel(sink)
@@ -114,6 +119,10 @@ class ElasticLauncher(Launcher):
     def _has_capacity(self, slot):
         """A worker may run in `slot` now (a Spark task holds it; on the driver, always)."""
         return True
+
+    def _machine_of(self, key):
+        """The machine the worker of host key `key` runs on (on the driver: this one)."""
+        return "driver"
 
     def _run_slot(self, slot, attempt, slot_info, env, events):
         """Run slot `slot`'s worker to its end with Horovod's `env`; end it early when one of
@@ -187,7 +196,6 @@ class ElasticLauncher(Launcher):
     # -- the run ------------------------------------------------------------------------------
     def _drive(self, settings, np):
         from horovod.runner.elastic.driver import ElasticDriver
-        from horovod.runner.elastic.rendezvous import create_rendezvous_handler
         from horovod.runner.gloo_run import create_run_env_vars
 
         rendezvous = _ring_rendezvous(self)
@@ -196,7 +204,7 @@ class ElasticLauncher(Launcher):
             driver = self._driver = ElasticDriver(
                 rendezvous, _discovery(self), self.min_np, self.max_np,
                 timeout=self.elastic_timeout)
-            port = rendezvous.start(create_rendezvous_handler(driver))
+            port = rendezvous.start(machine_rendezvous(driver, lambda: self._placed))
             self._run_env = create_run_env_vars(
                 self.rendezvous_host, [_iface_of(_local_ip_towards(self.rendezvous_host))], port,
                 elastic=True)
@@ -242,6 +250,9 @@ class ElasticLauncher(Launcher):
         from horovod.runner.gloo_run import create_slot_env_vars
 
         env = dict(self._run_env, **create_slot_env_vars(slot_info))
+        placed = self._placed.get(slot_info.hostname)
+        if placed is not None:  # this machine's local rank, not the key's
+            env.update(slot_env(placed))
         outcome = self._run_slot(slot, attempt, slot_info, env, events)
         if outcome[1] == "stopped" and not any(e.is_set() for e in events):
             self._stop_elastic()  # our driver stopped it (cancel, timeout): no replacement
@@ -288,7 +299,8 @@ class ElasticLocalLauncher(ElasticLauncher):
         done = threading.Event()
         try:
             return run_worker(
-                self._settings, types.SimpleNamespace(rank=slot, local_rank=0), env,
+                self._settings,
+                types.SimpleNamespace(rank=slot, local_rank=int(env["HOROVOD_LOCAL_RANK"])), env,
                 executor=slot_info.hostname, partition=attempt,
                 on_link=lambda link: threading.Thread(
                     target=self._watch, args=(link, events, done), daemon=True).start())

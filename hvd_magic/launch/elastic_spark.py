@@ -37,8 +37,9 @@ RESULTS_WAIT = 60.0  # seconds, once the run ended, for the slots' tasks to retu
 class _Slot:
     """The Spark task holding a slot now: its host, the worker it runs (a key), how it ended."""
 
-    def __init__(self, host):
+    def __init__(self, host, machine=None):
         self.host = host
+        self.machine = machine or host  # what tells its machine from others (`elastic_hosts`)
         self.key = None
         self.ended = None            # (slot, status, summary) of its worker
         self.done = threading.Event()
@@ -153,13 +154,19 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
     def _has_capacity(self, slot):
         return slot in self._slots or slot in self._finished
 
+    def _machine_of(self, key):
+        from .elastic import slot_of
+
+        task = self._slots.get(slot_of(key)[0])
+        return task.machine if task is not None else key
+
     def _slot_ready(self, event):
         slot = event.get("rank")
         if not isinstance(slot, int):
             return
         with self._lock:
             earlier = self._slots.get(slot)
-            self._slots[slot] = _Slot(event.get("host"))
+            self._slots[slot] = _Slot(event.get("host"), event.get("machine"))
         if earlier is not None:  # (Spark re-ran the slot's task before its end was heard)
             self._lose(earlier, slot)
 

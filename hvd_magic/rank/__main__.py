@@ -18,6 +18,7 @@ import sys
 import traceback
 
 from .. import payload
+from ..errors import name_cells
 from . import keras_alias, reporting, script, stall, stream
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
@@ -60,12 +61,13 @@ def _register_source(filename, source):
 
 
 def _user_traceback(exc):
-    """The exception's traceback without this bootstrap's own frames."""
+    """The exception's traceback without this bootstrap's own frames, a cell's frames named as
+    IPython names them (``Cell In[5], line 6``)."""
     tb = exc.__traceback__
     here = os.path.dirname(os.path.abspath(__file__))  # this bootstrap and rank/session.py
     while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == here:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    return name_cells("".join(traceback.format_exception(type(exc), exc, tb)))
 
 
 def _horovod_rank():

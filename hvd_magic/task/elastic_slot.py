@@ -25,7 +25,7 @@ import socket
 import types
 
 from .link import DriverLink
-from .plan import _iface_of, _local_ip_towards
+from .plan import _iface_of, _local_ip_towards, machine_name
 from .runner import run_worker
 
 WAIT_STEP = 0.2  # seconds between looks at the driver link while the slot waits for an order
@@ -57,7 +57,8 @@ def run_slot(settings, slot, attempt=0, gpus=()):
     host = socket.gethostname()
     try:
         while True:
-            link.forward.send({"t": "slot", "host": host, "attempt": attempt})
+            link.forward.send({"t": "slot", "host": host, "machine": machine_name(),
+                               "attempt": attempt})
             order = _next_order(link, orders, slot)
             if order is None:
                 return (slot, "unused", {"rank": slot, "host": host})
@@ -65,7 +66,8 @@ def run_slot(settings, slot, attempt=0, gpus=()):
             # the interface towards Horovod's rendezvous, seen from this executor
             env["HOROVOD_GLOO_IFACE"] = _iface_of(
                 _local_ip_towards(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"]))
-            outcome = run_worker(settings, types.SimpleNamespace(rank=slot, local_rank=0), env,
+            outcome = run_worker(settings, types.SimpleNamespace(
+                                     rank=slot, local_rank=int(env["HOROVOD_LOCAL_RANK"])), env,
                                  executor=order["key"], partition=attempt, link=link, gpus=gpus)
             if outcome[1] != "died" or link.stopping.is_set():
                 return outcome

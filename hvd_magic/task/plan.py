@@ -25,6 +25,14 @@ def host_plan(hosts, np):
     return plan, slots
 
 
+def machine_name():
+    """What tells this machine from the cluster's others: the address Spark was told to use
+    here (SPARK_LOCAL_IP: one machine may hold workers on their own addresses, as the tests'
+    cluster does), else the host name."""
+    import os
+    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
+
+
 def _resolve(host):
     try:
         return socket.gethostbyname(host)

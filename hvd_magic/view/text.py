@@ -39,6 +39,7 @@ def is_chatter(line):
     return bool(_CXX_INFO.match(line) or _STARTUP.search(line))
 
 
+from ..driver.ranks import plural
 from .summary import is_large, summary_line
 from .summary import summary_text as large_summary
 from .charts import summary_text as metrics_summary
@@ -73,9 +74,12 @@ class TextView:
         if self.quiet:
             return
         self._end_wait()
-        if rank is None and event.get("message"):  # about the whole run (the stall watchdog)
-            self.stderr.write(f"[hvd_magic] {event['message']}\n")
-            self.stderr.flush()
+        if rank is None and event.get("message"):  # about the whole run
+            # our own news (--data's shards, a ring re-formed, a note) is not an error: a
+            # notebook shows stderr in red; only the stall watchdog's warning goes there
+            out = self.stderr if event.get("t") == "stall" else self.stdout
+            out.write(f"[hvd_magic] {event['message']}\n")
+            out.flush()
             return
         if event.get("t") != "lines" or (rank != 0 and is_large(run)):
             return
@@ -129,7 +133,10 @@ def summary_text(run, per_rank=True):
     for r in run.ranks if per_rank else ():
         host = f" on {r.host}" if r.host else ""
         progress = f", step {r.step}/{r.total}" if r.step is not None else ""
-        lines.append(f"  rank {r.rank}{host}: {r.state}{progress}, {r.lines} lines\n")
+        now = getattr(r, "horovod_rank", None)
+        now = f" (Horovod rank {now} now)" if now is not None and now != r.rank else ""
+        lines.append(f"  rank {r.rank}{now}{host}: {r.state}{progress}, "
+                     f"{plural(r.lines, 'line')}\n")
     elastic = getattr(run, "elastic", None)
     if elastic is not None and elastic.changes:  # who was lost, who joined, the ring's sizes
         lines.append(f"  membership:\n{elastic.summary()}\n")

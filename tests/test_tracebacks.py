@@ -1,0 +1,67 @@
+"""A failing rank's traceback names the cell and line as IPython names a plain cell's, in a real
+kernel (jupyter_client, as a notebook front end sends cells): ``Cell In[N], line L``, N the
+prompt number the front end shows for that cell and L the line as the editor numbers it (the
+``%%horovod`` line is line 1); in a one-off run and in a warm session's cell alike."""
+
+import re
+
+import pytest
+
+from test_live_view import Kernel
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    k = Kernel(tmp_path_factory.mktemp("tracebacks"))
+    yield k
+    k.close()
+
+
+def failure(kernel, code):
+    """(the prompt number of the cell, the text of the error it showed)."""
+    reply, messages = kernel.execute(code)
+    assert reply["content"]["status"] == "error", reply["content"]
+    tb = next(m for m in messages if m["msg_type"] == "error")["content"]["traceback"]
+    return reply["content"]["execution_count"], re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(tb))
+
+
+def test_plain_python_cell_for_comparison(kernel):
+    n, text = failure(kernel, "x = 1\n\n1 / 0\n")
+    assert f"Cell In[{n}], line 3" in text
+
+
+def test_a_one_off_cells_traceback_names_its_prompt_and_the_editors_line(kernel):
+    kernel.execute("1 + 1")  # prompt numbers and IPython's own count differ by then, if at all
+    n, text = failure(kernel, "%%horovod --np -2 --text\n"
+                              "import os\n"
+                              "\n"
+                              "def check(rank):\n"
+                              "    if rank == '1':\n"
+                              "        raise ValueError('bad rank')\n"
+                              "\n"
+                              "check(os.environ['HOROVOD_RANK'])\n")
+    assert "ValueError: bad rank" in text
+    assert f"Cell In[{n}], line 8" in text, text          # the call, in the cell itself
+    assert f"Cell In[{n}], line 6, in check" in text, text  # the raise, in its function
+    assert "<hvd_magic cell" not in text
+
+
+def test_a_syntax_error_names_the_prompt_and_the_editors_line(kernel):
+    n, text = failure(kernel, "%%horovod --np -2\nx = 1\ny = (2 +\n")
+    assert f"Cell In[{n}], line 3" in text, text
+    assert "SyntaxError" in text
+
+
+def test_a_warm_session_cells_traceback_names_its_prompt_and_the_editors_line(kernel):
+    reply, _ = kernel.execute("%horovod_session start --np -2")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    try:
+        kernel.execute("%%horovod --text\ny = 2\n")
+        n, text = failure(kernel, "%%horovod --text\n"
+                                  "z = y * 3\n"
+                                  "{}['missing']\n")
+        assert "KeyError: 'missing'" in text
+        assert f"Cell In[{n}], line 3" in text, text
+        assert "<hvd_magic cell" not in text
+    finally:
+        kernel.execute("%horovod_session stop")
