@@ -24,6 +24,7 @@ from IPython.core.error import UsageError
 
 from ..errors import LaunchError
 from ..task.plan import _local_ip_towards, _resolve
+from ..task.threads import executor_cores
 from .base import Launcher
 from .frames import barrier_stage, check_data, collect_outcomes, data_plan
 
@@ -76,6 +77,8 @@ class ConnectLauncher(Launcher):
         if slots is not None and slots < np:
             raise UsageError(f"np={np} but the Spark Connect server ({self.master}) has {slots} "
                              f"task slots; use --np {slots} or start it with local[{np}].")
+        if self.master:
+            self.executor_cores = executor_cores(self.master, lambda key: conf.get(key, None))
         return self.session
 
     @property
