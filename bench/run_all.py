@@ -57,6 +57,9 @@ BENCHMARKS = {
     "training": ("bench_training.py", ["--np", "2", "4", "--reps", "4", "--steps", "300",
                                        "--frameworks", "torch", "keras"],
                  ["--np", "2", "4", "--reps", "1", "--steps", "300", "--frameworks", "torch", "keras"]),
+    # a CNN's img/s with default threads: hvd-run (Spark, driver) beside horovodrun (issue #43)
+    "threads": ("bench_threads.py", ["--np", "1", "2", "4", "--reps", "3"],
+                ["--np", "1", "2", "4", "--reps", "1"]),
     "timeline": ("bench_timeline.py", [], ["--reps", "1", "--steps", "200"]),
     "logs": ("bench_logs.py", [], ["--reps", "1", "--lines", "20000"]),
     "payload": ("bench_payload.py", ["--reps", "3", "--np", "4"],

@@ -15,6 +15,7 @@ class RankState:
         self.host = None
         self.local_rank = None
         self.gpus = []
+        self.threads = None         # its CPU threads per library (OMP_NUM_THREADS: task/threads.py)
         self.executor = None
         self.partition = None
         self.pid = None

@@ -232,7 +232,7 @@ class Run:
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
             broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
-            timeline_window=may_record_window(job))
+            timeline_window=may_record_window(job), executor_cores=self.launcher.executor_cores)
         self.started = time.time()
         self.state = "running"
         self.write_meta()

@@ -77,7 +77,8 @@ class HorovodMagics(Magics):
     @argument("--master", type=str, default=None,
               help="Spark master URL for a session hvd_magic starts (when none is active).")
     @argument("--env", action="append", default=[], metavar="NAME=VALUE",
-              help="Environment variable for every rank (repeatable).")
+              help="Environment variable for every rank (repeatable). OMP_NUM_THREADS=N: "
+                   "each rank's CPU threads (default: its share of its host's cores).")
     @argument("--retries", type=int, default=0,
               help="Allow Spark to re-attempt the barrier stage this many times (default 0: a "
                    "retried stage is reported, never silently restarted).")

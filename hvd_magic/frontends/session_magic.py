@@ -20,7 +20,8 @@ from .options import env_option, summary_first
 @argument("--master", type=str, default=None,
           help="Spark master URL for a session hvd_magic starts (when none is active).")
 @argument("--env", action="append", default=[], metavar="NAME=VALUE",
-          help="Environment variable for every rank (repeatable).")
+          help="Environment variable for every rank (repeatable). OMP_NUM_THREADS=N: "
+               "each rank's CPU threads (default: its share of its host's cores).")
 @argument("--min-np", type=int, default=None, metavar="M",
           help="An elastic session: a rank process (or Spark executor) that is lost "
                "no longer ends the session; the next cell runs on the survivors (their "

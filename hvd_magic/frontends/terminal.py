@@ -54,7 +54,8 @@ def parser():
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="Stop every rank after this many seconds.")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="Environment variable for every rank (repeatable).")
+                   help="Environment variable for every rank (repeatable). OMP_NUM_THREADS=N: "
+                        "each rank's CPU threads (default: its share of its host's cores).")
     p.add_argument("--timeline", action="store_true",
                    help="Record a Horovod timeline on rank 0 (hvd_runs/<run id>/timeline.json).")
     p.add_argument("--name", help="A label for the run.")

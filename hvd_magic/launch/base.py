@@ -38,6 +38,7 @@ class Launcher:
     where = "?"                   # shown to the user: "local[4]", "spark://…", "driver only"
     driver_host = "127.0.0.1"     # the address tasks connect to for the event channel
     data = None                   # the plan the ranks read a --data DataFrame by (`use_data`)
+    executor_cores = None         # cores an executor has for ranks; None: its host's usable cores
 
     def __init__(self):
         self.phase = None         # what prepare() waits on now, in words; None: nothing slow

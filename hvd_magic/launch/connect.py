@@ -27,6 +27,7 @@ from ..data.frames import check_data, data_plan
 from ..errors import LaunchError
 from ..task.connect_stage import OUTCOME_SCHEMA, frame_task, outcomes
 from ..task.plan import _local_ip_towards, _resolve
+from ..task.threads import executor_cores
 from .base import Launcher
 
 
@@ -78,6 +79,8 @@ class ConnectLauncher(Launcher):
         if slots is not None and slots < np:
             raise UsageError(f"np={np} but the Spark Connect server ({self.master}) has {slots} "
                              f"task slots; use --np {slots} or start it with local[{np}].")
+        if self.master:
+            self.executor_cores = executor_cores(self.master, lambda key: conf.get(key, None))
         return self.session
 
     @property

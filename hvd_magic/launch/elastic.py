@@ -301,7 +301,7 @@ class ElasticLocalLauncher(ElasticLauncher):
             return run_worker(
                 self._settings,
                 types.SimpleNamespace(rank=slot, local_rank=int(env["HOROVOD_LOCAL_RANK"])), env,
-                executor=slot_info.hostname, partition=attempt,
+                executor=slot_info.hostname, partition=attempt, ranks_on_host=self.max_np,
                 on_link=lambda link: threading.Thread(
                     target=self._watch, args=(link, events, done), daemon=True).start())
         except Exception as exc:  # (the driver went away): Horovod must still hear an exit

@@ -213,7 +213,10 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
         if task is None:
             return (slot, "died", {"rank": slot, "code": None,
                                    "message": "its Spark task was gone before the worker started"})
-        self._server.broadcast({"t": "worker", "slot": slot, "key": slot_info.hostname, "env": env})
+        with self._lock:  # the slots on its host share that host's cores (task/threads.py)
+            beside = sum(1 for other in self._slots.values() if other.host == task.host)
+        self._server.broadcast({"t": "worker", "slot": slot, "key": slot_info.hostname, "env": env,
+                                "ranks_on_host": beside})
         told = False
         while not task.done.wait(0.1):
             if not told and any(e.is_set() for e in events):

@@ -26,6 +26,7 @@ from IPython.core.error import UsageError
 from .. import payload
 from ..errors import LaunchError, RunCancelled
 from ..task import spark_task
+from ..task.threads import executor_cores
 from .base import Launcher
 from ..data.frames import check_data, data_plan
 from .sparkstart import SparkStart
@@ -277,6 +278,10 @@ class SparkLauncher(Launcher):
     @property
     def where(self):
         return self.session.sparkContext.master
+
+    @property
+    def executor_cores(self):
+        return executor_cores(self.session.sparkContext.master, self._conf_get)
 
     def share(self, data):
         if local_slots(self.session.sparkContext.master) is not None:

@@ -68,7 +68,8 @@ def run_slot(settings, slot, attempt=0, gpus=()):
                 _local_ip_towards(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"]))
             outcome = run_worker(settings, types.SimpleNamespace(
                                      rank=slot, local_rank=int(env["HOROVOD_LOCAL_RANK"])), env,
-                                 executor=order["key"], partition=attempt, link=link, gpus=gpus)
+                                 executor=order["key"], partition=attempt, link=link, gpus=gpus,
+                                 ranks_on_host=order.get("ranks_on_host", 1))
             if outcome[1] != "died" or link.stopping.is_set():
                 return outcome
     finally:

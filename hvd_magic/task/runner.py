@@ -36,6 +36,7 @@ from .rendezvous import Rendezvous
 from .session import SessionRank
 from .settings import Coordinator, SparkCoordinator, TaskSettings
 from .stopping import kill_group, stop_group
+from .threads import rank_threads, thread_env
 
 
 def spark_task(settings, _iterator):
@@ -72,14 +73,11 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
             return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
         rendezvous_ip = _resolve(hosts[0])
-        env = rank_base_env()  # without what only a Spark worker needs (environ.py)
-        env.update(settings.horovod_env)
-        env.update(settings.extra_env)
-        env.update(horovod_rank_env(slot, settings.np, rendezvous_ip, port,
-                                    _iface_of(_local_ip_towards(rendezvous_ip))))
         gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        executors = [coord.executor_of(i) for i in range(settings.np)]
+        env = rank_env(settings, horovod_rank_env(slot, settings.np, rendezvous_ip, port,
+                                                  _iface_of(_local_ip_towards(rendezvous_ip))),
+                       gpus, slot.local_size, executors.count(coord.executor()))
         outcome = _run_rank(settings, slot, env, host, gpus, link, executor=coord.executor(),
                             partition=coord.partition_id)
         return outcome
@@ -89,24 +87,35 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             rendezvous.stop()
 
 
+def rank_env(settings, horovod_vars, gpus, ranks_on_host, ranks_on_executor=None):
+    """The whole environment of a rank process: its task's (less what only a Spark worker needs:
+    environ.py), its share of the host's cores (threads.py), the driver's Horovod knobs, ``--env``
+    (which wins over both), its Horovod slot's variables and its GPUs."""
+    env = rank_base_env()
+    threads = rank_threads(ranks_on_host, settings.executor_cores, ranks_on_executor)
+    env.update(thread_env(threads, settings.extra_env))
+    env.update(settings.horovod_env)
+    env.update(settings.extra_env)
+    env.update({k: str(v) for k, v in horovod_vars.items()})
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return env
+
+
 def run_worker(settings, slot, env, executor=None, partition=None, on_link=None, link=None,
-               gpus=()):
+               gpus=(), ranks_on_host=1):
     """One rank process for a launcher that plans the ranks itself (Horovod's elastic driver:
     `hvd_magic.launch.elastic`): `env` holds its Horovod variables, `slot.rank` labels its events
-    (the view's row). `on_link(link)` is called once the driver link is up; a `link` given is
-    used (and left open). Its outcome."""
+    (the view's row), `ranks_on_host` share this host's cores (every slot the launcher may fill
+    there, not only the current ring's). `on_link(link)` is called once the driver link is up; a `link` given is used
+    (and left open). Its outcome."""
     own = link is None
     if own:
         link = DriverLink(settings, slot.rank)
     try:
         if on_link is not None:
             on_link(link)
-        full = rank_base_env()
-        full.update(settings.horovod_env)
-        full.update(settings.extra_env)
-        full.update({k: str(v) for k, v in env.items()})
-        if gpus:
-            full["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        full = rank_env(settings, env, gpus, ranks_on_host)
         return _run_rank(settings, slot, full, socket.gethostname(), list(gpus), link,
                          executor=executor, partition=partition)
     finally:
@@ -157,7 +166,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
             threading.Thread(target=stop_group, args=(proc,), daemon=True).start()
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
                       "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
-                      "partition": partition})
+                      "partition": partition, "threads": env.get("OMP_NUM_THREADS")})
         # Rank 0's timeline streams to the driver as it is written (nothing lost if the notebook dies).
         timeline = FileStream(forward, timeline_path, "timeline") if rank == 0 else None
         with os.fdopen(events_r, "rb") as events_pipe:

@@ -20,6 +20,7 @@ class TaskSettings:
     timeline_window: bool = True    # HOROVOD_TIMELINE=DYNAMIC, for `hvd_magic.timeline()` blocks
     session: bool = False           # a warm session: the rank takes cells until stopped
     connect: bool = False           # Spark Connect: the executors may not reach the driver
+    executor_cores: int = None      # cores an executor has for ranks; None: its host's (threads.py)
 
 
 class Coordinator:
@@ -36,6 +37,10 @@ class Coordinator:
         return []
 
     def executor(self) -> str:
+        return self.executor_of(self.partition_id)
+
+    def executor_of(self, partition_id: int) -> str:
+        """The executor a task runs in (tasks of one executor share its cores)."""
         return "driver"
 
 
@@ -49,8 +54,8 @@ class SparkCoordinator(Coordinator):
     def task_address(self, partition_id):
         return self.ctx.getTaskInfos()[partition_id].address.rsplit(":", 1)[0]
 
-    def executor(self):
-        return self.ctx.getTaskInfos()[self.partition_id].address
+    def executor_of(self, partition_id):
+        return self.ctx.getTaskInfos()[partition_id].address
 
     def gpus(self):
         resource = self.ctx.resources().get("gpu")

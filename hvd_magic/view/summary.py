@@ -77,6 +77,15 @@ def hosts(ranks):
     return list(by_host.items())
 
 
+def threads_text(ranks):
+    """"1 CPU thread per rank" (or "1-2 …" where they differ); "" before any rank said."""
+    counts = sorted({int(r.threads) for r in ranks if str(r.threads or "").isdigit()})
+    if not counts:
+        return ""
+    low, high = counts[0], counts[-1]
+    return f"{low if low == high else f'{low}-{high}'} CPU thread{'s' if high > 1 else ''} per rank"
+
+
 def _counts(ranks):
     return collections.Counter(r.state for r in ranks)
 
@@ -118,8 +127,10 @@ def summary_html(run, row_html, head_html, state_html):
     host_rows = []
     for host, members in hosts(ranks):
         states = ", ".join(f"{n} {s}" for s, n in sorted(_counts(members).items()))
+        threads = threads_text(members)
         host_rows.append(f"<tr data-host='{_e(host)}'><td style='padding:0 .6em'>{_e(host)}</td>"
-                         f"<td style='padding:0 .6em'>{len(members)}</td>"
+                         f"<td style='padding:0 .6em'>{len(members)}"
+                         f"{' · ' + _e(threads) if threads else ''}</td>"
                          f"<td style='padding:0 .6em'>{_e(states)}</td>"
                          f"<td style='padding:0 .6em'>{_e(_steps_text(members))}</td></tr>")
     parts.append("<table style='border-collapse:collapse'><tr><th style='text-align:left;"
@@ -276,8 +287,9 @@ def summary_text(run):
     lines = [summary_line(run)]
     for host, members in hosts(run.ranks):
         states = ", ".join(f"{n} {s}" for s, n in sorted(_counts(members).items()))
-        steps = _steps_text(members)
-        lines.append(f"  {host}: {len(members)} ranks, {states}{' · ' + steps if steps else ''}\n")
+        steps, threads = _steps_text(members), threads_text(members)
+        lines.append(f"  {host}: {len(members)} ranks{' (' + threads + ')' if threads else ''}, "
+                     f"{states}{' · ' + steps if steps else ''}\n")
     for name, (x, mean, low, high, count) in sorted(band_series(run.ranks).items()):
         lines.append(f"  {name}: last mean {_label(mean[-1])} (min {_label(low[-1])}, "
                      f"max {_label(high[-1])} across {count} ranks)\n")

@@ -11,7 +11,7 @@ Not for: widgets, or when anything is redrawn (`hvd_magic.view.dashboard`).
 import html
 import os
 
-from .summary import SUMMARY_ABOVE
+from .summary import SUMMARY_ABOVE, threads_text
 from .text import is_chatter, visible_text
 
 TAIL_LINE_CHARS = 2000     # a longer line is cut in the panel (never in the log on disk)
@@ -45,7 +45,7 @@ def row_html(r, tail, verbose=False):
                  if verbose or not is_chatter(line)), "")
     cells = [(str(r.rank), ""), (_e(r.host or ""), r.host or ""),
              ("" if r.local_rank is None else str(r.local_rank), ""),
-             (_e(_device(r.gpus)), ""), (state_html(r.state), ""),
+             (_e(_device(r.gpus, r.threads)), threads_text([r])), (state_html(r.state), ""),
              (_progress_html(r.step, r.total), ""), (_e(metrics), metrics),
              (f"<code>{_e(last[:LAST_LINE_CHARS])}</code>", last)]
     return (f"<tr data-rank='{r.rank}' data-state='{_e(r.state)}' data-step='{step}' "
@@ -89,8 +89,11 @@ def _shown(line):
     return visible_text(line)[:TAIL_LINE_CHARS]
 
 
-def _device(gpus):
-    return "GPU " + ",".join(str(g) for g in gpus) if gpus else "cpu"
+def _device(gpus, threads=None):
+    """"GPU 0", or "cpu ×2": a CPU rank's threads (its share of the host's cores)."""
+    if gpus:
+        return "GPU " + ",".join(str(g) for g in gpus)
+    return f"cpu ×{threads}" if threads else "cpu"
 
 
 def state_html(state):

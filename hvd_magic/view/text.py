@@ -40,7 +40,7 @@ def is_chatter(line):
 
 
 from ..driver.ranks import plural
-from .summary import is_large, summary_line
+from .summary import hosts, is_large, summary_line, threads_text
 from .summary import summary_text as large_summary
 from .charts import summary_text as metrics_summary
 
@@ -130,6 +130,11 @@ class TextView:
 def summary_text(run, per_rank=True):
     lines = [f"hvd_magic run {run.id}: {run.state} in {run.elapsed:.1f} s on {run.where} "
              f"(logs: {os.path.relpath(run.run_dir)})\n"]
+    for host, members in hosts(run.ranks) if per_rank else ():
+        threads = threads_text(members)  # their share of the host's cores (task/threads.py)
+        if threads:
+            lines.append(f"  on {host}: {len(members)} rank{'s' if len(members) > 1 else ''}, "
+                         f"{threads}\n")
     for r in run.ranks if per_rank else ():
         host = f" on {r.host}" if r.host else ""
         progress = f", step {r.step}/{r.total}" if r.step is not None else ""
