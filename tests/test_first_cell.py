@@ -180,7 +180,7 @@ def test_dashboard_rows_and_panels_skip_start_up_chatter():
 
     def shown(dashboard):  # what the rank's row's last line and its log panel show, when drawn
         row = dashboard._row_html(run.ranks[0])
-        last = html.unescape(row.rsplit("<code>", 1)[1].split("</code>")[0])
+        last = html.unescape(re.findall(r"<code[^>]*>([^<]*)</code>", row)[-1])
         body = dashboard._log_html(run, 0).rsplit("<pre", 1)[1]
         panel = [line for line in (ABSL_NOTE, CXX_INFO, "step 3", CXX_WARNING)
                  if html.escape(line, quote=True) in body]
