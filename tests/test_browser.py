@@ -229,8 +229,10 @@ def test_quickstart_in_chromium(tmp_path, chromium):
         dashboard.screenshot(path=os.path.join(ARTIFACTS, "dashboard.png"))
         page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart.png"), full_page=True)
         save(page, tmp_path / "quickstart.ipynb")
-    # Saved, and opened again by a JupyterLab of its own with a fresh kernel (as a colleague
-    # would): the finished dashboard is still there, not "Error displaying widget".
+    # Saved, and opened again by a JupyterLab of its own with a fresh kernel, untrusted (as a
+    # colleague would: no signature of ours, so its HTML is sanitized): the finished dashboard is
+    # still there, not "Error displaying widget".
+    (tmp_path / ".jupyter-home" / "data" / "nbsignatures.db").unlink(missing_ok=True)
     with notebook_page(tmp_path, chromium, "quickstart.ipynb",
                        "browser-quickstart-reopened-failed.png") as page:
         run = page.locator(".jp-OutputArea-output", has_text="hvd_magic run").first

@@ -70,7 +70,7 @@ def test_first_cell_shows_no_start_up_chatter_and_says_it_starts_spark(fresh_ker
         html = " ".join(s.get("value", "") for s in widgets.of("HTMLModel").values())
         if "starting Spark (local[" in html + text_output([msg]) and "spark" not in order:
             order.append("spark")
-        table = [s["value"] for s in widgets.of("HTMLModel").values() if "data-rank=" in s["value"]]
+        table = [s["value"] for s in widgets.of("HTMLModel").values() if "<tr data-rank=" in s["value"]]
         if table and any(state in ("running", "done") for state, _, _ in rows(table[0]).values()):
             order.append("ranks") if "ranks" not in order else None
 

@@ -90,7 +90,7 @@ class Widgets:
         return {cid: s for cid, s in self.models.items() if s.get("_model_name") == model_name}
 
     def table_rows(self):
-        tables = [s["value"] for s in self.of("HTMLModel").values() if "data-rank=" in s["value"]]
+        tables = [s["value"] for s in self.of("HTMLModel").values() if "<tr data-rank=" in s["value"]]
         assert len(tables) == 1
         return rows(tables[0])
 
@@ -175,7 +175,7 @@ def test_tqdm_cell_ends_with_every_rank_done_at_50_of_50(kernel):
     # What a front end shows, from the kernel's comm messages...
     assert widgets.table_rows() == {k: ("done", "50", "50") for k in range(4)}
     # ...while the run went on, some rows showed progress between the start and the end.
-    seen = [rows(state["value"]) for _, _, state in widgets.updates if "data-rank=" in state.get("value", "")]
+    seen = [rows(state["value"]) for _, _, state in widgets.updates if "<tr data-rank=" in state.get("value", "")]
     partial = {step for table in seen for (_, step, total) in table.values()
                if step and total and 0 < int(step) < int(total)}
     assert partial, "no intermediate progress reached the dashboard"
@@ -585,7 +585,7 @@ def test_one_clock_a_table_that_keeps_its_shape_quiet_start_up_and_every_rank_se
     # The live charts never lag the table: drawn in the same tick, up to the same step.
     [charts] = [cid for cid, st in widgets.models.items() if "hvd-magic-charts" in str(st)
                 or any(cid == c and "hvd-magic-charts" in str(u) for _, c, u in widgets.updates)]
-    [table_id] = [cid for cid, st in widgets.of("HTMLModel").items() if "data-rank=" in st["value"]]
+    [table_id] = [cid for cid, st in widgets.of("HTMLModel").items() if "<tr data-rank=" in st["value"]]
     latest, checked = None, 0
     for _, cid, state in widgets.updates:
         if cid == table_id:

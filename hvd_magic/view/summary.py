@@ -214,7 +214,8 @@ def band_chart_svg(name, x, mean, low, high, count):
     band = " ".join([xy(a, b) for a, b in zip(x, high)]
                     + [xy(a, b) for a, b in zip(x[::-1], low[::-1])])
     line = " ".join(xy(a, b) for a, b in zip(x, mean))
-    return "".join(chart_open(name, axes, band=count) + axes.svg(float(x.max())) + [
+    # (the axis says the latest step: the last bin's middle, rounded)
+    return "".join(chart_open(name, axes, band=count) + axes.svg(round(float(x.max()))) + [
         f'<text x="{WIDTH - RIGHT}" y="28" text-anchor="end" fill="#555">mean, min-max of '
         f'{count} ranks</text>',
         f'<polygon data-band="min-max" points="{band}" fill="{COLOURS[0]}" fill-opacity="0.25" '

@@ -134,8 +134,11 @@ def footer_html(run):
     last's: the folder holds them all)."""
     if run.started is None:  # never launched: no run folder
         return ""
-    links = " · ".join(f"rank {rank}: {link_html(run.log_path(rank))}" for rank in range(run.np)
-                       if rank < SUMMARY_ABOVE or rank == run.np - 1)
+    shown = [rank for rank in range(run.np) if rank < SUMMARY_ABOVE or rank == run.np - 1]
+    links = [f"rank {rank}: {link_html(run.log_path(rank))}" for rank in shown]
+    if len(shown) < run.np:  # say that ranks were skipped
+        links.insert(-1, "…")
+    links = " · ".join(links)
     return f"<div>Logs in {link_html(run.run_dir, os.path.relpath(run.run_dir))}: {links}</div>"
 
 
