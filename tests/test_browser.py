@@ -219,13 +219,60 @@ def test_quickstart_in_chromium(tmp_path, chromium):
         expect(page.locator(".jp-OutputArea-executeResult", has_text="3.0")).to_have_count(1)
         expect(page.get_by_text("results: [3.0, 3.0]")).to_be_visible()
 
+        # The end of rank 0's last line, its value, is in view inside its cell (not cut).
+        last = rows.nth(0).locator("td").last
+        expect(last).to_contain_text("allreduce sum = 3.0")
+        assert _text_end_inside(last), "the last line's end is cut"
+
         dashboard = page.locator(".jp-Cell", has=page.locator("tr[data-rank]")).first
         dashboard.scroll_into_view_if_needed()
         dashboard.screenshot(path=os.path.join(ARTIFACTS, "dashboard.png"))
         page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart.png"), full_page=True)
+        save(page, tmp_path / "quickstart.ipynb")
+    # Saved, and opened again by a JupyterLab of its own with a fresh kernel, untrusted (as a
+    # colleague would: no signature of ours, so its HTML is sanitized): the finished dashboard is
+    # still there, not "Error displaying widget".
+    (tmp_path / ".jupyter-home" / "data" / "nbsignatures.db").unlink(missing_ok=True)
+    with notebook_page(tmp_path, chromium, "quickstart.ipynb",
+                       "browser-quickstart-reopened-failed.png") as page:
+        run = page.locator(".jp-OutputArea-output", has_text="hvd_magic run").first
+        expect(run).to_contain_text("2 ranks")
+        expect(run.locator("table tr")).to_have_count(3)  # the head and a row per rank
+        expect(run.locator("table")).to_contain_text("rank 1: allreduce sum = 3.0")
+        expect(run.locator("table")).to_contain_text("done")
+        expect(page.locator(".jp-OutputArea-executeResult", has_text="3.0")).to_have_count(1)
+        expect(run.get_by_role("link", name="rank-1.log")).to_have_count(1)
+        assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+        run.scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart-reopened.png"))
     left = [p for p in psutil.Process().children(recursive=True)
             if p.pid not in ours_before and _running(p)]
     assert not left, f"processes left behind: {left}"
+
+
+def _text_end_inside(cell):
+    """Whether the last characters of `cell`'s text (but a trailing space) are drawn inside the
+    cell's box."""
+    return cell.evaluate("""td => {
+        const walker = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+        let node = null;
+        while (walker.nextNode()) node = walker.currentNode;
+        const range = document.createRange(), end = node.data.trimEnd().length;
+        range.setStart(node, Math.max(0, end - 3));
+        range.setEnd(node, end);
+        const text = range.getBoundingClientRect(), box = td.getBoundingClientRect();
+        return text.width > 0 && text.left >= box.left && text.right <= box.right;
+    }""")
+
+
+def save(page, path):
+    """Save the notebook (its outputs as the kernel left them) and wait until it is on disk."""
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.keyboard.press("Control+s")
+    deadline = time.monotonic() + 60
+    while "hvd-magic-run" not in path.read_text():
+        assert time.monotonic() < deadline, f"{path} was not saved with the run's output"
+        page.wait_for_timeout(250)
 
 
 def _running(proc):
@@ -272,6 +319,11 @@ def _clock(cell):
     return float(texts[0].split()[0]) if texts else None
 
 
+def _just_below_the_table(cell, charts):
+    table, box = cell.locator("table").first.bounding_box(), charts.bounding_box()
+    return 0 <= box["y"] - (table["y"] + table["height"]) < 30
+
+
 def test_live_charts_in_chromium(tmp_path, chromium):
     """The charts while the cell runs and after it, as a person sees them (screenshots in
     test-artifacts/: charts-running.png, charts-finished.png; docs/charts.png is a copy); the
@@ -295,6 +347,7 @@ def test_live_charts_in_chromium(tmp_path, chromium):
         expect(running).to_have_count(2)
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=os.path.join(ARTIFACTS, "charts-running.png"))
+        assert _just_below_the_table(cell, charts)
         status = page.locator(".jp-StatusBar-Widget", has_text="Python 3")
         states, clock = [], []
         while running.count() == 2:  # the cell runs: the kernel is busy, the clock goes on
@@ -307,10 +360,13 @@ def test_live_charts_in_chromium(tmp_path, chromium):
         clock.append(_clock(cell))
         clock = [c for c in clock if c is not None]
         assert len(clock) >= 4 and clock == sorted(clock), clock
-        # the live charts give way to the static picture a saved notebook keeps
-        picture = cell.locator(".jp-RenderedSVG, .jp-RenderedImage")
-        expect(picture).to_have_count(1)
+        # The finished run's static rendition has the charts in the same place, as images
+        # (what a saved notebook keeps), above the logs' links; no second picture below.
+        expect(charts.locator("img")).to_have_count(2)
         expect(charts.locator("svg")).to_have_count(0)
+        expect(cell.locator(".jp-RenderedSVG, .jp-RenderedImage")).to_have_count(0)
+        assert _just_below_the_table(cell, charts)  # where they were while running
+        assert charts.bounding_box()["y"] < cell.get_by_text("Logs in").bounding_box()["y"]
         expect(cell.get_by_role("button", name="Cancel")).to_be_hidden()  # nothing to cancel
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=os.path.join(ARTIFACTS, "charts-finished.png"))
@@ -319,6 +375,8 @@ def test_live_charts_in_chromium(tmp_path, chromium):
         rows = keras.locator("tr[data-rank][data-state='done']")
         expect(rows).to_have_count(2)
         expect(keras.locator("tr[data-rank] td[title*='a long last line']")).to_have_count(2)
+        # cut at its start: its end is in view
+        assert _text_end_inside(keras.locator("tr[data-rank] td[title*='a long last line']").first)
         keras.scroll_into_view_if_needed()
         keras.screenshot(path=os.path.join(ARTIFACTS, "keras-run.png"))
         # One line per row, whatever the last line's length: as tall as the header row.
@@ -328,3 +386,52 @@ def test_live_charts_in_chromium(tmp_path, chromium):
         shown = keras.locator(".jp-OutputArea-output").all_inner_texts()
         assert "trained;" in " ".join(shown)
         assert not [t for t in shown if "absl" in t or "oneDNN" in t], shown
+
+
+HANG_CELL = """\
+%%horovod --np -2 --stall-timeout 3
+import time
+import torch, horovod.torch as hvd
+hvd.init()
+print(f"rank {hvd.rank()} before the collective")
+if hvd.rank() == 0:
+    hvd.allreduce(torch.ones(1))  # rank 1 never calls it
+else:
+    time.sleep(600)
+"""
+
+
+def test_a_hang_in_chromium(tmp_path, chromium):
+    """A cell that hangs (rank 0 waits in an allreduce that rank 1 never calls): when the stall
+    message shows, the Cancel button still has its label and its place, the stack dumps the
+    watchdog asked for are in the ranks' logs but no row's last line; Cancel stops the run."""
+    from playwright.sync_api import expect
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
+                                          "hvd_magic.view.dashboard.SHOW_AFTER = 0"),
+                nbformat.v4.new_code_cell(HANG_CELL)]
+    nbformat.write(nb, str(tmp_path / "hang.ipynb"))
+    with notebook_page(tmp_path, chromium, "hang.ipynb", "browser-hang-failed.png") as page:
+        run_all_cells(page)
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        expect(cell.get_by_text("stall: rank 0 has been waiting")).to_be_visible()
+        cancel = cell.get_by_role("button", name="Cancel")
+        expect(cancel).to_be_visible()
+        expect(cancel).to_have_text(re.compile("Cancel"))
+        assert cancel.evaluate("b => b.scrollWidth <= b.clientWidth"), "its label is cut"
+        header = cell.get_by_text(re.compile(r"hvd_magic run \S+ · 2 ranks")).first
+        assert cancel.bounding_box()["y"] < header.bounding_box()["y"] + 20  # beside it still
+        # The dump reached the ranks' logs (the panel shows it)...
+        cell.get_by_text("rank 0 log").click()
+        expect(cell.get_by_text(re.compile("most recent call first")).first).to_be_visible()
+        # ...and no row's last line is a line of it.
+        rows = cell.locator("tr[data-rank]")
+        for i in range(2):
+            expect(rows.nth(i).locator("td").last).to_have_text(
+                f"rank {i} before the collective")
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "hang.png"))
+        cancel.click()
+        expect(cell.locator("tr[data-rank][data-state='cancelled']")).to_have_count(2)
+        expect(cell.locator(".jp-OutputArea-output", has_text="RunCancelled")).to_have_count(1)

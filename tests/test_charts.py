@@ -2,6 +2,7 @@
 per metric with a line per rank, a saved notebook keeps a static picture, the text view prints a
 summary, and `Run.metrics` is tidy data."""
 
+import base64
 import io
 import os
 import re
@@ -21,6 +22,12 @@ for step in range({steps}):
     hvd_magic.report(step=step, total={steps}, loss=step * (rank + 1), acc=1.0 - 1.0 / (step + 1))
     time.sleep({pause})
 """
+
+
+def static_charts(markup):
+    """The SVG charts of a finished run's static rendition (images of SVG data)."""
+    return [base64.b64decode(data).decode()
+            for data in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', markup)]
 
 
 def test_every_reported_point_comes_back_as_tidy_metrics(ip):
@@ -71,22 +78,35 @@ def execute_cells(cells, cwd):
     return nbformat.read(path, as_version=4)  # as saved
 
 
-def test_the_dashboard_draws_live_charts_and_the_saved_notebook_keeps_a_picture(tmp_path):
+def test_the_saved_notebook_keeps_the_finished_dashboard_as_html(tmp_path):
+    """Run through nbclient and saved: the dashboard's output is HTML that any viewer shows
+    without the kernel (no widget left to read "model not found"): the table's rows and states,
+    the log links, the charts as images in the dashboard's place; and the cell's value."""
     nb = execute_cells(["%load_ext hvd_magic",
-                        "%%horovod --np -2\n" + REPORTING.format(steps=40, pause=0.08)],
-                       tmp_path)
+                        "%%horovod --np -2\n" + REPORTING.format(steps=40, pause=0.08)
+                        + "'the value ' + str(6 * 7)"], tmp_path)
     run_cell = nb.cells[1]
-    shown = [o for o in run_cell.outputs if WIDGET_VIEW in o.get("data", {})]
-    assert shown, "the run ended before the dashboard was shown"
-    pictures = [o for o in run_cell.outputs if "image/svg+xml" in o.get("data", {})]
-    assert len(pictures) == 1  # the static picture the saved notebook keeps
-    final = pictures[0].data["image/svg+xml"]
+    assert not [o for o in run_cell.outputs if WIDGET_VIEW in o.get("data", {})]
+    [final] = [o.data for o in run_cell.outputs if "hvd-magic-run" in o.get("data", {}).get(
+        "text/html", "")]
+    markup = final["text/html"]
+    assert len(re.findall(r"<tr data-rank='\d' data-state='done' data-step='39' "
+                          r"data-total='40'>", markup)) == 2
+    assert markup.count(">done</span>") >= 3  # the header's and each row's
+    assert "rank-0.log" in markup and "rank-1.log" in markup
+    assert "<svg" not in markup  # (inline SVG is stripped from an untrusted notebook's HTML)
+    assert "rank 0 on " in final["text/plain"] and ": done" in final["text/plain"]
+    [value] = [o for o in run_cell.outputs if o.output_type == "execute_result"]
+    assert value.data["text/plain"] == "'the value 42'"
+    assert not [o for o in run_cell.outputs if "image/svg+xml" in o.get("data", {})]
+    pictures = static_charts(markup)  # in the table's place below it, not after the links
+    assert markup.index("data:image/svg+xml") < markup.index("rank-0.log")
     for metric in ("loss", "acc"):
-        chart = final[final.index(f'data-metric="{metric}"'):]
-        chart = chart[:chart.index("</svg>")]
+        [chart] = [p for p in pictures if f'data-metric="{metric}"' in p]
         lines = dict(re.findall(r'data-rank="(\d)" points="([^"]+)"', chart))
         assert sorted(lines) == ["0", "1"]
         assert all(len(points.split()) == 40 for points in lines.values())
+        assert "rank 0</text>" in chart and "rank 1</text>" in chart  # the legend
 
 
 KERAS = """\
@@ -146,3 +166,29 @@ def test_tensorboard_logs_come_back_per_rank_and_the_magic_finds_them(ip, tmp_pa
         events.Reload()
         assert [(s.step, s.value) for s in events.Scalars("loss")] == \
             [(step, float((rank + 1) * step)) for step in range(5)]
+
+
+def test_a_loss_over_decades_gets_a_log_axis_with_ticks_and_a_legend_that_says_rank():
+    class Rank:
+        def __init__(self, rank, history):
+            self.rank, self.history = rank, history
+
+    # a loss from 6.8 to 0.03: on a linear axis, a flat line along the bottom after step 20
+    ranks = [Rank(r, [[s, {"loss": 6.8 * 0.93 ** s + 0.03, "acc": s / 100}] for s in range(80)])
+             for r in range(2)]
+    loss, acc = (charts.chart_svg(name, lines)
+                 for name, lines in sorted(charts.series(ranks).items(), reverse=True))
+    assert 'data-scale="log"' in loss and "(log scale)" in loss
+    assert 'data-scale="log"' not in acc
+    assert int(re.search(r'width="(\d+)"', loss).group(1)) >= 400  # readable, not 250 x 100
+    ticks = [float(t) for t in re.findall(r'data-tick="y">([^<]+)<', loss)]
+    assert {0.1, 0.2, 0.5, 1.0, 2.0, 5.0} <= set(ticks)
+    assert [float(t) for t in re.findall(r'data-tick="x">([^<]+)<', loss)] == [0, 20, 40, 60]
+    # step 40's loss (0.40) is 0.58 of the way down the plot on the log axis (0.95 on a linear one)
+    points = [tuple(map(float, p.split(","))) for p in
+              re.search(r'data-rank="0" points="([^"]+)"', loss).group(1).split()]
+    ys = [y for _, y in points]
+    assert 0.5 < (ys[40] - min(ys)) / (max(ys) - min(ys)) < 0.7
+    assert "rank 0</text>" in loss and "rank 1</text>" in loss and "■" not in loss
+    # a value <= 0 keeps the linear axis
+    assert "log" not in charts.chart_svg("m", {0: [(0, 0.0), (1, 1000.0)]})

@@ -70,7 +70,7 @@ def test_first_cell_shows_no_start_up_chatter_and_says_it_starts_spark(fresh_ker
         html = " ".join(s.get("value", "") for s in widgets.of("HTMLModel").values())
         if "starting Spark (local[" in html + text_output([msg]) and "spark" not in order:
             order.append("spark")
-        table = [s["value"] for s in widgets.of("HTMLModel").values() if "data-rank=" in s["value"]]
+        table = [s["value"] for s in widgets.of("HTMLModel").values() if "<tr data-rank=" in s["value"]]
         if table and any(state in ("running", "done") for state, _, _ in rows(table[0]).values()):
             order.append("ranks") if "ranks" not in order else None
 
@@ -180,7 +180,7 @@ def test_dashboard_rows_and_panels_skip_start_up_chatter():
 
     def shown(dashboard):  # what the rank's row's last line and its log panel show, when drawn
         row = dashboard._row_html(run.ranks[0])
-        last = html.unescape(row.rsplit("<code>", 1)[1].split("</code>")[0])
+        last = html.unescape(re.findall(r"<code[^>]*>([^<]*)</code>", row)[-1])
         body = dashboard._log_html(run, 0).rsplit("<pre", 1)[1]
         panel = [line for line in (ABSL_NOTE, CXX_INFO, "step 3", CXX_WARNING)
                  if html.escape(line, quote=True) in body]

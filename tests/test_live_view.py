@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 import hvd_magic
+from test_charts import static_charts
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ROW = re.compile(r"<tr data-rank='(\d+)' data-state='([^']*)' data-step='([^']*)' "
@@ -89,7 +90,7 @@ class Widgets:
         return {cid: s for cid, s in self.models.items() if s.get("_model_name") == model_name}
 
     def table_rows(self):
-        tables = [s["value"] for s in self.of("HTMLModel").values() if "data-rank=" in s["value"]]
+        tables = [s["value"] for s in self.of("HTMLModel").values() if "<tr data-rank=" in s["value"]]
         assert len(tables) == 1
         return rows(tables[0])
 
@@ -174,7 +175,7 @@ def test_tqdm_cell_ends_with_every_rank_done_at_50_of_50(kernel):
     # What a front end shows, from the kernel's comm messages...
     assert widgets.table_rows() == {k: ("done", "50", "50") for k in range(4)}
     # ...while the run went on, some rows showed progress between the start and the end.
-    seen = [rows(state["value"]) for _, _, state in widgets.updates if "data-rank=" in state.get("value", "")]
+    seen = [rows(state["value"]) for _, _, state in widgets.updates if "<tr data-rank=" in state.get("value", "")]
     partial = {step for table in seen for (_, step, total) in table.values()
                if step and total and 0 < int(step) < int(total)}
     assert partial, "no intermediate progress reached the dashboard"
@@ -510,7 +511,7 @@ def test_dashboard_of_a_spark_run_says_where_it_runs(kernel):
     host = kernel.value("hvd_magic.last_run().value")
     assert rows(table) == {0: ("done", "", ""), 1: ("done", "", "")}
     assert table.count(f" title='{host}'>{host}</td>") == 2
-    assert ">cpu</td>" in table
+    assert len(re.findall(r">cpu ×\d+</td>", table)) == 2  # a CPU rank: its threads (#43)
     # One clock from the cell's start, through Spark's start-up and the run: it never goes back.
     figures = elapsed_figures(messages)
     assert len(figures) >= 3 and figures == sorted(figures), figures
@@ -566,11 +567,12 @@ def test_one_clock_a_table_that_keeps_its_shape_quiet_start_up_and_every_rank_se
     assert len(figures) >= 2 and figures == sorted(figures), figures
     ranks_time = kernel.value("hvd_magic.last_run().ended - hvd_magic.last_run().started")
     assert figures[-1] >= round(ranks_time, 1)
-    # A 300-character last line does not reflow the table: fixed columns, cut, whole on hover.
+    # A 300-character last line keeps one line: it takes the width the other columns leave,
+    # cut at its start (its end in view), whole on hover.
     view = "hvd_magic.last_run().view"
     table = kernel.value(f"{view}.table.value")
-    assert "table-layout:fixed" in table and "<colgroup>" in table
-    assert table.count("white-space:nowrap;overflow:hidden;text-overflow:ellipsis") >= 3 * 8
+    assert table.count("max-width:0;width:100%;overflow:hidden;text-overflow:ellipsis;"
+                       "direction:rtl") == 3  # the head's and each row's
     assert table.count(f"title='{'x' * 300}'") == 2
     # TensorFlow's start-up chatter stays in the log files, out of every widget.
     widgets = Widgets(messages)
@@ -583,7 +585,7 @@ def test_one_clock_a_table_that_keeps_its_shape_quiet_start_up_and_every_rank_se
     # The live charts never lag the table: drawn in the same tick, up to the same step.
     [charts] = [cid for cid, st in widgets.models.items() if "hvd-magic-charts" in str(st)
                 or any(cid == c and "hvd-magic-charts" in str(u) for _, c, u in widgets.updates)]
-    [table_id] = [cid for cid, st in widgets.of("HTMLModel").items() if "data-rank=" in st["value"]]
+    [table_id] = [cid for cid, st in widgets.of("HTMLModel").items() if "<tr data-rank=" in st["value"]]
     latest, checked = None, 0
     for _, cid, state in widgets.updates:
         if cid == table_id:
@@ -593,9 +595,77 @@ def test_one_clock_a_table_that_keeps_its_shape_quiet_start_up_and_every_rank_se
             checked += 1
     assert checked >= 2
     # Equal values of two ranks: both lines seen (the second dashed over the first).
-    [picture] = [m["content"]["data"]["image/svg+xml"] for m in messages
-                 if m["msg_type"] == "display_data" and "image/svg+xml" in m["content"]["data"]]
+    # (in the static rendition that took the dashboard's place at the end)
+    final = [m["content"]["data"]["text/html"] for m in messages
+             if m["msg_type"] == "update_display_data" and "hvd-magic-run" in
+             m["content"]["data"].get("text/html", "")]
+    assert len(final) == 1
+    [picture] = static_charts(final[0])
     lines = dict(re.findall(r'<polyline data-rank="(\d)" points="[^"]+"([^>]*)>', picture))
     assert "dasharray" not in lines["0"] and "stroke-dasharray" in lines["1"]
     # A finished run has nothing to cancel: its button is gone.
     assert kernel.value(f"{view}.cancel_button.layout.display") == "none"
+
+
+STACK_DUMP = ["Thread 0x00007f3a5c1ff640 (most recent call first):",
+              '  File "/usr/lib/python3.11/threading.py", line 324 in wait', "",
+              "Current thread 0x00007f3a6d4b2740 (most recent call first):",
+              '  File "<frozen runpy>", line 198 in _run_module_as_main']
+
+
+def test_a_hang_keeps_the_dashboard_readable_and_the_end_leaves_html(ip, tmp_path):
+    """A real Run fed what two ranks' tasks send, drawn by the real Dashboard: the stall's
+    message on a line of its own (the Cancel button keeps its place and label), a stack dump
+    never a rank's last line (it stays in the log, in grey), empty columns left out, progress
+    and metrics whole; at the end the display becomes HTML with the table, the charts and logs."""
+    from IPython.utils.capture import capture_output
+    from hvd_magic.driver.apply import apply_event
+    from hvd_magic.config import RunOptions
+    from hvd_magic.driver.run import Run
+    from hvd_magic.view.dashboard import Dashboard
+
+    view = Dashboard()
+    run = Run(2, RunOptions(run_dir=str(tmp_path / "run")), view=view)
+    run.folder.create(2)
+    run.state, run.where, run.started = "running", "driver only", 1.0
+    view.start(run)
+
+    def send(event):
+        apply_event(run, event, lambda reason: None)
+
+    for r in range(2):
+        send({"t": "state", "rank": r, "state": "running", "host": "h", "pid": 10 + r})
+        send({"t": "lines", "rank": r, "stream": "stdout", "lines": [f"rank {r}: sum = 3.0"]})
+    with capture_output():
+        view._show(run)
+    table = view.table.value
+    assert ">progress<" not in table and ">metrics<" not in table  # empty: no room taken
+    assert ">local rank<" not in table and ">host<" in table
+    send({"t": "progress", "rank": 0, "step": 45, "total": 200, "metrics": {"accuracy": 0.93}})
+    view._notices.append(("stall: rank 0 has been waiting in a collective " + "x " * 200, "stall"))
+    for r in range(2):
+        send({"t": "lines", "rank": r, "stream": "stderr", "lines": STACK_DUMP})
+    header, notices = view._candidates(run)[0][1]()
+    assert "stall" not in header and "stall: rank 0" in notices
+    assert view.cancel_button.description == "Cancel"
+    assert view.cancel_button.layout.flex == "0 0 auto"  # never squeezed by the header
+    assert view.box.children[1] is view.notices  # the notices' own line, under the button's
+    table = view._table_html(run)
+    assert "</progress> 45/200" in table and ">accuracy=0.93<" in table and ">progress<" in table
+    assert re.findall(r"<code dir='ltr'[^>]*>([^<]*)</code>", table) == [
+        "rank 0: sum = 3.0", "rank 1: sum = 3.0"]
+    panel = view._log_html(run, 0)
+    assert "line 198 in _run_module_as_main" in panel and "color:#757575" in panel
+
+    for r in range(2):
+        send({"t": "exit", "rank": r, "code": 0, "status": "ok"})
+    run.state, run.ended = "done", 3.0
+    updates = []
+    view.handle = type("Handle", (), {"update": lambda _, data, raw=False: updates.append(data)})()
+    with capture_output() as shown:
+        view.finish(run)
+    [final] = updates
+    assert "Error" not in final["text/html"] and "rank 1: sum = 3.0" in final["text/html"]
+    assert final["text/html"].count("<details>") == 2 and "rank-1.log" in final["text/html"]
+    assert "rank 1 on h: done" in final["text/plain"]
+    assert not shown.outputs  # nothing else after the rendition

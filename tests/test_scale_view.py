@@ -16,6 +16,7 @@ from hvd_magic.driver.run import Run
 from hvd_magic.config import RunOptions
 from hvd_magic.view.dashboard import Dashboard
 from hvd_magic.view.text import TextView
+from test_charts import static_charts
 
 NP = 64
 STEPS = 30
@@ -79,10 +80,16 @@ def test_the_dashboard_summarises_64_ranks_and_any_rank_is_one_number_away(ip, t
     run.state = "failed"
     with capture_output() as shown:
         view.finish(run)
-    pictures = [o.data["image/svg+xml"] for o in shown.outputs if "image/svg+xml" in o.data]
-    assert len(pictures) == 1 and 'data-band="64"' in pictures[0]  # what a saved notebook keeps
+    # The dashboard's display becomes its static rendition: the summary, the band charts as
+    # images, the picked rank's row and log (what a saved notebook keeps)
+    [final] = [o.data["text/html"] for o in shown.outputs if "text/html" in o.data]
+    assert "<b>64 ranks</b>" in final and "data-rank='13'" in final
+    [picture] = static_charts(final)
+    assert 'data-band="64"' in picture and 'data-metric="loss"' in picture
+    assert not [o for o in shown.outputs if "image/svg+xml" in o.data]  # not a second time
     footer = view.footer.value
     assert "rank-63.log" in footer and "rank 20:" not in footer  # not 64 links
+    assert "rank-15.log</a> · … · rank 63:" in footer  # (and says that some are left out)
 
     metrics = run.metrics  # every point, from the columns
     assert len(metrics) == 2 * (63 * STEPS + 10)

@@ -1,13 +1,18 @@
-"""Charts of the metrics the ranks report: one small SVG per metric, a line per rank.
+"""Charts of the metrics the ranks report: one SVG per metric, a line per rank.
 
 Drawn on the driver from `RankState.history` (nothing is drawn on the ranks), as plain SVG text:
-the dashboard puts it in a widget while the run goes (a few times a second at most), and shows it
-once more as a static picture when the run ends, so that a saved notebook, a rendered page or a
-binder shows the curves without a kernel. A rank that falls behind ends its line early; a rank
-whose values diverge leaves the bundle; ranks with equal values (averaged metrics) share one
-line drawn in their colours in turn.
+the dashboard puts it in a widget while the run goes (a few times a second at most), and in the
+same place of its static rendition when the run ends (as images: what a saved notebook, a
+rendered page or a binder shows without a kernel). A rank that falls behind ends its line early;
+a rank whose values diverge leaves the bundle; ranks with equal values (averaged metrics) share
+one line drawn in their colours in turn.
+
+A chart is read by a person: large enough for its ticks, a grid, "rank k" in the legend, and a
+log axis where the values span more than two decades (a loss from 6.8 to 0.03 is a flat line
+along the bottom on a linear one).
 """
 
+import base64
 import html
 import math
 
@@ -15,9 +20,12 @@ import math
 COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac"]
 MAX_POINTS = 400            # per line: more are thinned evenly (the last one always kept)
-WIDTH, HEIGHT = 300, 150
-_LEFT, _RIGHT, _TOP, _BOTTOM = 46, 8, 20, 22
+WIDTH, HEIGHT = 440, 250    # px of one chart: two side by side in a notebook's width
+LEFT, RIGHT, TOP, BOTTOM = 52, 12, 34, 30  # the plot's margins: tick labels, title and legend
+LOG_ABOVE = 100.0           # all values positive and max/min above this: a log y axis
+LEGEND_RANKS = 6            # ranks named in a chart's legend; more are "+N more"
 _DASH = 6                   # px of each rank's colour where several lines coincide
+_GRID = "#e6e6e6"
 
 
 def series(ranks):
@@ -49,33 +57,111 @@ def _label(value):
     return f"{value:.3g}"
 
 
+def nice_ticks(low, high, count=5):
+    """Round values (1, 2 or 5 times a power of ten apart) from `low` to `high`, about `count`."""
+    if high <= low:
+        return [low]
+    raw = (high - low) / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(low / step - 1e-9)
+    return [round(k * step, 12) for k in range(first, math.floor(high / step + 1e-9) + 1)]
+
+
+def log_ticks(low, high):
+    """Powers of ten from `low` to `high` (and 2 and 5 times them when there are few)."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    multiples = (1,) if len(decades) > 4 else (1, 2, 5)
+    return [m * 10.0 ** d for d in decades for m in multiples if low <= m * 10.0 ** d <= high]
+
+
+class Axes:
+    """A chart's frame: steps `x0..x1` across, values `y0..y1` up (on a log scale where they
+    span more than two decades and are all positive), its ticks, grid and labels as SVG."""
+
+    def __init__(self, x0, x1, y0, y1, width=WIDTH, height=HEIGHT):
+        if x1 == x0:
+            x0, x1 = x0 - 0.5, x1 + 0.5
+        self.log = y0 > 0 and y1 / y0 > LOG_ABOVE
+        if y1 == y0:
+            y0, y1 = y0 - 0.5, y1 + 0.5
+        self.x0, self.x1, self.y0, self.y1 = x0, x1, y0, y1
+        self.width, self.height = width, height
+        self.plot_w, self.plot_h = width - LEFT - RIGHT, height - TOP - BOTTOM
+        self._ly0, self._ly1 = (math.log10(y0), math.log10(y1)) if self.log else (y0, y1)
+
+    def x(self, step):
+        return LEFT + (step - self.x0) / (self.x1 - self.x0) * self.plot_w
+
+    def y(self, value):
+        v = math.log10(max(value, 1e-300)) if self.log else value
+        return TOP + (1 - (v - self._ly0) / (self._ly1 - self._ly0)) * self.plot_h
+
+    def svg(self, last_step):
+        """The frame, a grid line and label per tick, and "step N" (the latest step) below."""
+        bottom = TOP + self.plot_h
+        parts = [f'<rect x="{LEFT}" y="{TOP}" width="{self.plot_w}" height="{self.plot_h}" '
+                 f'fill="none" stroke="#bbb"/>']
+        yticks = (log_ticks(self.y0, self.y1) if self.log
+                  else nice_ticks(self.y0, self.y1, max(2, self.plot_h // 30)))
+        for value in yticks:
+            y = self.y(value)
+            parts.append(f'<line x1="{LEFT}" x2="{LEFT + self.plot_w}" y1="{y:.1f}" y2="{y:.1f}" '
+                         f'stroke="{_GRID}"/><text x="{LEFT - 4}" y="{y + 3.5:.1f}" '
+                         f'text-anchor="end" data-tick="y">{_label(value)}</text>')
+        xticks = [t for t in nice_ticks(self.x0, self.x1, max(2, self.plot_w // 70))
+                  if t == int(t)]  # steps are whole
+        for step in xticks:
+            x = self.x(step)
+            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{bottom}" '
+                         f'stroke="{_GRID}"/><text x="{x:.1f}" y="{bottom + 13}" '
+                         f'text-anchor="middle" data-tick="x">{_label(step)}</text>')
+        parts.append(f'<text x="{self.width - RIGHT}" y="{self.height - 3}" text-anchor="end" '
+                     f'fill="#555">step {_label(last_step)}</text>')
+        return parts
+
+
+def chart_open(name, axes, **data):
+    """A chart's `<svg>` and title (the metric, and "log scale" where it is)."""
+    if axes.log:
+        data["scale"] = "log"
+    extra = "".join(f' data-{k}="{html.escape(str(v))}"' for k, v in data.items())
+    scale = ' <tspan font-weight="normal" fill="#757575">(log scale)</tspan>' if axes.log else ""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{axes.width}" height="{axes.height}" '
+            f'font-family="sans-serif" font-size="11" data-metric="{html.escape(name)}"'
+            f'{extra}>',
+            f'<rect width="{axes.width}" height="{axes.height}" fill="white"/>',
+            f'<text x="{LEFT}" y="14" font-weight="bold" font-size="13">{html.escape(name)}'
+            f'{scale}</text>']
+
+
+def _legend(ranks, axes):
+    """ "rank k" in its colour for the first LEGEND_RANKS ranks, right-aligned above the plot."""
+    shown = ranks[:LEGEND_RANKS]
+    more = f"+{len(ranks) - len(shown)} more" if len(ranks) > len(shown) else ""
+    parts, x = [], axes.width - RIGHT - 7 * len(more)
+    if more:
+        parts.append(f'<text x="{axes.width - RIGHT}" y="28" text-anchor="end" fill="#555">'
+                     f'{more}</text>')
+        x -= 8
+    for rank in reversed(shown):
+        label = f"rank {rank}"
+        x -= 7 * len(label) + 16
+        colour = COLOURS[rank % len(COLOURS)]
+        parts.append(f'<g data-legend="{rank}"><line x1="{x}" x2="{x + 12}" y1="24" y2="24" '
+                     f'stroke="{colour}" stroke-width="2.5"/><text x="{x + 15}" y="28">{label}'
+                     f'</text></g>')
+    return parts
+
+
 def chart_svg(name, lines):
     """One metric: `lines` is {rank: [(step, value), ...]}."""
     points = [p for line in lines.values() for p in line]
-    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
-    y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
-    last_step = x1  # the axis says the latest step, as the table does
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
-    plot_w, plot_h = WIDTH - _LEFT - _RIGHT, HEIGHT - _TOP - _BOTTOM
-
-    def xy(p):
-        return (_LEFT + (p[0] - x0) / (x1 - x0) * plot_w,
-                _TOP + (1 - (p[1] - y0) / (y1 - y0)) * plot_h)
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-             f'font-family="sans-serif" font-size="10" data-metric="{html.escape(name)}">',
-             f'<text x="{_LEFT}" y="12" font-weight="bold">{html.escape(name)}</text>',
-             f'<rect x="{_LEFT}" y="{_TOP}" width="{plot_w}" height="{plot_h}" fill="none" '
-             f'stroke="#ccc"/>',
-             f'<text x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{_label(y1)}</text>',
-             f'<text x="{_LEFT - 4}" y="{_TOP + plot_h}" text-anchor="end">{_label(y0)}</text>',
-             f'<text x="{_LEFT}" y="{HEIGHT - 6}">{_label(x0)}</text>',
-             f'<text x="{WIDTH - _RIGHT}" y="{HEIGHT - 6}" text-anchor="end">step {_label(last_step)}'
-             f'</text>']
-    drawn = {rank: " ".join(f"{x:.1f},{y:.1f}" for x, y in map(xy, _thin(lines[rank])))
+    axes = Axes(min(p[0] for p in points), max(p[0] for p in points),
+                min(p[1] for p in points), max(p[1] for p in points))
+    last_step = max(p[0] for p in points)  # the axis says the latest step, as the table does
+    parts = chart_open(name, axes) + axes.svg(last_step)
+    drawn = {rank: " ".join(f"{axes.x(s):.1f},{axes.y(v):.1f}" for s, v in _thin(lines[rank]))
              for rank in sorted(lines)}
     same = {}  # the ranks whose lines are drawn on the same pixels (e.g. averaged metrics)
     for rank, coords in drawn.items():
@@ -92,24 +178,38 @@ def chart_svg(name, lines):
         title = f"rank {rank}" + (f" (same as rank {', '.join(map(str, group[:k] + group[k + 1:]))})"
                                   if len(group) > 1 else "")
         parts.append(f'<polyline data-rank="{rank}" points="{coords}" fill="none" '
-                     f'stroke="{colour}" stroke-width="1.5"{dash}><title>{title}</title>'
+                     f'stroke="{colour}" stroke-width="1.8"{dash}><title>{title}</title>'
                      f'</polyline>')
-    legend_x = _LEFT + 70
-    for i, rank in enumerate(sorted(lines)[:8]):
-        x = legend_x + i * 28
-        parts.append(f'<text x="{x}" y="12" fill="{COLOURS[rank % len(COLOURS)]}">'
-                     f'■{rank}</text>')
+    parts += _legend(sorted(lines), axes)
     parts.append("</svg>")
     return "".join(parts)
 
 
+def chart_svgs(ranks):
+    """Every metric's chart (SVG strings), in name order."""
+    return [chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
+
+
 def charts_html(ranks):
     """Every metric's chart side by side, or "" when nothing numeric was reported."""
-    charts = [chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
+    return charts_box(chart_svgs(ranks))
+
+
+def charts_box(charts, static=False):
+    """Charts (SVG strings) side by side. `static`: each as an ``<img>`` of its SVG, which
+    notebook viewers keep where they strip inline SVG from an untrusted notebook's HTML."""
     if not charts:
         return ""
+    if static:
+        charts = [f'<img alt="{html.escape(_metric_of(c))}" src="data:image/svg+xml;base64,'
+                  f'{base64.b64encode(c.encode()).decode()}">' for c in charts]
     return ('<div class="hvd-magic-charts" style="display:flex;flex-wrap:wrap;gap:8px">'
             + "".join(charts) + "</div>")
+
+
+def _metric_of(chart):
+    start = chart.find('data-metric="') + len('data-metric="')
+    return html.unescape(chart[start:chart.index('"', start)])
 
 
 def summary_text(ranks):
@@ -125,11 +225,11 @@ def summary_text(ranks):
     return "".join(lines)
 
 
-def picture_svg(ranks, per_row=3, charts=None):
+def picture_svg(ranks, per_row=2, charts=None):
     """Every chart in one SVG: the static picture a saved notebook keeps (`charts`: drawn
     already, e.g. a large run's bands)."""
     if charts is None:
-        charts = [chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
+        charts = chart_svgs(ranks)
     if not charts:
         return ""
     rows = math.ceil(len(charts) / per_row)

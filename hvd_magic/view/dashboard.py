@@ -2,8 +2,17 @@
 
 A view like `hvd_magic.view.TextView`, fed the same calls by the driver loop (`start`, `event`,
 `tick`, `finish`): a header (run id, ranks, where, state, elapsed time, a Cancel button), one table
-row per rank (host, local rank, device, state, progress bar, metrics, last line), each rank's log
-tail in an accordion, and at the end links to the full logs and the timeline, if one was recorded.
+row per rank (host, local rank, device, state, progress bar, metrics, last line), the charts, each
+rank's log tail in an accordion, and at the end links to the full logs and the timeline, if one
+was recorded. The run's notices (the stall watchdog's) have their own line under the header, so
+that the Cancel button beside it keeps its label and place.
+
+When the run ends, the dashboard's display is replaced by its static rendition: the same header,
+table, charts (as images) and links, each rank's log tail in a ``<details>``, as plain HTML and
+text. A saved notebook opened later, without the kernel that held the widgets (a colleague's,
+nbviewer, GitHub), shows that rather than "Error displaying widget: model not found". A
+background run's display cannot be updated after its cell ended: it keeps its widgets, and a
+static picture of its charts follows them.
 Above `SUMMARY_ABOVE` ranks the table is `hvd_magic.view.summary`'s summary (counts, progress
 spread, a row per host, outliers pinned), the charts are mean and min-max bands, and one
 `RankPicker` shows any rank's row and log instead of an accordion of a panel per rank.
@@ -40,17 +49,18 @@ import time
 from .summary import (RankPicker, band_charts, band_charts_html, is_large,
                       summary_html)
 from .subshell import busy_after_control, hold, route_to_subshell
-from .charts import charts_html, picture_svg
+from .charts import chart_svgs, charts_box, charts_html, picture_svg
 from .opening import Opening
-from .table import (HEAD_HTML, footer_html, link_html, log_html, row_html, state_html,
+from .table import (TABLE_HEAD, footer_html, link_html, log_html, row_html, state_html,
                     table_html)
-from .text import TextView
+from .text import TextView, summary_text
 
 SHOW_AFTER = 1.5           # seconds before the dashboard appears (ipyparallel's --progress-after)
 UPDATES_PER_SECOND = 10    # widget messages per second, for the whole dashboard
 TAIL_LINES = 200           # lines of each rank's log kept for its panel
 TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dashboard at once
 CHART_INTERVAL = 0.5       # seconds between two drawings of the charts, per 256 ranks
+STATIC_LOG_LINES = 50      # lines of each rank's log kept in the finished run's rendition
 
 
 _NOTICE_COLOURS = {"ring": "#1565c0", "joined": "#2e7d32"}
@@ -66,7 +76,9 @@ class Dashboard:
         self._ended_at = None        # when the view saw the run end (the cell's wall time)
         self._let_go = []            # what keeps the kernel "busy" to the front end, undone
         self.box = None              # the displayed VBox, once shown
+        self.handle = None           # its display, which the static rendition replaces at the end
         self.header = self.table = self.logs = self.footer = self.cancel_button = None
+        self.notices = None          # the stall watchdog's and others' messages, under the header
         self.panels = []
         self.picker = None           # above SUMMARY_ABOVE ranks: one rank's row and log
         self.subshell_id = None      # the subshell that receives the clicks, when there is one
@@ -89,7 +101,7 @@ class Dashboard:
         self._started = None         # when the ranks were launched, as this view saw it
         self._tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(run.np)]
         if self.opening.handle is not None:
-            self.opening.update(self._header_html(run))
+            self.opening.update(self._header_html(run) + _notices_html(self._notices))
         if getattr(run, "background", False):
             # The launching cell ends at once, and output sent after a cell ended is lost in
             # JupyterLab, so a background run is shown now (widget updates reach it later).
@@ -120,7 +132,7 @@ class Dashboard:
         if self.box is None:
             if not self._due(run):
                 if self.opening.handle is not None:  # (sent only when it changed)
-                    self.opening.update(self._header_html(run))
+                    self.opening.update(self._header_html(run) + _notices_html(self._notices))
                 return
             self._show(run)
         now = time.monotonic()
@@ -153,7 +165,8 @@ class Dashboard:
         self._ended_at = self._ended_at or time.monotonic()
         while self._let_go:
             self._let_go.pop()()
-        self._show_picture(run)
+        if self.box is None or self.handle is None:  # no display to replace: a static picture
+            self._show_picture(run)
         if self.box is None:  # a fast run: its lines as plain text, as the text view prints them
             self.opening.clear()
             text = TextView(summary=False, verbose=self.verbose)
@@ -163,8 +176,10 @@ class Dashboard:
             if getattr(run, "timeline_path", None):
                 text.stdout.write(_timeline_note(run))
             return
-        self.charts.value = ""  # the static picture below the dashboard took its place
+        if self.handle is None:
+            self.charts.value = ""  # the static picture below the dashboard took its place
         self.header.value = self._header_html(run)
+        self.notices.value = _notices_html(self._notices)
         self.table.value = self._table_html(run)
         if self.picker is not None:
             self.picker.panel.value = self.picker.render()
@@ -175,6 +190,8 @@ class Dashboard:
         self.cancel_button.disabled = True
         self.cancel_button.layout.display = "none"  # nothing left to cancel
         self.footer.value = footer_html(run) + _timeline_html(run)
+        if self.handle is not None:
+            self.handle.update(_rendition(self, run), raw=True)
 
     # -- showing -----------------------------------------------------------------------------
     def _show(self, run):
@@ -185,13 +202,17 @@ class Dashboard:
         if foreground:  # before the first widget: the front end's answer to it can come at once
             self._let_go.append(busy_after_control())
         self.header = w.HTML(self._header_html(run))
+        # The button keeps its size and label whatever the header says; notices go below.
+        self.header.layout = w.Layout(flex="0 1 auto", min_width="0")
         self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="warning",
                                       tooltip="Stop every rank of this run",
-                                      layout=w.Layout(width="auto", margin="0 0 0 1em"))
+                                      layout=w.Layout(width="auto", min_width="6em",
+                                                      flex="0 0 auto", margin="0 0 0 1em"))
+        self.notices = w.HTML(_notices_html(self._notices))
         self.cancel_button.on_click(lambda _button: self._on_cancel(run))
         self.table = w.HTML(self._table_html(run))
         if is_large(run):  # a thousand rows and panels would read (and draw) badly
-            self.picker = RankPicker(run, self._row_html, HEAD_HTML, self._log_html)
+            self.picker = RankPicker(run, self._row_html, TABLE_HEAD, self._log_html)
             self.logs = self.picker.box
         else:
             self.panels = [w.HTML(self._log_html(run, rank)) for rank in range(run.np)]
@@ -202,15 +223,18 @@ class Dashboard:
         self.footer = w.HTML("")
         self.box = w.VBox([w.HBox([self.header, self.cancel_button],
                                   layout=w.Layout(align_items="center")),
-                           self.table, self.charts, self.logs, self.footer])
+                           self.notices, self.table, self.charts, self.logs, self.footer])
         self._early = []
         # Routed before it is shown, so that not even the first click can reach the busy main shell.
         clicked = [self.picker.selector, self.picker.lines] if self.picker else [self.logs]
         self.subshell_id = route_to_subshell([self.cancel_button, *clicked])
         if self.subshell_id is not None and foreground:
             self._let_go.append(hold(self.subshell_id))  # the kernel stays "busy" meanwhile
-        if not self.opening.replace_with(self.box):
-            display(self.box)
+        self.handle = self.opening.replace_with(self.box)
+        if self.handle is None:
+            self.handle = display(self.box, display_id=True)
+        if not foreground:  # its end comes after its cell's: an update of its display is lost
+            self.handle = None
 
     def _on_cancel(self, run):
         # Runs in the subshell's thread while the cell runs (the main thread is in the driver loop).
@@ -220,7 +244,8 @@ class Dashboard:
     def _candidates(self, run):
         """(widget, render) pairs that may need a message, least recently sent first."""
         # The table and the charts go together, so that the charts never lag the table.
-        items = [((self.header,), lambda: (self._header_html(run),)),
+        items = [((self.header, self.notices), lambda: (self._header_html(run),
+                                                        _notices_html(self._notices))),
                  ((self.table, self.charts),
                   lambda: (self._table_html(run), self._charts_html(run)))]
         if self.picker is not None:  # its one panel shows the picked rank, kept fresh
@@ -271,31 +296,19 @@ class Dashboard:
         state = run.state
         if self._cancel_clicked and state in ("running", "preparing"):
             state = "cancelling"
-        # a stall or a lost rank in red; an elastic run's new ring or replacement is news, not harm
-        notices = "".join(f"<div style='color:{_NOTICE_COLOURS.get(t, '#c62828')}'>{_e(n)}</div>"
-                          for n, t in self._notices)
+        notices = ""
         if run.started is None and run.error is not None:  # ended before its ranks started
-            notices += f"<div>{_e(run.error)}</div>"
+            notices = f"<div>{_e(run.error)}</div>"
         waiting = None if self._ended_at else getattr(run, "waiting", None)
         phase = (f"<span data-phase>{_e(waiting[0])}…</span>" if waiting is not None
                  else state_html(state))
         where = f" on <code>{_e(run.where)}</code>" if run.where else ""
         return (f"<b>hvd_magic</b> run <code>{_e(run.id)}</code> · {run.np} ranks{where} · "
-                f"{phase} · {self._clock(run)}{notices}")
-
-    def _clock(self, run):
-        """The cell's time so far, in whole seconds (so it never goes back); at the end, its wall
-        time, and the ranks' own time beside it when that is much less."""
-        if self._ended_at is None:
-            return f"<span data-elapsed>{int(time.monotonic() - self.opening.began)} s</span>"
-        wall = self._ended_at - self.opening.began
-        ranks = (run.ended - run.started) if run.started and run.ended else None
-        beside = f" (ranks {ranks:.1f} s)" if ranks is not None and wall - ranks >= 1.0 else ""
-        return f"<span data-elapsed>{wall:.1f} s</span>{beside}"
+                f"{phase} · {_clock(run, self.opening.began, self._ended_at)}{notices}")
 
     def _table_html(self, run):
         if is_large(run):
-            return summary_html(run, self._row_html, HEAD_HTML, state_html)
+            return summary_html(run, self._row_html, TABLE_HEAD, state_html)
         return table_html(run, self._tails, self.verbose)
 
     def _row_html(self, r):
@@ -303,6 +316,47 @@ class Dashboard:
 
     def _log_html(self, run, rank):
         return log_html(run, rank, self._tails[rank], self.verbose)
+
+
+def _clock(run, began, ended_at):
+    """The cell's time so far, in whole seconds (so it never goes back); at the end, its wall
+    time, and the ranks' own time beside it when that is much less."""
+    if ended_at is None:
+        return f"<span data-elapsed>{int(time.monotonic() - began)} s</span>"
+    wall = ended_at - began
+    ranks = (run.ended - run.started) if run.started and run.ended else None
+    beside = f" (ranks {ranks:.1f} s)" if ranks is not None and wall - ranks >= 1.0 else ""
+    return f"<span data-elapsed>{wall:.1f} s</span>{beside}"
+
+
+def _rendition(view, run):
+    """A finished run's dashboard as HTML (and text), put in its place: the header, the table,
+    the charts, each rank's log tail, the links. A saved notebook keeps it where a widget
+    would read "model not found" once the kernel is gone; only HTML that a viewer keeps in an
+    untrusted notebook (no inline SVG, no scripts, no data- attributes needed)."""
+    large = view.picker is not None
+    charts = band_charts(run.ranks) if large else chart_svgs(run.ranks)
+    if large:  # the picked rank's row and log
+        logs = (f"<details><summary>rank {view.picker.rank}</summary>"
+                f"{view.picker.render()}</details>")
+    else:
+        logs = "".join(
+            f"<details><summary>rank {rank} log</summary>"
+            f"{log_html(run, rank, list(view._tails[rank])[-STATIC_LOG_LINES:], view.verbose)}"
+            "</details>" for rank in range(run.np))
+    markup = (f"<div class='hvd-magic-run' data-run='{_e(run.id)}'>"
+              f"<div>{view._header_html(run)}</div>{_notices_html(view._notices)}"
+              f"{view._table_html(run)}{charts_box(charts, static=True)}{logs}"
+              f"{view.footer.value}</div>")
+    return {"text/html": markup, "text/plain": summary_text(run, per_rank=not large)}
+
+
+def _notices_html(notices):
+    """The run's notices: a stall or a lost rank in red; an elastic run's new ring or
+    replacement is news, not harm."""
+    return "".join(f"<div style='color:{_NOTICE_COLOURS.get(t, '#c62828')};"
+                   f"white-space:pre-wrap' data-notice='{_e(t)}'>{_e(n)}</div>"
+                   for n, t in notices)
 
 
 def _timeline_note(run):

@@ -47,12 +47,13 @@ class Opening:
             self.handle.update(_bundle(html), raw=True)
 
     def replace_with(self, widget):
-        """The dashboard takes the line's place; False where there is no line to replace."""
-        if self.handle is None:
-            return False
-        self.handle.update(widget)
-        self.handle = None  # the dashboard's now
-        return True
+        """The dashboard takes the line's place: the display's handle, which is the dashboard's
+        now (it replaces itself with its static rendition at the end); None where there is no
+        line to replace."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.update(widget)
+        return handle
 
     def clear(self):
         """Leave nothing visible (a run that ends before its dashboard shows prints text; a

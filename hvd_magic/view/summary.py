@@ -23,13 +23,12 @@ import html
 import statistics
 import time
 
-from .charts import COLOURS, HEIGHT, WIDTH
+from .charts import COLOURS, RIGHT, WIDTH, Axes, chart_open, charts_box
 
 SUMMARY_ABOVE = 16       # more ranks than this: the summary, not a row per rank
 STALLED_AFTER = 30.0     # seconds a running rank may be silent before it is pinned as stalled
 SLOWEST = 5              # slowest ranks named and pinned
 BINS = 120               # x positions of a band chart
-_LEFT, _RIGHT, _TOP, _BOTTOM = 46, 8, 20, 22
 _LIVE = ("pending", "starting", "rendezvous", "running")
 
 
@@ -101,9 +100,10 @@ def _steps_text(ranks):
 
 # --- the dashboard's summary (HTML) -----------------------------------------------------------
 
-def summary_html(run, row_html, head_html, state_html):
-    """The dashboard's table above SUMMARY_ABOVE ranks. `row_html(rank_state)` and `head_html`
-    are the dashboard's own, so that a pinned rank's row reads as it does in a small run."""
+def summary_html(run, row_html, table_head, state_html):
+    """The dashboard's table above SUMMARY_ABOVE ranks. `row_html(rank_state)` and `table_head`
+    (a ``<table>`` and its head row) are the dashboard's own, so that a pinned rank's row reads
+    as it does in a small run."""
     ranks = run.ranks
     counts = " · ".join(f"{n} {state_html(state)}" for state, n in sorted(_counts(ranks).items()))
     parts = [f"<div data-summary='states'><b>{len(ranks)} ranks</b>: {counts}</div>"]
@@ -123,7 +123,7 @@ def summary_html(run, row_html, head_html, state_html):
                         .replace("</tr>", f"<td style='padding:0 .6em'><i>{why}</i></td></tr>", 1))
     if rows:
         parts.append("<div><b>pinned</b>: failed, stalled, slowest</div>"
-                     f"<table style='border-collapse:collapse'>{head_html}{''.join(rows)}</table>")
+                     f"{table_head}{''.join(rows)}</table>")
     host_rows = []
     for host, members in hosts(ranks):
         states = ", ".join(f"{n} {s}" for s, n in sorted(_counts(members).items()))
@@ -133,22 +133,22 @@ def summary_html(run, row_html, head_html, state_html):
                          f"{' · ' + _e(threads) if threads else ''}</td>"
                          f"<td style='padding:0 .6em'>{_e(states)}</td>"
                          f"<td style='padding:0 .6em'>{_e(_steps_text(members))}</td></tr>")
-    parts.append("<table style='border-collapse:collapse'><tr><th style='text-align:left;"
-                 "padding:0 .6em'>host</th><th>ranks</th><th style='text-align:left'>states</th>"
-                 "<th style='text-align:left'>progress</th></tr>" + "".join(host_rows)
-                 + "</table>")
+    parts.append("<table style='border-collapse:collapse'><tr>"
+                 + "".join(f"<th style='text-align:left;padding:0 .6em'>{name}</th>"
+                           for name in ("host", "ranks", "states", "progress"))
+                 + "</tr>" + "".join(host_rows) + "</table>")
     return "<div class='hvd-magic-summary'>" + "".join(parts) + "</div>"
 
 
 class RankPicker:
     """A rank number box and one panel: that rank's row and log (the per-rank accordion of a
-    small run would be a thousand widgets). `row_html(r)`, `head_html` and `log_html(rank)` are
+    small run would be a thousand widgets). `row_html(r)`, `table_head` and `log_html(rank)` are
     the dashboard's; `lines` is a checkbox asking for a line per rank in the charts."""
 
-    def __init__(self, run, row_html, head_html, log_html):
+    def __init__(self, run, row_html, table_head, log_html):
         import ipywidgets as w
         self.run = run
-        self._row_html, self._head_html, self._log_html = row_html, head_html, log_html
+        self._row_html, self._table_head, self._log_html = row_html, table_head, log_html
         first = (outliers(run.ranks)["failed"] or run.ranks)[0].rank
         self.selector = w.BoundedIntText(value=first, min=0, max=run.np - 1, description="rank",
                                          layout=w.Layout(width="12em"))
@@ -163,8 +163,8 @@ class RankPicker:
 
     def render(self):
         r = self.run.ranks[self.rank]
-        return (f"<table style='border-collapse:collapse'>{self._head_html}{self._row_html(r)}"
-                f"</table>{self._log_html(self.run, r.rank)}")
+        return (f"{self._table_head}{self._row_html(r)}</table>"
+                f"{self._log_html(self.run, r.rank)}")
 
 
 # --- charts: the mean and the min-max band ------------------------------------------------------
@@ -215,38 +215,24 @@ def band_series(ranks):
 
 
 def band_chart_svg(name, x, mean, low, high, count):
-    """One metric: the mean across ranks as a line, min-max as a band."""
-    plot_w, plot_h = WIDTH - _LEFT - _RIGHT, HEIGHT - _TOP - _BOTTOM
-    x0, x1 = float(x.min()), float(x.max())
-    y0, y1 = float(low.min()), float(high.max())
-    if x1 == x0:
-        x0, x1 = x0 - 0.5, x1 + 0.5
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
+    """One metric: the mean across ranks as a line, min-max as a band (the per-rank charts'
+    axes: ticks, a log scale where values span decades)."""
+    axes = Axes(float(x.min()), float(x.max()), float(low.min()), float(high.max()))
 
     def xy(px, py):
-        return (f"{_LEFT + (px - x0) / (x1 - x0) * plot_w:.1f},"
-                f"{_TOP + (1 - (py - y0) / (y1 - y0)) * plot_h:.1f}")
+        return f"{axes.x(px):.1f},{axes.y(py):.1f}"
 
     band = " ".join([xy(a, b) for a, b in zip(x, high)]
                     + [xy(a, b) for a, b in zip(x[::-1], low[::-1])])
     line = " ".join(xy(a, b) for a, b in zip(x, mean))
-    return "".join([
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-        f'font-family="sans-serif" font-size="10" data-metric="{_e(name)}" data-band="{count}">',
-        f'<text x="{_LEFT}" y="12" font-weight="bold">{_e(name)}</text>',
-        f'<text x="{WIDTH - _RIGHT}" y="12" text-anchor="end" fill="#757575">mean, min-max of '
+    # (the axis says the latest step: the last bin's middle, rounded)
+    return "".join(chart_open(name, axes, band=count) + axes.svg(round(float(x.max()))) + [
+        f'<text x="{WIDTH - RIGHT}" y="28" text-anchor="end" fill="#555">mean, min-max of '
         f'{count} ranks</text>',
-        f'<rect x="{_LEFT}" y="{_TOP}" width="{plot_w}" height="{plot_h}" fill="none" '
-        f'stroke="#ccc"/>',
-        f'<text x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{_label(y1)}</text>',
-        f'<text x="{_LEFT - 4}" y="{_TOP + plot_h}" text-anchor="end">{_label(y0)}</text>',
-        f'<text x="{_LEFT}" y="{HEIGHT - 6}">{_label(x0)}</text>',
-        f'<text x="{WIDTH - _RIGHT}" y="{HEIGHT - 6}" text-anchor="end">step {_label(x1)}</text>',
         f'<polygon data-band="min-max" points="{band}" fill="{COLOURS[0]}" fill-opacity="0.25" '
         f'stroke="none"/>',
         f'<polyline data-band="mean" points="{line}" fill="none" stroke="{COLOURS[0]}" '
-        f'stroke-width="1.5"/>',
+        f'stroke-width="1.8"/>',
         "</svg>"])
 
 
@@ -256,11 +242,7 @@ def band_charts(ranks):
 
 
 def band_charts_html(ranks):
-    charts = band_charts(ranks)
-    if not charts:
-        return ""
-    return ('<div class="hvd-magic-charts" style="display:flex;flex-wrap:wrap;gap:8px">'
-            + "".join(charts) + "</div>")
+    return charts_box(band_charts(ranks))
 
 
 # --- the text view's summary --------------------------------------------------------------------

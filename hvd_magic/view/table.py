@@ -1,57 +1,112 @@
-"""The rank table's HTML, plain functions of a run's state: a row per rank in fixed columns, a
-rank's log panel, the footer's links to the logs. The dashboard draws them (and
+"""The rank table's HTML, plain functions of a run's state: a row per rank in columns sized to
+what they hold, a rank's log panel, the footer's links to the logs. The dashboard draws them (and
 `hvd_magic.view.summary` its pinned rows and the rank picker's row with them).
 
 Lines are kept raw by the dashboard and shown here: a line's last redraw (``\r``), cut at
-`TAIL_LINE_CHARS`, the C++ libraries' start-up chatter left out unless verbose.
+`TAIL_LINE_CHARS`, the C++ libraries' start-up chatter left out unless verbose, and a stack dump
+(the hang watchdog's) never a rank's last line.
 
 Not for: widgets, or when anything is redrawn (`hvd_magic.view.dashboard`).
 """
 
 import html
 import os
+import re
 
 from .summary import SUMMARY_ABOVE, threads_text
 from .text import is_chatter, visible_text
 
 TAIL_LINE_CHARS = 2000     # a longer line is cut in the panel (never in the log on disk)
 LAST_LINE_CHARS = 400      # sent for the last-line cell; the table cuts it to its width
-# The rank table's columns (the last line takes the rest): fixed, so that a long last line or many
-# metrics never reflow the table; what does not fit ends with an ellipsis (whole on hover).
-COLUMNS = (("rank", "4em"), ("host", "8em"), ("local rank", "7em"), ("device", "5em"),
-           ("state", "7em"), ("progress", "11em"), ("metrics", "15em"), ("last line", "auto"))
-_CELL_STYLE = "padding:0 .6em;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
-HEAD_HTML = ("<colgroup>" + "".join(f"<col style='width:{width}'>" for _, width in COLUMNS)
-         + "</colgroup><tr>" + "".join(f"<th style='text-align:left;{_CELL_STYLE}'>{name}</th>"
-                                       for name, _ in COLUMNS) + "</tr>")
+# The rank table's columns. Each but the last is as wide as what it holds (progress and metrics
+# whole), and one that is empty in every row is left out; the last line takes the rest of the
+# width, on one line: a longer one is cut at its start, so that its end (a value, an error's
+# message) stays in view, and is whole on hover.
+COLUMNS = ("rank", "host", "local rank", "device", "state", "progress", "metrics", "last line")
+ALWAYS = ("rank", "state", "last line")
+# (table-layout: JupyterLab's rendered HTML makes tables fixed, squeezing every column alike)
+TABLE_OPEN = "<table style='border-collapse:collapse;table-layout:auto;width:100%'>"
+# (line-height: the same rows in a widget, whose HTML is spaced for controls, and after it)
+_CELL_STYLE = "padding:0 .6em;white-space:nowrap;text-align:left;line-height:1.6"
+_FIT = _CELL_STYLE + ";width:1%"
+_LAST = (_CELL_STYLE + ";max-width:0;width:100%;overflow:hidden;text-overflow:ellipsis;"
+         "direction:rtl")
+_METRICS_MAX = "36em"      # metrics beyond this are cut (whole on hover)
+# The lines of a Python stack dump (faulthandler's, which the hang watchdog asks for): kept in
+# the rank's log, never its "last line" (its outermost frame read like a crash).
+_STACK_LINE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):"
+                         r"|Stack \(most recent call first\):"
+                         r'|  File ".*", line \d+ in \S.*|  <no Python frame>|  \.\.\.)\s*$')
 _STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
                  "cancelled": "#757575", "running": "#1565c0", "starting": "#6a1b9a",
                  "preparing": "#6a1b9a"}
 
 
+def is_stack_line(line):
+    """True for a line of a faulthandler stack dump (``Thread 0x… (most recent call first):``,
+    ``  File "…", line 198 in _run_module_as_main``)."""
+    return bool(_STACK_LINE.match(line))
+
+
+def head_html(columns=COLUMNS):
+    return "<tr>" + "".join(f"<th style='{_LAST if name == 'last line' else _FIT}'>{name}</th>"
+                            for name in columns) + "</tr>"
+
+
+TABLE_HEAD = TABLE_OPEN + head_html()  # every column: a summary's pinned rows, the rank picker
+
+
 def table_html(run, tails, verbose=False):
-    """The rank table: a row per rank, fixed columns; `tails` are the ranks' raw log tails."""
-    rows = [HEAD_HTML] + [row_html(r, tails[r.rank], verbose) for r in run.ranks]
-    return ("<table style='border-collapse:collapse;table-layout:fixed;width:100%'>"
-            + "".join(rows) + "</table>")
+    """The rank table: a row per rank; `tails` are the ranks' raw log tails. A column that is
+    empty in every row is left out."""
+    cells = [(r, _cells(r, tails[r.rank], verbose)) for r in run.ranks]
+    columns = [name for name in COLUMNS
+               if name in ALWAYS or any(c[name][0] for _, c in cells)]
+    return (TABLE_OPEN + head_html(columns)
+            + "".join(_row(r, c, columns) for r, c in cells) + "</table>")
 
 
-def row_html(r, tail, verbose=False):
-    """A rank's row; its last line is the last one of `tail` that is not start-up chatter."""
+def row_html(r, tail, verbose=False, columns=COLUMNS):
+    """A rank's row; its last line is the last one of `tail` that is not start-up chatter, a
+    stack dump's or blank."""
+    return _row(r, _cells(r, tail, verbose), columns)
+
+
+def last_line(tail, verbose=False):
+    """What the last-line column shows of a rank's raw tail of (stream, line)."""
+    for _, line in reversed(tail):
+        shown = _shown(line)
+        if shown.strip() and not is_stack_line(shown) and (verbose or not is_chatter(line)):
+            return shown
+    return ""
+
+
+def _cells(r, tail, verbose):
+    """{column: (html, title)} of a rank's row."""
+    metrics = _metrics_text(r.metrics)
+    last = last_line(tail, verbose)
+    return {"rank": (str(r.rank), ""), "host": (_e(r.host or ""), r.host or ""),
+            "local rank": ("" if r.local_rank is None else str(r.local_rank), ""),
+            "device": (_e(_device(r.gpus, r.threads)), threads_text([r])),
+            "state": (state_html(r.state), ""),
+            "progress": (_progress_html(r.step, r.total), ""),
+            "metrics": (f"<span style='display:inline-block;max-width:{_METRICS_MAX};"
+                        f"overflow:hidden;text-overflow:ellipsis;vertical-align:bottom'>"
+                        f"{_e(metrics)}</span>" if metrics else "", metrics),
+            # (dir: the line reads left to right inside the right-to-left cell that cuts it)
+            "last line": (f"<code dir='ltr' style='white-space:pre'>{_e(last[-LAST_LINE_CHARS:])}"
+                          "</code>" if last else "",
+                          last)}
+
+
+def _row(r, cells, columns):
     step = "" if r.step is None else r.step
     total = "" if r.total is None else r.total
-    metrics = _metrics_text(r.metrics)
-    last = next((_shown(line) for _, line in reversed(tail)
-                 if verbose or not is_chatter(line)), "")
-    cells = [(str(r.rank), ""), (_e(r.host or ""), r.host or ""),
-             ("" if r.local_rank is None else str(r.local_rank), ""),
-             (_e(_device(r.gpus, r.threads)), threads_text([r])), (state_html(r.state), ""),
-             (_progress_html(r.step, r.total), ""), (_e(metrics), metrics),
-             (f"<code>{_e(last[:LAST_LINE_CHARS])}</code>", last)]
     return (f"<tr data-rank='{r.rank}' data-state='{_e(r.state)}' data-step='{step}' "
             f"data-total='{total}'>"
-            + "".join(f"<td style='{_CELL_STYLE}'" + (f" title='{_e(title)}'" if title else "")
-                      + f">{c}</td>" for c, title in cells) + "</tr>")
+            + "".join(f"<td style='{_LAST if name == 'last line' else _FIT}'"
+                      + (f" title='{_e(cells[name][1])}'" if cells[name][1] else "")
+                      + f">{cells[name][0]}</td>" for name in columns) + "</tr>")
 
 
 def log_html(run, rank, tail, verbose=False):
@@ -60,8 +115,8 @@ def log_html(run, rank, tail, verbose=False):
     tail = [(stream, _shown(line)) for stream, line in tail if verbose or not is_chatter(line)]
     total = run.ranks[rank].lines
     shown = (f"last {len(tail)} of {total} lines" if total > len(tail) else f"{total} lines")
-    body = "\n".join(f"<span style='color:#c62828'>{_e(text)}</span>" if stream == "stderr"
-                     else _e(text) for stream, text in tail)
+    body = "\n".join(f"<span style='color:{_line_colour(text)}'>{_e(text)}</span>"
+                     if stream == "stderr" else _e(text) for stream, text in tail)
     # column-reverse keeps the panel scrolled to its newest line.
     return (f"<div style='font-size:90%;color:#757575'>{shown}; full log: "
             f"{link_html(run.log_path(rank))}</div>"
@@ -70,13 +125,21 @@ def log_html(run, rank, tail, verbose=False):
             f"<pre style='margin:0;white-space:pre-wrap'>{body}</pre></div>")
 
 
+def _line_colour(text):
+    """stderr in red, but a stack dump the watchdog asked for in grey: it is no error."""
+    return "#757575" if is_stack_line(text) else "#c62828"
+
+
 def footer_html(run):
     """Links to the run folder and the ranks' logs (the first SUMMARY_ABOVE ranks' and the
     last's: the folder holds them all)."""
     if run.started is None:  # never launched: no run folder
         return ""
-    links = " · ".join(f"rank {rank}: {link_html(run.log_path(rank))}" for rank in range(run.np)
-                       if rank < SUMMARY_ABOVE or rank == run.np - 1)
+    shown = [rank for rank in range(run.np) if rank < SUMMARY_ABOVE or rank == run.np - 1]
+    links = [f"rank {rank}: {link_html(run.log_path(rank))}" for rank in shown]
+    if len(shown) < run.np:  # say that ranks were skipped
+        links.insert(-1, "…")
+    links = " · ".join(links)
     return f"<div>Logs in {link_html(run.run_dir, os.path.relpath(run.run_dir))}: {links}</div>"
 
 
