@@ -510,7 +510,7 @@ def test_dashboard_of_a_spark_run_says_where_it_runs(kernel):
     host = kernel.value("hvd_magic.last_run().value")
     assert rows(table) == {0: ("done", "", ""), 1: ("done", "", "")}
     assert table.count(f" title='{host}'>{host}</td>") == 2
-    assert ">cpu</td>" in table
+    assert "CPU thread" in table and ">cpu ×" in table  # a CPU rank's threads (task/threads.py)
     # One clock from the cell's start, through Spark's start-up and the run: it never goes back.
     figures = elapsed_figures(messages)
     assert len(figures) >= 3 and figures == sorted(figures), figures
