@@ -85,8 +85,22 @@ def measure(name, np, warmup, iters, batches):
                "--run-root", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bench_threads-runs"),
                *child]
     out = run_cmd(cmd, env=env)
+    _wait_for_jvm_exit()
     results = [json.loads(m) for m in re.findall(r"BENCH (\{.*\})", out)]
     return next(r for r in results if r["rank"] == 0)
+
+
+def _wait_for_jvm_exit(limit=20.0):
+    """hvd-run's Spark JVM ends a moment after hvd-run itself: the next launch must not share the
+    cores with it (it is known by our tree's log4j file on its command line)."""
+    import psutil
+    mark = os.path.join(ROOT, "hvd_magic")
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if not any(any(mark in arg for arg in (p.info["cmdline"] or []))
+                   for p in psutil.process_iter(["cmdline"])):
+            return
+        time.sleep(0.1)
 
 
 def main():
