@@ -73,6 +73,13 @@ def may_record_window(job):
     return any(WINDOW_NAMES & identifiers(text) for text in texts)
 
 
+def _relay_notes(run):
+    """The launcher's new notes (`Launcher.take_notes`) to the run's view."""
+    for note in run.launcher.take_notes():
+        if run.view is not None:
+            run.view.event(run, None, {"t": "note", "message": note})
+
+
 def _prepare_into(launcher, np, failure, done, data=None, cache=None):
     try:
         launcher.prepare(np)
@@ -284,6 +291,7 @@ class Run:
                 if self.stop_reason is not None and not cancel_sent:
                     cancel_sent = True
                     self.launcher.cancel()
+                _relay_notes(self)
                 if self.view is not None:
                     self.view.tick(self)
             except KeyboardInterrupt:
@@ -299,6 +307,7 @@ class Run:
             if self.view is not None:
                 self.view.finish(self)
             raise error
+        _relay_notes(self)
         self.where = self.launcher.where
 
     @property
