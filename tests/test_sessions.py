@@ -160,6 +160,9 @@ def test_an_elastic_session_goes_on_with_the_survivors_of_a_killed_rank(ip, fres
         capsys.readouterr()
         ip.run_line_magic("horovod_session", "status")
         assert "ring of 2" in capsys.readouterr().out
+        # and their local ranks on this one machine, re-numbered for the ring of 2
+        cell(ip, "(hvd.local_rank(), hvd.local_size(), hvd.cross_size())")
+        assert sorted(hvd_magic.last_run().results) == [(0, 2, 1), (1, 2, 1)]
         # fewer than --min-np left: the session says so and runs no more cells
         os.kill(pids[2], signal.SIGKILL)
         deadline = time.monotonic() + 30
