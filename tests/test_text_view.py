@@ -143,3 +143,13 @@ def test_more_ranks_than_cores_on_local_spark_says_they_share_the_cores(ip, caps
     assert "share this machine" not in captured.err
     ip.run_cell_magic("horovod", f"--np {cores} --text", "1")
     assert "share this machine" not in capsys.readouterr().out
+
+
+def test_one_of_a_thing_is_singular():
+    from hvd_magic.driver.ranks import plural
+    from hvd_magic.launch.dataplan import describe
+
+    assert plural(1, "line") == "1 line" and plural(2, "line") == "2 lines"
+    assert plural(1024, "rank") == "1,024 ranks"
+    assert describe({"counts": [1], "source": "read directly"}) == \
+        "--data: 1 row in 1 shard of 1 row each, read directly"

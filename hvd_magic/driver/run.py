@@ -24,7 +24,7 @@ from . import history
 from .folder import RunFolder
 from .loop import Driver
 from .membership import Membership
-from .ranks import RankState
+from .ranks import RankState, plural
 
 DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
 DEFAULT_STALL_TIMEOUT = 60.0
@@ -329,7 +329,7 @@ class Run:
             return (f"waiting for the tasks on {self.where}: none has reached this notebook "
                     f"(if the executors cannot, the run goes on and its logs come back at the "
                     f"end)", seconds)
-        return f"waiting for Spark ({self.where}) to start {self.np} tasks at once", seconds
+        return f"waiting for Spark ({self.where}) to start {plural(self.np, 'task')} at once", seconds
 
     def _drive_quietly(self):
         try:
