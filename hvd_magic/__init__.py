@@ -18,7 +18,7 @@ from .rank.reporting import report, tensorboard_dir
 
 __version__ = "0.1.0"
 
-_API = {"run", "last_run", "runs", "Run"}
+_API = {"run", "last_run", "runs", "Run", "spark_session"}
 
 
 def __getattr__(name):
@@ -56,5 +56,5 @@ def unload_ipython_extension(ip):
                 del ip.magics_manager.magics[kind][name]
 
 
-__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "HorovodRunner", "report", "timeline", "RankError",
+__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session", "HorovodRunner", "report", "timeline", "RankError",
            "LaunchError", "RunCancelled", "RunTimeout", "InternalError", "HorovodMagicError"]

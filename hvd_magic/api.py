@@ -23,7 +23,30 @@ from .config import (DEFAULT_BROADCAST_BYTES, DEFAULT_STALL_TIMEOUT, Placement, 
 from .payload import cloud_dumps, inband
 
 __all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run", "start_session",
-           "run_in_session"]
+           "run_in_session", "spark_session"]
+
+
+def spark_session(master=None, conf=None, log_dir="hvd_runs", verbose=False):
+    """A SparkSession for the notebook's own DataFrames, started as hvd_magic starts its own: what
+    the JVM prints goes to ``log_dir/spark-<time>.log`` (not under the cell, where a notebook shows
+    it as red stderr), no console progress bars, ERROR-level logs, Spark's Python workers on this
+    interpreter. The active session if there is one. It is yours: hvd_magic never stops it for a
+    run that needs more slots (that run gets a UsageError saying so).
+
+    `master`: default ``local[N]``, N the machine's cores (at least 4); `conf`: more settings.
+
+    Examples
+    --------
+    >>> spark = hvd_magic.spark_session("local[2]")
+    >>> df = spark.read.parquet("data.parquet")
+    """
+    from .launch.spark import EMBEDDED_MARK, _active_context, embedded_session
+
+    if _active_context() is not None:
+        from pyspark.sql import SparkSession
+        return SparkSession.builder.getOrCreate()
+    return embedded_session(1, dict(conf or {}, **{EMBEDDED_MARK: "false"}), master,
+                            log_dir=log_dir, verbose=verbose)
 
 
 def _shipped(pickles, import_lines=(), code=None):

@@ -123,9 +123,9 @@ def _data_through_connect(ip, fresh_ns, connect, shared, cell, capsys):
     fresh_ns["df"] = connect.read.parquet(shared + "/t").select("id")
     ip.run_cell_magic("horovod", "--np 4 --data df --text", cell)
     assert sorted(i for _, chunk in hvd_magic.last_run().results for i in chunk) == list(range(100))
-    err = capsys.readouterr().err
-    assert "(--equal-shards dropped 3 of 1,003 rows), converted once" in err
-    assert "100 rows in 4 shards of 25 rows each, read directly from 2 Parquet files" in err
+    out = capsys.readouterr().out
+    assert "(--equal-shards dropped 3 of 1,003 rows), converted once" in out
+    assert "100 rows in 4 shards of 25 rows each, read directly from 2 Parquet files" in out
 
 
 def test_a_large_value_and_result_are_chunked_under_the_grpc_limit(ip, fresh_ns, connect):
@@ -146,8 +146,8 @@ def test_executors_that_cannot_reach_the_notebook_still_run_the_cell(ip, connect
     assert value == 3.0 and run.results == [3.0, 3.0]
     assert "rank 1 of 2: 3.0" in open(run.log_path(1)).read()    # the log came back, all of it
     assert [r.state for r in run.ranks] == ["done", "done"]
-    err = capsys.readouterr().err
-    assert "not shown live: the Spark executors could not reach this notebook at 192.0.2.1:" in err
+    out = capsys.readouterr().out
+    assert "not shown live: the Spark executors could not reach this notebook at 192.0.2.1:" in out
     with pytest.raises(RankError, match="ZeroDivisionError"):
         ip.run_cell_magic("horovod", "--np 2 --text", "1 / 0")
     # the tasks find an empty DataFrame among themselves; the driver says so at the end

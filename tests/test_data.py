@@ -60,7 +60,7 @@ def test_shards_are_disjoint_and_add_up_to_the_dataframe(ip, fresh_ns, frame, ca
     assert all(r[5] for r in results)                # shard() again: the same table, no copy
     assert all(r[6] for r in results) and {r[7] for r in results} == {2023}
     out = capsys.readouterr()
-    assert "--data: 1,001 rows in 4 shards of" in out.err
+    assert "--data: 1,001 rows in 4 shards of" in out.out  # news, not stderr (red in a notebook)
 
 
 def test_equal_shards_even_the_ranks_and_say_what_was_dropped(ip, fresh_ns, spark, capsys):
@@ -71,7 +71,7 @@ def test_equal_shards_even_the_ranks_and_say_what_was_dropped(ip, fresh_ns, spar
     assert sorted(hvd_magic.last_run().results) == [10, 11, 11, 11]
     ip.run_cell_magic("horovod", "--np 4 --data df --equal-shards --text", cell)
     assert hvd_magic.last_run().results == [10, 10, 10, 10]
-    out = capsys.readouterr().err
+    out = capsys.readouterr().out
     assert "43 rows in 4 shards of 10 to 11 rows, converted once" in out
     assert "rows each (--equal-shards dropped 3 of 43 rows), reused" in out
     assert "4 shards of 10 rows each (--equal-shards dropped 3 of 43 rows)" in out
@@ -156,7 +156,7 @@ def test_a_parquet_scan_is_read_directly_in_equal_seeded_resumable_batches(
     assert results[0][4] == (8,) and results[0][5] == ["100", "101"]
     assert results[0][6] == ["id", "x", "s"] and results[0][7] == 18
     assert "--data: 900 rows in 3 shards of 300 rows each, read directly from 3 Parquet files" \
-        in capsys.readouterr().err
+        in capsys.readouterr().out
 
 
 def test_shares_stream_the_same_number_of_batches_and_resume_anywhere(spark, table_dir):

@@ -5,11 +5,13 @@ import os
 import signal
 import threading
 import time
+import types
 
 import psutil
 import pytest
 
 import hvd_magic
+from hvd_magic.errors import is_peer_gone
 from hvd_magic.view import TextView
 
 SLEEPERS = """\
@@ -70,7 +72,7 @@ def test_first_real_error_stops_the_others_fast(ip, np):
     assert "rank 0: stopped" in text
     run = hvd_magic.last_run()
     assert run.state == "failed"
-    assert [r.state for r in run.ranks][0] == "cancelled"
+    assert [r.state for r in run.ranks][0] == "stopped"  # a bystander: "cancelled" is the user's
     assert rank_processes_left(run) == []
 
 
@@ -87,7 +89,33 @@ def test_a_rank_that_dies_is_named_with_its_cause(ip, action, words):
         assert word in text, text
     # the survivor's follow-on error is not shown as the cause
     assert "HorovodInternalError" not in text.split("--- the other ranks ---")[0]
-    assert rank_processes_left(hvd_magic.last_run()) == []
+    run = hvd_magic.last_run()
+    assert rank_processes_left(run) == []
+    # the survivor is a bystander, "stopped" in every view; what Gloo said of its vanished peer
+    # stays in its log, never its last line
+    assert run.ranks[0].state == "stopped" and "rank 0: stopped" in text, text
+    assert not is_peer_gone(run.ranks[0].last_line), run.ranks[0].last_line
+
+
+@pytest.mark.parametrize("line", [
+    "[2026-11-25 10:00:00.123456: E /tmp/pip-req-build-x1/horovod/common/operations.cc:697] "
+    "Horovod background loop uncaught exception: [/tmp/pip-req-build-x1/third_party/gloo/gloo/"
+    "transport/tcp/pair.cc:589] Read error [127.0.0.1]:46117: Connection reset by peer",
+    "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+    "  what():  [/tmp/pip-req-build-x1/third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error",
+    "horovod.common.exceptions.HorovodInternalError: ... Connection closed by peer [127.0.0.1]:1",
+])
+def test_a_peer_gone_line_is_never_a_last_line(line):
+    from hvd_magic.driver.apply import apply_event
+    from hvd_magic.driver.ranks import RankState
+
+    assert is_peer_gone(line)
+    assert not is_peer_gone("epoch 3: loss 0.25") and not is_peer_gone("what a run")
+    folder = types.SimpleNamespace(write_lines=lambda rank, lines: None, record=lambda e: None)
+    run = types.SimpleNamespace(np=1, ranks=[RankState(0)], folder=folder, view=None,
+                                elastic=None)
+    apply_event(run, {"t": "lines", "rank": 0, "lines": ["epoch 3: loss 0.25", line]}, None)
+    assert run.ranks[0].last_line == "epoch 3: loss 0.25" and run.ranks[0].lines == 2
 
 
 def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):
@@ -101,6 +129,7 @@ def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):
     text = str(info.value)
     assert "--timeout of 4 s" in text
     assert "working on step" in text and "step " in text
+    assert "'working on step" not in text  # a line as printed, not a Python repr
     run = hvd_magic.last_run()
     assert run.state == "timeout"
     assert rank_processes_left(run) == []

@@ -142,7 +142,9 @@ def test_make_demo_prints_the_notebook_and_no_warnings(tmp_path):
     assert not [line for line in out.splitlines() if re.search(r"warn", line, re.I)], out
     for chatter in CHATTER:
         assert chatter not in out
-    assert re.search(r"^\[hvd_magic\] starting Spark \(local\[\d+\]\)… \d+\.\d s$", out, re.M), out
+    # (local[N] says why N: the room it has, more than --np 2 asked for)
+    assert re.search(r"^\[hvd_magic\] starting Spark \(local\[(\d+)\]: room for \1 ranks\)… "
+                     r"\d+\.\d s$", out, re.M), out
     assert out.index("starting Spark") < out.index("[rank 0]")
     assert "results: [3.0, 3.0]" in out
     assert not glob.glob(str(tmp_path / "*ipc*"))  # the kernel's IPC sockets were cleaned up
@@ -203,10 +205,15 @@ def test_dashboard_rows_and_panels_skip_start_up_chatter():
 def test_help_opens_with_a_sentence_and_an_example_that_runs(ip, magic, capsys):
     from hvd_magic.frontends.magics import HorovodMagics
 
-    sentence, intro, first_cell = getattr(HorovodMagics, magic).__doc__.split("\n\n")[:3]
+    doc = getattr(HorovodMagics, magic).__doc__
+    paragraphs = doc.split("\n\n")
+    sentence = paragraphs[0]
     assert sentence.endswith(".") and ". " not in sentence and "\n" not in sentence
-    assert intro.endswith("::") and first_cell.startswith("    %")  # an example before all else
-    text = getattr(HorovodMagics, magic).__doc__.split("::\n\n", 1)[1].split("\n\nUsage::")[0]
+    example = 1 if paragraphs[1].startswith("    %") else 2  # at once, or after "Example:"
+    assert example == 1 or paragraphs[1].endswith(":")
+    assert paragraphs[example].startswith("    %")  # an example before all else
+    assert "::" not in doc and "``" not in doc, doc  # %%horovod? shows it as it is: no reST
+    text = "\n\n".join(paragraphs[example:]).split("\n\nUsage:")[0]
     # the example's cells, as a user pastes them: each starts at an unindented magic line
     cells = re.split(r"\n\n(?=    %)", text)
     assert any(f"%{magic}" in cell for cell in cells)

@@ -239,6 +239,12 @@ def test_spark_data(tmp_path):
         assert re.search(rf"rank {rank}: streamed a 61 MiB shard twice; memory grew \d+ MiB "
                          r"after the first batch \(under a quarter of the shard: True\)", shown)
     assert not errors(stream)
+    # nothing red that is not an error: the JVM's lines go to its log, Spark draws no progress
+    # bars, and hvd_magic's own news (--data's shards) is not stderr
+    for cell in code_cells(nb):
+        red = [out.text for out in cell.outputs
+               if out.output_type == "stream" and out.name == "stderr"]
+        assert not red, (cell.source.splitlines()[:2], red)
 
 
 def test_scripts_and_mlflow(tmp_path):

@@ -90,7 +90,8 @@ def test_an_error_shows_the_ranks_traceback_and_keeps_the_session(ip, session):
     with pytest.raises(hvd_magic.RankError) as info:
         cell(ip, "import os\nif os.environ['HOROVOD_RANK'] == '1':\n    raise KeyError('only on 1')\nx = 0")
     assert info.value.rank == 1
-    assert "KeyError" in str(info.value) and "<hvd_magic cell" in str(info.value)
+    assert "KeyError" in str(info.value) and "Cell In[" in str(info.value)
+    assert "line 4" in str(info.value)  # the editor's line (%%horovod is line 1)
     assert cell(ip, "x") == 0  # rank 0 finished the cell; rank 1 kept its x
     assert hvd_magic.last_run().results == [0, 41]
     with pytest.raises(hvd_magic.RankError) as info:  # a 6 MB message: cut, the session kept
@@ -160,6 +161,9 @@ def test_an_elastic_session_goes_on_with_the_survivors_of_a_killed_rank(ip, fres
         capsys.readouterr()
         ip.run_line_magic("horovod_session", "status")
         assert "ring of 2" in capsys.readouterr().out
+        # and their local ranks on this one machine, re-numbered for the ring of 2
+        cell(ip, "(hvd.local_rank(), hvd.local_size(), hvd.cross_size())")
+        assert sorted(hvd_magic.last_run().results) == [(0, 2, 1), (1, 2, 1)]
         # fewer than --min-np left: the session says so and runs no more cells
         os.kill(pids[2], signal.SIGKILL)
         deadline = time.monotonic() + 30

@@ -2,6 +2,7 @@
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,30 @@ def test_exit_codes_output_and_help(tmp_path):
     missing = command("-np", "-2", "nowhere.py")
     _, err = missing.communicate(timeout=60)
     assert missing.returncode == 2 and "No script 'nowhere.py'" in err
+
+
+BYSTANDER = """\
+import time, torch, horovod.torch as hvd
+hvd.init()
+for step in range(600):
+    if hvd.rank() == 1 and step == 5:
+        raise ValueError("bad batch")
+    hvd.allreduce(torch.ones(1))
+    time.sleep(0.05)
+"""
+
+
+def test_a_bystander_is_stopped_as_in_the_notebook(tmp_path):
+    """Rank 1 fails; rank 0 only failed (or was stopped) because of it: "stopped", the word the
+    notebook uses, in the summary and the error's list of the other ranks; never "failed"."""
+    (tmp_path / "bystander.py").write_text(BYSTANDER)
+    proc = command("-np", "-2", "bystander.py")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "ValueError: bad batch" in err
+    assert re.search(r"^  rank 0( on \S+)?: stopped", out, re.M), out
+    assert re.search(r"^  rank 1( on \S+)?: failed", out, re.M), out
+    assert "rank 0: stopped" in err, err
+    assert not re.search(r"rank 0( on \S+)?: failed", out + err)
 
 
 def _lines(stream, into):

@@ -106,3 +106,50 @@ def test_one_line_is_a_line(ip, capsys):
 ])
 def test_visible_text_is_what_a_terminal_shows(line, shown):
     assert visible_text(line) == shown
+
+
+def test_a_wait_is_said_once_even_if_the_run_still_waits_after_an_event(capsys):
+    """Task 0's rendezvous event ends the wait's line before any rank has a state; the run says
+    it waits a moment longer: the same wait is not printed again (seen as two lines when
+    hvd-run was piped)."""
+    import types
+    view = TextView()
+    run = types.SimpleNamespace(np=2, state="running", waiting=("waiting for Spark", 2.0))
+    view.tick(run)
+    view.event(run, 0, {"t": "rendezvous", "port": 1234})
+    view.tick(run)
+    run.waiting = ("waiting for something else", 1.5)
+    view.tick(run)
+    view.finish(types.SimpleNamespace(np=2, started=None))
+    out = capsys.readouterr().out
+    assert out.count("waiting for Spark") == 1, out
+    assert out.count("waiting for something else") == 1, out
+
+
+def test_more_ranks_than_cores_on_local_spark_says_they_share_the_cores(ip, capsys):
+    """Before it runs more ranks than the machine has cores, a local session says so, as a line of
+    its own (stdout: news, not an error); a run that fits says nothing of the kind."""
+    import os
+    from conftest import spark_session
+
+    cores = os.cpu_count() or 1
+    if cores > 3:
+        pytest.skip("a machine with more than 3 cores would need a large local session here")
+    spark_session(4)  # the shared embedded session: local[4]
+    ip.run_cell_magic("horovod", f"--np {cores + 1} --text", "1")
+    captured = capsys.readouterr()
+    assert (f"[hvd_magic] {cores + 1} ranks on local[4] share this machine's {cores} CPU core"
+            in captured.out), captured.out
+    assert "share this machine" not in captured.err
+    ip.run_cell_magic("horovod", f"--np {cores} --text", "1")
+    assert "share this machine" not in capsys.readouterr().out
+
+
+def test_one_of_a_thing_is_singular():
+    from hvd_magic.driver.ranks import plural
+    from hvd_magic.launch.dataplan import describe
+
+    assert plural(1, "line") == "1 line" and plural(2, "line") == "2 lines"
+    assert plural(1024, "rank") == "1,024 ranks"
+    assert describe({"counts": [1], "source": "read directly"}) == \
+        "--data: 1 row in 1 shard of 1 row each, read directly"

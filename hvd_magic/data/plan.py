@@ -15,6 +15,7 @@ import os
 
 from IPython.core.error import UsageError
 
+from ..driver.ranks import plural
 from ..rank import stream
 
 
@@ -99,10 +100,12 @@ def describe(plan, total=None):
     low, high = min(counts), max(counts)
     where = plan["source"]
     if low == high and total == np * low:
-        return f"--data: {total:,} rows in {np} shards of {low:,} rows each, {where}"
+        return f"--data: {plural(total, 'row')} in {plural(np, 'shard')} of {plural(low, 'row')} " \
+               f"each, {where}"
     if low == high:
-        return (f"--data: {np} shards of {low:,} rows each (--equal-shards dropped "
-                f"{total - np * low:,} of {total:,} rows), {where}")
-    return (f"--data: {total:,} rows in {np} shards of {low:,} to {high:,} rows, {where}; every "
+        return (f"--data: {plural(np, 'shard')} of {plural(low, 'row')} each (--equal-shards "
+                f"dropped {total - np * low:,} of {plural(total, 'row')}), {where}")
+    return (f"--data: {plural(total, 'row')} in {plural(np, 'shard')} of {low:,} to {high:,} "
+            f"rows, {where}; every "
             f"rank gets as many batches: shards one row short repeat a row in their last batch "
             f"(drop_last=True drops the rows after the last full batch instead)")

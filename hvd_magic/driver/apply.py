@@ -12,6 +12,7 @@ Not for: when to stop or how (`hvd_magic.driver.loop`); `request_stop` is handed
 
 import time
 
+from ..errors import is_follow_on, is_peer_gone
 from .folder import FILE_KINDS, FOLDER_KINDS
 
 
@@ -29,8 +30,9 @@ def apply_event(run, event, request_stop):
         lines = [str(x) for x in event.get("lines", [])]
         run.folder.write_lines(rank, lines)
         r.lines += len(lines)
-        if lines:
-            r.last_line = lines[-1].rsplit("\r", 1)[-1]
+        shown = [line for line in lines if not is_peer_gone(line)]
+        if shown:
+            r.last_line = shown[-1].rsplit("\r", 1)[-1]
     elif kind == "state":
         if event.get("state") == "starting" and r.pid is not None and event.get("pid") != r.pid:
             if run.elastic is not None:
@@ -69,7 +71,7 @@ def apply_event(run, event, request_stop):
         r.ended_at = time.monotonic()
         status = event.get("status")
         # ("lost": a warm session's rank lost before this cell; the cell runs without it)
-        r.state = {"ok": "done", "stopped": "cancelled", "lost": "lost"}.get(status, "failed")
+        r.state = ended_state(run, status, event.get("summary"))
         if status == "died" and run.elastic is not None and run.stop_reason is None:
             run.elastic.lost(run, r, event)  # the others go on without it
         elif status not in ("ok", "stopped", "lost"):
@@ -80,6 +82,20 @@ def apply_event(run, event, request_stop):
     if run.view is not None:
         run.view.event(run, rank, event)
     return recorded
+
+
+def ended_state(run, status, summary=None):
+    """A rank's state once it ended. A bystander is "stopped" in every view: stopped by the
+    driver because another rank failed (or the run timed out, stalled), or failed only because
+    a peer went away (`is_follow_on`: a Gloo connection reset) while another rank failed
+    too; "cancelled" is for a run the user cancelled."""
+    if status in ("ok", "lost"):
+        return {"ok": "done", "lost": "lost"}[status]
+    if status == "stopped":
+        return "cancelled" if run.stop_reason == "cancelled" else "stopped"
+    caused = any(not is_follow_on(f) for f in run.failures) or \
+        run.stop_reason in ("cancelled", "timeout", "stalled")
+    return "stopped" if caused and is_follow_on(summary or {}) else "failed"
 
 
 def _retried(run, rank, request_stop):

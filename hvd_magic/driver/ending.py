@@ -109,7 +109,9 @@ def _first_failure(run, failures, infos):
     for rank in range(run.np):
         if rank == first["rank"]:
             continue
-        if rank in infos:
+        if run.ranks[rank].state == "stopped":  # a bystander, in every view's word
+            others[rank] = "stopped"
+        elif rank in infos:
             others[rank] = describe_end(infos[rank])
         elif run.ranks[rank].state == "done":
             others[rank] = "finished"
@@ -158,7 +160,8 @@ def _timeout_message(run):
     lines = [f"run {run.id} reached its --timeout of {run.timeout:g} s; every rank was stopped."]
     for r in run.ranks:
         progress = f" step {r.step}/{r.total}" if r.step is not None else ""
-        lines.append(f"  rank {r.rank}:{progress} last line: {r.last_line!r}")
+        last = f" last line: {r.last_line.strip()}" if r.last_line.strip() else " nothing printed"
+        lines.append(f"  rank {r.rank}:{progress}{last}")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ import traceback
 from .. import payload
 from ..errors import InternalError
 from ..task.stopping import STOP_GRACE_SECONDS
-from .apply import apply_event
+from .apply import apply_event, ended_state
 from .ending import collect, offline_message, run_error
 from .folder import FLUSH_EVERY
 from .ranks import LIVE_STATES
@@ -217,8 +217,8 @@ class Driver:
         for state in run.ranks:  # the final state from the outcomes, if no exit event came
             if state.rank in ok_ranks:
                 state.state = "done"
-            elif state.rank in infos:
-                state.state = "cancelled" if infos[state.rank]["status"] == "stopped" else "failed"
+            elif state.rank in infos:  # (a bystander's failure may have come before the cause)
+                state.state = ended_state(run, infos[state.rank]["status"], infos[state.rank])
         if run.elastic is not None:  # the survivors' values: lost ranks have none
             results = run.elastic.survivors(results, ok_ranks)
         run.exports = exports

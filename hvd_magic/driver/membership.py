@@ -21,7 +21,7 @@ The hang watchdog looks only at the ranks `watched` gives: an elastic reset is n
 import time
 
 from .horovod_log import HorovodLog
-from .ranks import RankState
+from .ranks import RankState, plural
 
 
 class Membership:
@@ -96,7 +96,7 @@ class Membership:
             return False
         for r in run.ranks:
             r.horovod_rank = order.index(r.rank) if r.rank in order else None
-        message = f"ring of {len(slots)} ranks: slots {', '.join(map(str, slots))}"
+        message = f"ring of {plural(len(slots), 'rank')}: slots {', '.join(map(str, slots))}"
         if order != list(range(len(order))):  # rows and Horovod's ranks differ: say how
             message += " (" + ", ".join(f"slot {s} is Horovod rank {i}"
                                         for i, s in enumerate(order) if s != i) + ")"

@@ -43,5 +43,5 @@ def ranks_text(ranks):
 
 
 def plural(n, word):
-    """"1 line", "2 lines"."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    """"1 line", "2 lines", "1,024 ranks"."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"

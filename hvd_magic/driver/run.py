@@ -25,7 +25,7 @@ from . import history
 from .folder import RunFolder
 from .loop import Driver
 from .membership import Membership
-from .ranks import RankState
+from .ranks import RankState, plural
 
 OFFLINE_HINT_AFTER = 10.0    # seconds without a Spark Connect task heard before the view says so
 TASKS_WAIT_SHOWN_AFTER = 3.0  # seconds without a task started before the view says it waits
@@ -70,6 +70,13 @@ def may_record_window(job):
         return True
     texts = [*(job.get("sources") or {}).values(), *(job.get("modules") or {}).values()]
     return any(WINDOW_NAMES & identifiers(text) for text in texts)
+
+
+def _relay_notes(run):
+    """The launcher's new notes (`Launcher.take_notes`) to the run's view."""
+    for note in run.launcher.take_notes():
+        if run.view is not None:
+            run.view.event(run, None, {"t": "note", "message": note})
 
 
 def _prepare_into(launcher, np, failure, done, data=None, cache=None):
@@ -285,6 +292,7 @@ class Run:
                 if self.stop_reason is not None and not cancel_sent:
                     cancel_sent = True
                     self.launcher.cancel()
+                _relay_notes(self)
                 if self.view is not None:
                     self.view.tick(self)
             except KeyboardInterrupt:
@@ -300,6 +308,7 @@ class Run:
             if self.view is not None:
                 self.view.finish(self)
             raise error
+        _relay_notes(self)
         self.where = self.launcher.where
 
     @property
@@ -321,7 +330,7 @@ class Run:
             return (f"waiting for the tasks on {self.where}: none has reached this notebook "
                     f"(if the executors cannot, the run goes on and its logs come back at the "
                     f"end)", seconds)
-        return f"waiting for Spark ({self.where}) to start {self.np} tasks at once", seconds
+        return f"waiting for Spark ({self.where}) to start {plural(self.np, 'task')} at once", seconds
 
     def _drive_quietly(self):
         try:

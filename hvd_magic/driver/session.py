@@ -227,7 +227,8 @@ class Session:
         state = "stopped" if self.stopped else "broken" if self.broken else \
             "running a cell" if self._current is not None else "idle"
         idle = time.monotonic() - self.last_used
-        ranks = f"{self.np} ranks" if not self.lost else f"{len(self.live)} of {self.np} ranks"
+        ranks = plural(self.np, "rank") if not self.lost else \
+            f"{len(self.live)} of {self.np} ranks"
         lines = [f"session {self.id}: {state}, {ranks} on {self.where}, {plural(self.cells, 'cell')}"
                  + (f", idle {idle:.0f} s" if state == "idle" else "")]
         if self.elastic is not None:

@@ -75,7 +75,7 @@ def _init_message(ranks, in_init, now):
         elif r.pid is None:
             doing = "not started yet"
         else:
-            doing = f"last line: {r.last_line!r}" if r.last_line else "no output yet"
+            doing = f"last line: {r.last_line.strip()}" if r.last_line.strip() else "no output yet"
         lines.append(f"  rank {r.rank}: {doing}")
     lines.append("What each rank is doing (its Python stack) is in its log.")
     return "\n".join(lines)

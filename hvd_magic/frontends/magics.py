@@ -83,9 +83,12 @@ class HorovodMagics(Magics):
               help="Allow Spark to re-attempt the barrier stage this many times (default 0: a "
                    "retried stage is reported, never silently restarted).")
     @argument("--stall-timeout", type=float, default=None,
-              help="Seconds after some ranks ended while the others still wait before the "
-                   "hang watchdog reports a stall, with each waiting rank's stack "
-                   "(default: HorovodMagics.stall_timeout, 60).")
+              help="Seconds some ranks may wait in a collective (allreduce, broadcast, join, "
+                   "barrier...) while others are not in it (they ended, are still in "
+                   "hvd.init(), or run other code) before the hang watchdog reports a stall; "
+                   "ranks waiting in hvd.init() for a peer that never calls it are reported "
+                   "after this many seconds, kept between 10 and 30. Every rank's Python stack "
+                   "goes to its log (default: HorovodMagics.stall_timeout, 60).")
     @argument("--on-stall", choices=("warn", "fail"), default="warn",
               help="What a stall does: warn (report and keep waiting) or fail (stop the run).")
     @argument("--timeline", action="store_true",

@@ -1,5 +1,7 @@
 """The magics' option values, parsed and checked: a `UsageError` that says what is expected."""
 
+import re
+
 from IPython.core.error import UsageError
 
 # An elastic run's options, declared once for every front door that has them (``%%horovod``,
@@ -83,5 +85,14 @@ def summary_first(magic):
     start = next(i for i, line in enumerate(lines) if line.rstrip().endswith("::")) + 1
     end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace())
     head, tail = "\n".join(lines[:end]).rstrip(), "\n".join(lines[end:])
-    magic.__doc__ = f"{head}\n\nUsage::\n\n{usage}\n\n{tail}"
+    magic.__doc__ = plain_text(f"{head}\n\nUsage::\n\n{usage}\n\n{tail}")
     return magic
+
+
+def plain_text(doc):
+    """A docstring written in reST as a person reads it in ``%%horovod?`` (IPython shows it as
+    it is): no ``::`` before a code block (alone on its line, the line goes; after a sentence,
+    a colon stays), no double backquotes around code."""
+    text = re.sub(r"^[ \t]*::\n\n", "", doc, flags=re.M)  # a "::" line and the blank after it
+    text = re.sub(r"::$", ":", text, flags=re.M)
+    return re.sub(r"``(.+?)``", r"\1", text, flags=re.S)

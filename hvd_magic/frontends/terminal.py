@@ -62,8 +62,11 @@ def parser():
     p.add_argument("--retries", type=int, default=0,
                    help="Let Spark re-attempt the barrier stage this many times (default 0).")
     p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="Seconds some ranks may wait in a collective that the others left, "
-                        "before the watchdog reports a stall (default 60).")
+                   help="Seconds some ranks may wait in a collective (allreduce, broadcast, "
+                        "join, barrier...) while others are not in it (they ended, are still in "
+                        "hvd.init(), or run other code) before the watchdog reports a stall; a "
+                        "wait in hvd.init() for a peer that never calls it is reported after "
+                        "this many seconds, kept between 10 and 30 (default 60).")
     p.add_argument("--on-stall", choices=("warn", "fail"), default="warn",
                    help="What a stall does (default: warn).")
     p.add_argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",

@@ -46,6 +46,7 @@ class Launcher:
         self.outcomes = None      # [(rank, status, payload)] once every task ended
         self.error = None         # an exception that ended the tasks before they could report
         self.late_events = []     # events of tasks that could not reach the driver live
+        self.notes = []           # what prepare() tells the user in passing (the run shows them)
         self._threads = []
 
     @property
@@ -68,6 +69,15 @@ class Launcher:
     def _set_phase(self, phase):
         if phase != self.phase:
             self.phase, self.phase_since = phase, time.monotonic()
+
+    def _note(self, message):
+        """A line for the user about this launch (not an error): the run's view shows it."""
+        self.notes.append(message)
+
+    def take_notes(self):
+        """The notes not taken yet (the run hands them to its view, once each)."""
+        notes, self.notes = getattr(self, "notes", []), []
+        return notes
 
     def share(self, data):
         """A handle the tasks read a large value from (`.value`, or the bytes themselves)."""

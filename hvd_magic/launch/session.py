@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 
+from ..driver.ranks import plural
 from ..errors import LaunchError
 from ..task.session import parts, sign
 from ..task.stopping import STOP_GRACE_SECONDS
@@ -180,6 +181,7 @@ def lost_message(session, outcomes):
         return LaunchError(f"{how} while this cell ran; {session.broken}: the session cannot go "
                            "on. %horovod_session restart starts a new one.")
     return LaunchError(f"{how} while this cell ran; the session goes on with "
-                       f"{len(session.live)} ranks (Horovod is reset on them before the next "
+                       f"{plural(len(session.live), 'rank')} (Horovod is reset on them before "
+                       "the next "
                        "cell) — run the cell again. What the lost rank held is gone; code "
                        "inside hvd.elastic.run recovers by itself.")

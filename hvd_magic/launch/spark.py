@@ -206,12 +206,15 @@ class SparkLauncher(Launcher):
                 ours = session.sparkContext.getConf().get(EMBEDDED_MARK) == "true"
                 slots = local_slots(session.sparkContext.master)
                 if ours and slots is not None and slots < np and self.master is None:
-                    self._set_phase(f"stopping Spark ({session.sparkContext.master})")
+                    self._set_phase(f"stopping Spark ({session.sparkContext.master}: room for "
+                                    f"{slots} ranks) to start one with room for {np}")
                     session.stop()  # ours and too small: start a bigger one
                     session = self._start_session(np, None)
             else:
                 session = self._start_session(np, self.master)
             self.session = session
+        if not self._started_here:
+            self._note_shared_cores(self.session.sparkContext.master, np)
         sc = self.session.sparkContext
         conf = self._conf = sc.getConf()
         if conf.get("spark.dynamicAllocation.enabled", "false").lower() != "true":
@@ -229,13 +232,24 @@ class SparkLauncher(Launcher):
         self._starting = SparkStart(settings, self.log_dir, self.verbose)
         if self._cancelled:
             self._starting.cancel()
-        self._set_phase(f"starting Spark ({settings['spark.master']})")
+        slots = local_slots(settings["spark.master"])
+        self._note_shared_cores(settings["spark.master"], np)  # before the wait, not after
+        room = f": room for {slots} ranks" if slots is not None else ""
+        self._set_phase(f"starting Spark ({settings['spark.master']}{room})")
         self._started_here = True
         try:
             return _quiet(self._starting.session())
         finally:
             self.log_path = self._starting.log_path or self.log_path
             self._starting = None
+
+    def _note_shared_cores(self, master, np):
+        """More ranks than this machine has cores on a local master: say so (they run, slowly)."""
+        cores = os.cpu_count() or 1
+        if local_slots(master) is not None and np > cores:
+            self._note(f"{np} ranks on {master} share this machine's {cores} CPU "
+                       f"core{'s' if cores > 1 else ''}: about {cores / np:.2g} of a core each, "
+                       f"so expect them to be slow.")
 
     def _check_slots(self, sc, np):
         slots = local_slots(sc.master)

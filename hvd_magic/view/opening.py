@@ -15,7 +15,9 @@ import os
 import re
 import time
 
-FIRST_WORDS = "<b>hvd_magic</b> · {np} ranks · <span data-phase>starting…</span>"
+from ..driver.ranks import plural
+
+FIRST_WORDS = "<b>hvd_magic</b> · {ranks} · <span data-phase>starting…</span>"
 
 
 class Opening:
@@ -36,7 +38,7 @@ class Opening:
         if getattr(get_ipython(), "kernel", None) is None:
             return opening
         from IPython.display import display
-        opening._shown = FIRST_WORDS.format(np=abs(np))
+        opening._shown = FIRST_WORDS.format(ranks=plural(abs(np), "rank"))
         opening.handle = display(_bundle(opening._shown), raw=True, display_id=True)
         return opening
 

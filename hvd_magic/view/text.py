@@ -65,6 +65,7 @@ class TextView:
         self.stderr = stderr or sys.stderr
         self._wait_shown = None      # the wait whose line is open ("starting Spark…"), if any
         self._wait_began = None
+        self._waits_ended = set()    # waits whose line was ended: never opened again
         self._summarised = time.monotonic()  # when a large run's last summary line was printed
 
     def start(self, run):
@@ -100,7 +101,9 @@ class TextView:
             self.stdout.write(summary_line(run))
         waiting = getattr(run, "waiting", None)
         phase = waiting[0] if waiting and waiting[1] >= WAIT_SHOWN_AFTER else None
-        if phase == self._wait_shown or (phase is None and waiting):
+        # (an event ends a wait's line, and the run may still say it waits a moment longer,
+        # e.g. after task 0's rendezvous event and before any rank's state: not a new wait)
+        if phase == self._wait_shown or (phase is None and waiting) or phase in self._waits_ended:
             return
         self._end_wait()
         if phase is not None:
@@ -112,6 +115,7 @@ class TextView:
         if self._wait_shown is not None:
             self.stdout.write(f" {time.monotonic() - self._wait_began:.1f} s\n")
             self.stdout.flush()
+            self._waits_ended.add(self._wait_shown)
             self._wait_shown = None
 
     def finish(self, run):
