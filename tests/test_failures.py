@@ -116,6 +116,9 @@ def test_a_peer_gone_line_is_never_a_last_line(line):
                                 elastic=None)
     apply_event(run, {"t": "lines", "rank": 0, "lines": ["epoch 3: loss 0.25", line]}, None)
     assert run.ranks[0].last_line == "epoch 3: loss 0.25" and run.ranks[0].lines == 2
+    # the dashboard's row, drawn from the raw tail, says the same
+    from hvd_magic.view.table import last_line
+    assert last_line([("stdout", "epoch 3: loss 0.25"), ("stderr", line)]) == "epoch 3: loss 0.25"
 
 
 def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):

@@ -13,6 +13,8 @@ import html
 import os
 import re
 
+from ..driver.ranks import plural
+from ..errors import is_peer_gone
 from .summary import SUMMARY_ABOVE, threads_text
 from .text import is_chatter, visible_text
 
@@ -38,7 +40,7 @@ _STACK_LINE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ \(most recen
                          r"|Stack \(most recent call first\):"
                          r'|  File ".*", line \d+ in \S.*|  <no Python frame>|  \.\.\.)\s*$')
 _STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
-                 "cancelled": "#757575", "running": "#1565c0", "starting": "#6a1b9a",
+                 "cancelled": "#757575", "stopped": "#757575", "running": "#1565c0", "starting": "#6a1b9a",
                  "preparing": "#6a1b9a"}
 
 
@@ -73,10 +75,12 @@ def row_html(r, tail, verbose=False, columns=COLUMNS):
 
 
 def last_line(tail, verbose=False):
-    """What the last-line column shows of a rank's raw tail of (stream, line)."""
+    """What the last-line column shows of a rank's raw tail of (stream, line): never a stack
+    dump's line, nor a C++ line saying only that a peer went away (both stay in the log)."""
     for _, line in reversed(tail):
         shown = _shown(line)
-        if shown.strip() and not is_stack_line(shown) and (verbose or not is_chatter(line)):
+        if shown.strip() and not is_stack_line(shown) and not is_peer_gone(shown) and \
+                (verbose or not is_chatter(line)):
             return shown
     return ""
 
@@ -114,7 +118,8 @@ def log_html(run, rank, tail, verbose=False):
     a link to the whole log."""
     tail = [(stream, _shown(line)) for stream, line in tail if verbose or not is_chatter(line)]
     total = run.ranks[rank].lines
-    shown = (f"last {len(tail)} of {total} lines" if total > len(tail) else f"{total} lines")
+    shown = (f"last {len(tail)} of {plural(total, 'line')}" if total > len(tail)
+             else plural(total, "line"))
     body = "\n".join(f"<span style='color:{_line_colour(text)}'>{_e(text)}</span>"
                      if stream == "stderr" else _e(text) for stream, text in tail)
     # column-reverse keeps the panel scrolled to its newest line.
