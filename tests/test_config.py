@@ -99,3 +99,15 @@ def test_the_api_keeps_its_signature():
     import inspect
     parameters = inspect.signature(hvd_magic.run).parameters
     assert {"timeout", "min_np", "data", "mlflow", "stall_timeout", "view"} <= set(parameters)
+
+
+def test_hvd_run_called_in_a_program_leaves_its_spark_session_alone(script):
+    """`terminal.main` ends the Spark session a run of its own started, never the caller's (a
+    stopped one would also stay remembered and refuse every later SparkSession.builder)."""
+    from conftest import spark_session
+    from pyspark import SparkContext
+
+    spark = spark_session(2)
+    assert terminal.main(["--np", "-2", "--timeout", "-1", script]) == terminal.EXIT_USAGE
+    assert SparkContext._active_spark_context is spark.sparkContext
+    assert spark.range(3).count() == 3

@@ -98,6 +98,7 @@ def main(argv=None):
     args = p.parse_args(mlflow_before_script(sys.argv[1:] if argv is None else argv))
     if not args.command:
         p.error("the script to run is missing, e.g.: hvd-run -np 2 train.py --epochs 3")
+    before = _spark_context()
     try:
         run_script(args.command[0], args.command[1:], args.np, master=args.master,
                    spark_conf={k: v for k, v in (_conf(item) for item in args.conf)},
@@ -121,7 +122,7 @@ def main(argv=None):
         print(f"{p.prog}: {exc or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        _stop_spark()
+        _stop_spark(before)
 
 
 def _conf(item):
@@ -132,13 +133,24 @@ def _conf(item):
     return key, value
 
 
-def _stop_spark():
-    """This process started the Spark session (if any): end it, and its JVM, with the run."""
+def _spark_context():
+    """The SparkContext this process runs now, or None (without importing pyspark)."""
     if "pyspark" not in sys.modules:
-        return
+        return None
     from pyspark import SparkContext
-    if SparkContext._active_spark_context is not None:
-        SparkContext._active_spark_context.stop()
+    return SparkContext._active_spark_context
+
+
+def _stop_spark(before=None):
+    """End the Spark session the run started, and its JVM, with the run; one that was there
+    before (`main` called inside a notebook or a program) is theirs and goes on."""
+    context = _spark_context()
+    if context is None or context is before:
+        return
+    from pyspark.sql import SparkSession
+    session = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    # (the session's stop also forgets it, so a later SparkSession.builder starts afresh)
+    (session if session is not None else context).stop()
 
 
 def run():
