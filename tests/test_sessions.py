@@ -177,6 +177,34 @@ def test_an_elastic_session_goes_on_with_the_survivors_of_a_killed_rank(ip, fres
     assert session.launcher.done()
 
 
+def test_survivors_of_a_rank_killed_between_cells_are_ready_at_once(ip, fresh_ns, capfd):
+    """Horovod's default Gloo timeout (60 s): a survivor left waiting on the old ring must not
+    hold the next cell for it; what Horovod says about the lost peer is in the log only."""
+    magics = ip.magics_manager.registry["HorovodMagics"]
+    ip.run_line_magic("horovod_session", "start --np -3 --min-np 2")
+    session = magics.session
+    try:
+        pids = rank_pids(session)
+        cell(ip, INIT + "x = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()")
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while 1 not in session.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(3)  # the old ring notices the lost peer while no cell runs
+        capfd.readouterr()
+        assert cell(ip, "(hvd.size(), x, hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item())",
+                    "--text --timeout 30") == (2, 3.0, 2.0)
+        run = hvd_magic.last_run()
+        assert sorted(run.results) == [(2, 3.0, 2.0)] * 2
+        out = capfd.readouterr()
+        assert "background loop" not in out.out + out.err
+        logs = "".join(open(os.path.join(run.run_dir, f"rank-{r}.log")).read() for r in (0, 2))
+        assert "Horovod background loop uncaught exception" in logs
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+    assert wait_gone(pids, 10) == []
+
+
 ELASTIC_TRAIN = """\
 model = torch.nn.Linear(4, 1)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),

@@ -1,6 +1,6 @@
 """One event from a task, applied to its run: what the driver loop does with each event.
 
-- lines go to the rank's log; state, progress, blocked and exit events to its `RankState`;
+- lines go to the rank's log (and to the view, unless the rank marked them ``log_only``); state, progress, blocked and exit events to its `RankState`;
 - in an elastic run, a lost rank, its replacement and each new ring go to `run.elastic`
   (`hvd_magic.driver.membership`) instead of failing the run;
 - task 0's rendezvous port is relayed to the other tasks;
@@ -29,6 +29,8 @@ def apply_event(run, event, request_stop):
     if kind == "lines":
         lines = [str(x) for x in event.get("lines", [])]
         run.folder.write_lines(rank, lines)
+        if event.get("log_only"):  # (a warm session's reset: Horovod on the lost peer)
+            return False
         r.lines += len(lines)
         shown = [line for line in lines if not is_peer_gone(line)]
         if shown:

@@ -158,6 +158,11 @@ class Session:
         """The slots whose rank process is alive (all of them unless an elastic session lost some)."""
         return [r for r in range(self.np) if r not in self.lost]
 
+    def survivors(self):
+        """(host, pid) of each live rank."""
+        return [(self.ranks.get(r, {}).get("host"), self.ranks.get(r, {}).get("pid"))
+                for r in self.live]
+
     def rank_states(self):
         """A "running" state event per live rank, an ending per lost one, with what the
         session knows of it."""

@@ -7,6 +7,13 @@ so every task runs the same `run_task` as a classic barrier task. Outcomes come 
 most 1 MiB (under the gRPC message limit); the stage carries a tag of its own, which `cancel`
 interrupts. Large values travel inside the stage's plan (Connect has no broadcast).
 
+pyspark's in-process form, ``SparkSession.builder.remote("local[N]")``, runs its server in this
+process's JVM, on a classic local session: its Python workers are this machine's, as a classic
+``local[N]`` session's are. When that server was started without ``PYSPARK_PYTHON`` (its workers
+would run whatever ``python3`` is on PATH), the stage runs with ``PYSPARK_PYTHON`` set to this
+very interpreter in the server's environment, where it reads it (`local_server_python`), as the
+classic launcher does with ``sc.pythonExec``.
+
 The executors of a remote Connect server may not be able to reach this notebook: the tasks find
 out within seconds and then run offline (`hvd_magic.task.offline`); their events come back with
 the outcomes (`late_events`), and the view says why the run was not live. The address the tasks
@@ -15,6 +22,7 @@ try is this machine's towards the server, or ``HVD_MAGIC_DRIVER_HOST`` when that
 Not for: anything the classic launcher does with a SparkContext (`hvd_magic.launch.spark`).
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -130,7 +138,8 @@ class ConnectLauncher(Launcher):
 
         self.session.addTag(self.tag)  # tags are per thread: this one's operations carry it
         try:
-            self.outcomes, self.late_events = collect_outcomes(barrier_stage(frame, settings))
+            with local_server_python(self.master):
+                self.outcomes, self.late_events = collect_outcomes(barrier_stage(frame, settings))
         except BaseException as exc:  # reported by the driver loop, never lost
             self.error = exc if self._cancelled else LaunchError(
                 java_message(exc, self.workers_python()))
@@ -139,13 +148,13 @@ class ConnectLauncher(Launcher):
 
     def workers_python(self):
         """The interpreter the server's Python workers run: the server reads PYSPARK_PYTHON from
-        its own environment when it starts (python3 when unset). A server started by this
-        process (``remote("local[N]")``) has this process's environment."""
+        its own environment (python3 when unset)."""
         python = self.session.conf.get("spark.pyspark.python", None)
         if python:
             return python
-        if "SPARK_LOCAL_REMOTE" in os.environ:  # pyspark's in-process local server
-            return os.environ.get("PYSPARK_PYTHON") or "python3"
+        env = _local_server_env(self.master)
+        if env is not None:  # pyspark's in-process local server: its environment is at hand
+            return env.get("PYSPARK_PYTHON") or env.get("PYSPARK_DRIVER_PYTHON") or "python3"
         return "the server's PYSPARK_PYTHON (python3 when it is not set)"
 
     def cancel(self):
@@ -155,6 +164,55 @@ class ConnectLauncher(Launcher):
                 self.session.interruptTag(self.tag)
             except Exception:
                 pass
+
+
+@contextlib.contextmanager
+def local_server_python(master):
+    """Run a stage whose Python workers, on pyspark's in-process local Connect server started
+    without PYSPARK_PYTHON, run this very interpreter (which has torch, horovod and hvd_magic).
+
+    That server takes the interpreter from its JVM's environment (``PYSPARK_PYTHON``, else
+    ``PYSPARK_DRIVER_PYTHON``, else ``python3``) as it plans each request; the JVM is this
+    process's, so the variable is set there for the stage and removed after it, leaving the
+    user's server as it was. Any other server (a remote one, or one told its Python) is left
+    alone: its workers are not ours to choose."""
+    from .spark import _same_interpreter
+
+    env = _local_server_env(master)
+    if (env is None or env.get("PYSPARK_PYTHON") or env.get("PYSPARK_DRIVER_PYTHON")
+            or _same_interpreter("python3")):
+        yield
+        return
+    env.put("PYSPARK_PYTHON", sys.executable)
+    try:
+        yield
+    finally:
+        if env.get("PYSPARK_PYTHON") == sys.executable:
+            env.remove("PYSPARK_PYTHON")
+
+
+def _local_server_env(master):
+    """The environment of the JVM that serves pyspark's in-process local Connect session of
+    `master` (a live, writable ``java.util.Map``), or None for any other server."""
+    from .spark import local_slots
+
+    if "SPARK_LOCAL_REMOTE" not in os.environ or not master or local_slots(master) is None:
+        return None
+    from py4j.protocol import Py4JError
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None or sc.master != master:
+        return None
+    try:
+        # System.getenv() is a read-only view of the map it wraps (Spark opens java.util to
+        # reflection, for its own use of it)
+        view = sc._jvm.java.lang.System.getenv()
+        field = view.getClass().getDeclaredField("m")
+        field.setAccessible(True)
+        return field.get(view)
+    except Py4JError:  # another JVM's layout: the stage runs as the server was started
+        return None
 
 
 def barrier_stage(frame, settings):

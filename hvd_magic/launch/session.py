@@ -119,6 +119,7 @@ class SessionLauncher(Launcher):
         job["kwargs"].update(settings.broadcast_kwargs)  # `share` kept them as bytes
         job["cell"] = self.channel.cell_id
         job["reset"] = self.session.reset_due  # a rank was lost: the survivors reset Horovod first
+        job["peers"] = self.session.survivors() if self.session.reset_due else []
         for event in self.session.rank_states():  # who the ranks are, for this run's view
             self.channel.deliver(event)
         *before, last = parts(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))

@@ -17,6 +17,7 @@ From its task, on stdin, length-prefixed pickled jobs: ``{"cell", "code", "kwarg
 """
 
 import builtins
+import contextlib
 import json
 import marshal
 import os
@@ -24,6 +25,7 @@ import pickle
 import signal
 import struct
 import sys
+import tempfile
 
 from ..payload import cloud_dumps
 from . import reporting, stream
@@ -60,25 +62,81 @@ def write_job(pipe, job_bytes):
     pipe.flush()
 
 
-def reset_horovod():
+def reset_horovod(peers=()):
     """A rank of the session was lost: join the survivors' new ring, as Horovod's own
     `hvd.elastic.run` does after a failure. A framework this process initialised is shut down
     and initialised again: with ``HOROVOD_ELASTIC=1`` that second `init()` asks the elastic
     driver for its new rank and size (its rendezvous records this worker ready; the ring forms
     once every survivor has). A process that never initialised Horovod asks the driver itself
-    and keeps the answer in its environment, where its first `init()` reads it."""
+    and keeps the answer in its environment, where its first `init()` reads it.
+
+    `peers`: (host, pid) of every survivor. The old ring's connections to those of this machine
+    are closed first (`close_old_ring`). What Horovod says meanwhile about the lost peer goes to
+    this rank's log only (`log_only_stderr`): it is the reset working, not news for the cell."""
     done = False
+    with log_only_stderr():
+        close_old_ring(peers)
+        for name in FRAMEWORKS:
+            module = sys.modules.get(name)
+            if module is not None and module.is_initialized():
+                module.shutdown()
+                _released.add(name)
     for name in FRAMEWORKS:
         module = sys.modules.get(name)
-        if module is None or not (module.is_initialized() or name in _released):
+        if module is None or name not in _released:
             continue
-        if module.is_initialized():
-            module.shutdown()
         module.init()
         done = True
     _released.clear()
     if not done:
         _ask_rank_and_size()
+
+
+def close_old_ring(peers):
+    """Shut down this process's connections to the other survivors of this machine: the old
+    ring's Gloo pairs. A survivor's Horovod can be left waiting on a peer of the old ring, which
+    its shutdown then waits for, until Gloo's timeout (60 s by default); with those connections
+    gone it fails at once and is ready to form the new ring, as an elastic run's ranks are."""
+    import socket
+
+    import psutil
+
+    here, me = socket.gethostname(), os.getpid()
+    theirs = set()
+    for host, pid in peers or ():
+        if host == here and pid != me:
+            try:
+                theirs.update(c.laddr for c in psutil.Process(pid).net_connections("tcp"))
+            except psutil.Error:  # (it ended meanwhile: its connections are closed)
+                continue
+    for c in psutil.Process(me).net_connections("tcp"):
+        if c.raddr and c.raddr in theirs:
+            try:
+                with socket.socket(fileno=os.dup(c.fd)) as conn:
+                    conn.shutdown(socket.SHUT_RDWR)
+            except OSError:  # Gloo closed it meanwhile
+                pass
+
+
+@contextlib.contextmanager
+def log_only_stderr():
+    """What this process writes to its stderr (Horovod's C++ lines too) goes to the rank's
+    log, as ``lines`` marked ``log_only`` (`hvd_magic.driver.apply`), not under the cell."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode("utf-8", "replace").splitlines()
+            if lines:
+                reporting.send({"t": "lines", "stream": "stderr", "lines": lines,
+                                "log_only": True})
 
 
 def release_horovod(exc):
@@ -139,7 +197,7 @@ def serve(workdir, user_traceback, exports, register_source, install_modules):
                         namespace[name] = pickle.loads(data)
                 namespace.pop(VALUE_NAME, None)
                 if job.get("reset"):
-                    reset_horovod()
+                    reset_horovod(job.get("peers"))
                 exec(marshal.loads(job["code"]), namespace)
             finally:
                 _running = False
