@@ -1,11 +1,11 @@
-"""Write the options of hvd_magic's magics into README.md, from the magics' own help.
+"""Write the options of hvd_magic's magics into docs/options.md, from the magics' own help.
 
-The README's section between the BEGIN and END markers below is generated: for each magic, the
+The page's section between the BEGIN and END markers below is generated: for each magic, the
 text that ``%%horovod?`` (``%horovod_timeline?``, ``%horovod_env?``) prints, which IPython builds
-from the docstring and the ``help=`` strings of its options. So the README cannot drift from the
+from the docstring and the ``help=`` strings of its options. So the page cannot drift from the
 code: change an option, run this script; tests/test_readme.py fails until then.
 
-    python scripts/readme_options.py           # rewrite the section of README.md
+    python scripts/readme_options.py           # rewrite the section of docs/options.md
     python scripts/readme_options.py --check   # exit 1 (and show a diff) if it is out of date
 """
 
@@ -39,24 +39,25 @@ def magic_help(method_name):
 def section():
     parts = [BEGIN]
     for shown, method_name in MAGICS:
-        parts += ["", f"### `{shown}`", "", "```text", magic_help(method_name), "```"]
+        parts += ["", f"## `{shown}`", "", "```text", magic_help(method_name), "```"]
     parts += ["", END]
     return "\n".join(parts)
 
 
 def rewrite(readme_text):
-    """The README with its generated section replaced by the current one."""
+    """The page with its generated section replaced by the current one."""
     start, end = readme_text.find(BEGIN), readme_text.find(END)
     if start < 0 or end < start:
-        raise SystemExit(f"README.md has no section between\n  {BEGIN}\nand\n  {END}")
+        raise SystemExit(f"docs/options.md has no section between\n  {BEGIN}\nand\n  {END}")
     return readme_text[:start] + section() + readme_text[end + len(END):]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 if the README's section is out of date")
-    parser.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+                        help="do not write; exit 1 if the page's section is out of date")
+    parser.add_argument("--readme", default=os.path.join(ROOT, "docs", "options.md"),
+                        help="the page to write (default docs/options.md)")
     args = parser.parse_args(argv)
     with open(args.readme) as f:
         current = f.read()
@@ -65,7 +66,7 @@ def main(argv=None):
         return 0
     if args.check:
         sys.stdout.writelines(difflib.unified_diff(
-            current.splitlines(True), wanted.splitlines(True), "README.md", "generated"))
+            current.splitlines(True), wanted.splitlines(True), "docs/options.md", "generated"))
         print(f"\n{args.readme} is out of date: run  python scripts/readme_options.py")
         return 1
     with open(args.readme, "w") as f:

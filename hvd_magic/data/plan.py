@@ -15,7 +15,7 @@ import os
 
 from IPython.core.error import UsageError
 
-from ..driver.ranks import plural
+from ..words import plural
 from ..rank import stream
 
 

@@ -21,7 +21,8 @@ The hang watchdog looks only at the ranks `watched` gives: an elastic reset is n
 import time
 
 from .horovod_log import HorovodLog
-from .ranks import RankState, plural
+from ..words import plural
+from .ranks import RankState
 
 
 class Membership:

@@ -42,6 +42,3 @@ def ranks_text(ranks):
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r.rank) for r in ranks)}"
 
 
-def plural(n, word):
-    """"1 line", "2 lines", "1,024 ranks"."""
-    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"

@@ -25,7 +25,8 @@ from . import history
 from .folder import RunFolder
 from .loop import Driver
 from .membership import Membership
-from .ranks import RankState, plural
+from ..words import plural
+from .ranks import RankState
 
 OFFLINE_HINT_AFTER = 10.0    # seconds without a Spark Connect task heard before the view says so
 TASKS_WAIT_SHOWN_AFTER = 3.0  # seconds without a task started before the view says it waits
@@ -99,11 +100,9 @@ class Run:
 
     def __init__(self, np, options=None, *, launcher=None, view=None, cell=None, env=None,
                  elastic=None):
-        """`np` rows (ranks, or an elastic run's slots); `options`: `hvd_magic.config.RunOptions`;
-        `env`: the ranks' variables when something (MLflow) added to `options.env`; `elastic`:
-        the placement's (min_np, max_np, timeout)."""
-        options = options if options is not None else RunOptions()
-        self.options = options
+        """`np` rows (ranks, or an elastic run's slots); `env`: `options.env` with what MLflow
+        adds; `elastic`: the placement's (min_np, max_np, timeout)."""
+        self.options = options = options if options is not None else RunOptions()
         self.id = new_run_id()
         self.np = np
         self.name = options.name

@@ -28,7 +28,7 @@ import time
 import psutil
 
 from ..errors import LaunchError
-from .ranks import plural
+from ..words import plural
 from ..task.settings import TaskSettings
 
 READY_TIMEOUT = 300.0

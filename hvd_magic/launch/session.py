@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 
-from ..driver.ranks import plural
+from ..words import plural
 from ..errors import LaunchError
 from ..task.session import parts, sign
 from ..task.stopping import STOP_GRACE_SECONDS

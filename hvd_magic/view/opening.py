@@ -15,7 +15,7 @@ import os
 import re
 import time
 
-from ..driver.ranks import plural
+from ..words import plural
 
 FIRST_WORDS = "<b>hvd_magic</b> · {ranks} · <span data-phase>starting…</span>"
 

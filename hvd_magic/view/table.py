@@ -13,7 +13,7 @@ import html
 import os
 import re
 
-from ..driver.ranks import plural
+from ..words import plural
 from ..errors import is_peer_gone
 from .summary import SUMMARY_ABOVE, threads_text
 from .text import is_chatter, visible_text

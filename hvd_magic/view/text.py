@@ -39,7 +39,7 @@ def is_chatter(line):
     return bool(_CXX_INFO.match(line) or _STARTUP.search(line))
 
 
-from ..driver.ranks import plural
+from ..words import plural
 from .summary import hosts, is_large, summary_line, threads_text
 from .summary import summary_text as large_summary
 from .charts import summary_text as metrics_summary
