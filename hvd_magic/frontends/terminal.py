@@ -25,6 +25,7 @@ examples:
   hvd-run -np 4 train.py --epochs 3
   hvd-run -np 8 --master spark://head:7077 train.py
   hvd-run -np -2 --timeout 600 train.py          # 2 processes here, no Spark
+  hvd-run -np 4 --min-np 2 train.py              # elastic: survives lost ranks
   python -m hvd_magic --np 2 --mlflow exp train.py
 
 exit code: 0 when every rank succeeded; the script's code when a rank called sys.exit(N);
@@ -56,6 +57,15 @@ def parser():
     p.add_argument("--name", help="A label for the run.")
     p.add_argument("--retries", type=int, default=0,
                    help="Let Spark re-attempt the barrier stage this many times (default 0).")
+    p.add_argument("--min-np", type=int, default=None, metavar="M",
+                   help="An elastic run (a script written with Horovod's elastic API): a lost "
+                        "rank process or Spark executor is replaced and the others go on from "
+                        "their last commit; fewer than M ranks for --elastic-timeout ends it.")
+    p.add_argument("--max-np", type=int, default=None, metavar="N",
+                   help="With --min-np: at most N ranks (default: those of -np).")
+    p.add_argument("--elastic-timeout", type=float, default=None, metavar="SECONDS",
+                   help="With --min-np: seconds the run may have fewer than M ranks "
+                        "(default 600, Horovod's).")
     p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="Seconds some ranks may wait in a collective that the others left, "
                         "before the watchdog reports a stall (default 60).")
@@ -97,7 +107,8 @@ def main(argv=None):
                    timeline=args.timeline, name=args.name, retries=args.retries,
                    stall_timeout=args.stall_timeout or None, on_stall=args.on_stall,
                    run_root=args.run_root, view=TextView(quiet=args.quiet, verbose=args.verbose),
-                   verbose=args.verbose, mlflow=args.mlflow)
+                   verbose=args.verbose, mlflow=args.mlflow, min_np=args.min_np,
+                   max_np=args.max_np, elastic_timeout=args.elastic_timeout)
         return 0
     except UsageError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
