@@ -29,7 +29,12 @@ as shell commands. What is ours:
   `hvd_magic.launch.elastic_hosts`), not one machine per key.
 
 A worker killed by a signal is a lost member, not a failed run; one that raised is the run's error
-as usual (a bug in the cell does not go away by retrying it).
+as usual (a bug in the cell does not go away by retrying it): the driver loop shows its traceback
+(`hvd_magic.driver.ending`), whether one rank raised or all of them, and Horovod's driver, which
+counts both as failed workers and stops when every worker failed, is no cause for an error of
+ours. The launcher's own error (`error`) names only what the ranks cannot tell: fewer than
+`min_np` ranks were left for the elastic timeout (Horovod's driver gave up waiting: how long it
+waited, and which ranks were lost), or every rank was lost.
 """
 
 import logging
@@ -41,7 +46,8 @@ from ..errors import LaunchError
 from ..task.plan import _iface_of, _local_ip_towards
 from ..task.runner import run_worker
 from .base import Launcher
-from .elastic_hosts import machine_rendezvous, placement, slot_env
+from .elastic_horovod import discovery, elastic_driver, ring_rendezvous
+from .elastic_hosts import machine_rendezvous, slot_env
 
 SLOT_KEY = "hvd-s{slot}-a{attempt}"
 REPLACE_AFTER = 5.0   # seconds after a ring without the lost keys formed, if no step is heard
@@ -57,29 +63,6 @@ def slot_of(key):
     """(slot, attempt) of a host key made from SLOT_KEY."""
     _, slot, attempt = key.split("-")
     return int(slot[1:]), int(attempt[1:])
-
-
-def _ring_rendezvous(launcher):
-    """Horovod's rendezvous server, telling `launcher` each ring it is given."""
-    from horovod.runner.http.http_server import RendezvousServer
-
-    class RingRendezvous(RendezvousServer):
-        def init(self, host_alloc_plan):
-            launcher._placed = placement(host_alloc_plan, launcher._machine_of)
-            super().init(list(launcher._placed.values()))  # Gloo's scopes are the machines'
-            launcher._ring_formed([s.hostname for s in host_alloc_plan])
-
-    return RingRendezvous()
-
-
-def _discovery(launcher):
-    from horovod.runner.elastic.discovery import HostDiscovery
-
-    class SlotDiscovery(HostDiscovery):
-        def find_available_hosts_and_slots(self):
-            return launcher._offered()
-
-    return SlotDiscovery()
 
 
 class ElasticLauncher(Launcher):
@@ -101,6 +84,10 @@ class ElasticLauncher(Launcher):
         self._offered_since = {}  # key offered, no worker started on it yet -> since when
         self._reminded_at = float("-inf")
         self._stopping = False
+        self._waiting_since = None  # Horovod's driver waits for min_np slots since when
+        self._gave_up = None     # (seconds waited, elastic timeout) when Horovod's driver gave
+                                 # up waiting for min_np slots
+        self._rings = 0          # rings Horovod formed
         self._ring_at = None     # when a ring without the dead keys formed (replacements due)
         self._working = False    # a step was reported in that ring
         self._driver = None
@@ -183,6 +170,7 @@ class ElasticLauncher(Launcher):
 
     def _ring_formed(self, keys):
         with self._lock:
+            self._rings += 1
             if self._waiting and not self._dead & set(keys):
                 self._ring_at, self._working = time.monotonic(), False
         if self._server is not None:
@@ -195,14 +183,13 @@ class ElasticLauncher(Launcher):
 
     # -- the run ------------------------------------------------------------------------------
     def _drive(self, settings, np):
-        from horovod.runner.elastic.driver import ElasticDriver
         from horovod.runner.gloo_run import create_run_env_vars
 
-        rendezvous = _ring_rendezvous(self)
+        rendezvous = ring_rendezvous(self)
         driver = None
         try:
-            driver = self._driver = ElasticDriver(
-                rendezvous, _discovery(self), self.min_np, self.max_np,
+            driver = self._driver = elastic_driver(
+                self, rendezvous, discovery(self), self.min_np, self.max_np,
                 timeout=self.elastic_timeout)
             port = rendezvous.start(machine_rendezvous(driver, lambda: self._placed))
             self._run_env = create_run_env_vars(
@@ -212,16 +199,33 @@ class ElasticLauncher(Launcher):
             driver.start(self._initial_np(np), self._create_worker)
             driver.get_results()
         except BaseException as exc:  # reported by the driver loop
-            if self.error is None:
+            if self.error is None and self._gave_up is None:
                 self.error = LaunchError(f"Horovod's elastic driver failed: {exc}")
         finally:
             if driver is not None:
                 driver.stop()
                 driver.get_results()  # every worker thread has ended
         outcomes = self._final_outcomes()
-        if self.error is None and not any(o[1] == "ok" for o in outcomes) and not self._stopping:
-            self.error = LaunchError(self._too_few_message())
+        if self.error is None and not self._stopping:
+            self.error = self._ending_error(outcomes)
         self.outcomes = outcomes
+
+    def _ending_error(self, outcomes):
+        """The launcher's error when Horovod's driver ended the run: fewer than `min_np` ranks
+        for the elastic timeout, or every rank lost; None when ranks finished or raised (their
+        own errors are the run's: the driver loop's `run.failures`)."""
+        if self._gave_up is not None and (self._lost or not self._rings):
+            # (with none lost, only ranks that raised can have left too few: theirs is the error)
+            return LaunchError(self._too_few_message())
+        if outcomes or not self._lost:
+            return None
+        return LaunchError(f"the elastic run ended: every rank was lost ({self._lost_text()}), "
+                           f"and none was left to go on. {self._replaced_text()}")
+
+    def _gave_up_waiting(self, waited, timeout):
+        """(Horovod's driver) fewer than `min_np` slots for `timeout` seconds: it stops."""
+        with self._lock:
+            self._gave_up = (waited, timeout)
 
     def _initial_np(self, np):
         return np
@@ -232,13 +236,23 @@ class ElasticLauncher(Launcher):
             return [o for o in self._last.values() if o[1] in ("ok", "error")]
 
     def _too_few_message(self):
-        lost = "; ".join(
-            f"rank {slot} ({key}) {how} at {time.strftime('%H:%M:%S', time.localtime(when))}"
-            for slot, key, how, when in self._lost) or "none"
+        waited, timeout = self._gave_up
+        if not self._rings:  # (on Spark: slots that never got a task)
+            return (f"the elastic run could not start: fewer than --min-np {self.min_np} ranks "
+                    f"had a place to run after {waited:.0f} s (the elastic timeout is "
+                    f"{timeout:g} s).")
         return (f"the elastic run ended: fewer than --min-np {self.min_np} ranks were left for "
-                f"longer than the elastic timeout ({self.elastic_timeout or 600:g} s), or every "
-                f"rank was lost. Lost: {lost}. A rank is replaced at most "
-                f"{REPLACEMENTS_PER_SLOT} times; every attempt's log is in the run folder.")
+                f"{waited:.0f} s, the elastic timeout ({timeout:g} s). Lost: "
+                f"{self._lost_text()}. {self._replaced_text()}")
+
+    def _lost_text(self):
+        return "; ".join(
+            f"rank {slot} ({key}) {how} at {time.strftime('%H:%M:%S', time.localtime(when))}"
+            for slot, key, how, when in self._lost)
+
+    def _replaced_text(self):
+        return (f"A rank is replaced at most {REPLACEMENTS_PER_SLOT} times; every attempt's log "
+                f"is in the run folder.")
 
     def _create_worker(self, slot_info, events):
         """Horovod's `create_worker_fn`: run one worker to its end; (exit code, time)."""
@@ -276,8 +290,14 @@ class ElasticLauncher(Launcher):
 
     def _stop_horovod_later(self):
         """The last resort, if Horovod's driver did not end by itself: stop it, and break its
-        registry's barrier (a private attribute) so that no thread of it waits forever."""
-        self._drive_thread.join(STOP_HOROVOD_AFTER)
+        registry's barrier (a private attribute) so that no thread of it waits forever. At once
+        when it waits for `min_np` slots (a rank that raised left too few): the stopped run will
+        offer none, and it would wait the whole elastic timeout."""
+        deadline = time.monotonic() + STOP_HOROVOD_AFTER
+        while self._drive_thread.is_alive() and time.monotonic() < deadline:
+            if self._waiting_since is not None:
+                break
+            self._drive_thread.join(0.1)
         driver = self._driver
         if driver is None or not self._drive_thread.is_alive():
             return

@@ -1,0 +1,65 @@
+"""Horovod's own elastic pieces, each told to our launcher (`hvd_magic.launch.elastic`):
+
+- `ring_rendezvous`: Horovod's rendezvous server; each ring it is given goes to the launcher,
+  and Gloo's scopes become the machines' (`hvd_magic.launch.elastic_hosts`);
+- `elastic_driver`: Horovod's `ElasticDriver`, saying while it waits for ``min_np`` slots and
+  when it gives up (how long it waited, its timeout); its `stop` ends such a wait at once;
+- `discovery`: the slots the launcher offers, as Horovod's host discovery.
+
+Not for: what a slot is or when it is offered (the launcher's).
+"""
+
+import time
+
+from .elastic_hosts import placement
+
+
+def ring_rendezvous(launcher):
+    """Horovod's rendezvous server, telling `launcher` each ring it is given."""
+    from horovod.runner.http.http_server import RendezvousServer
+
+    class RingRendezvous(RendezvousServer):
+        def init(self, host_alloc_plan):
+            launcher._placed = placement(host_alloc_plan, launcher._machine_of)
+            super().init(list(launcher._placed.values()))  # Gloo's scopes are the machines'
+            launcher._ring_formed([s.hostname for s in host_alloc_plan])
+
+    return RingRendezvous()
+
+
+def elastic_driver(launcher, *args, **kwargs):
+    """Horovod's elastic driver, telling `launcher` while it waits for `min_np` slots and when
+    it gives up (the elastic timeout: how long it waited, and its timeout); its `stop` ends such
+    a wait at once. (Private attributes of Horovod 0.28.1's driver, the last release: `_timeout`,
+    the elastic timeout it applies, ours or HOROVOD_ELASTIC_TIMEOUT's or its default;
+    `_wait_hosts_cond`, what the wait waits on.)"""
+    from horovod.runner.common.util.timeout import TimeoutException
+    from horovod.runner.elastic.driver import ElasticDriver
+
+    class WaitingDriver(ElasticDriver):
+        def wait_for_available_slots(self, min_num_proc, min_hosts=1):
+            began = launcher._waiting_since = time.monotonic()
+            try:
+                return super().wait_for_available_slots(min_num_proc, min_hosts)
+            except TimeoutException:
+                launcher._gave_up_waiting(time.monotonic() - began, self._timeout)
+                raise
+            finally:
+                launcher._waiting_since = None
+
+        def stop(self, error_message=None):
+            super().stop(error_message)
+            with self._wait_hosts_cond:  # (the wait sees the shutdown when woken, not sooner)
+                self._wait_hosts_cond.notify_all()
+
+    return WaitingDriver(*args, **kwargs)
+
+
+def discovery(launcher):
+    from horovod.runner.elastic.discovery import HostDiscovery
+
+    class SlotDiscovery(HostDiscovery):
+        def find_available_hosts_and_slots(self):
+            return launcher._offered()
+
+    return SlotDiscovery()
