@@ -9,6 +9,8 @@ interleaved, `--reps` times each:
   rank calls ``hvd_magic.shard()`` (its rows in memory) and touches every value;
 - ``stream``: the same DataFrame, each rank streams one epoch of ``numpy_batches(65536)``
   (shuffled): the seconds to its last batch, and to its **first** batch (``first-batch``);
+- ``stream-4k``: the same, in batches of 4096 rows (every column, shuffled): what a trainer's
+  loop asks for, where the per-batch costs show;
 - ``converted``: a DataFrame that is not a plain scan (a computed column), converted once into
   the data cache before the repetitions (that first use is timed alone, ``converted-first``),
   then each repetition reuses it as ``shards`` does;
@@ -157,8 +159,9 @@ def measure(way, df, np, cache):
         run = hvd_magic.run(hold_frame, np=np, args=(frame,), view=None)
         del frame
     else:
-        fn = stream_epochs if way == "stream" else hold_shard
-        run = hvd_magic.run(fn, np=np, data=df, view=None, data_cache=cache)
+        fn = stream_epochs if way.startswith("stream") else hold_shard
+        run = hvd_magic.run(fn, np=np, data=df, view=None, data_cache=cache,
+                            kwargs={"batch": 4096} if way == "stream-4k" else None)
     growth = rss.growth_mb()
     results = run.results
     seconds = max(r[0] for r in results) - begun
@@ -219,7 +222,7 @@ def main():
         # which made the converted table 680 MB of Parquet beside the plain one's 640.)
         computed = table.withColumn("c0", plus_one(F.col("c0")))
         small = spark.read.parquet(os.path.join(work, "small"))
-        frames = {"shards": table, "stream": table, "converted": computed, "toPandas": table,
+        frames = {"shards": table, "stream": table, "stream-4k": table, "converted": computed, "toPandas": table,
                   "spark-arrow": table}
         ways = list(frames)
         for way in ways:  # warm-up, not counted

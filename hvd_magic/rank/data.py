@@ -102,16 +102,38 @@ def _spec(names, columns):
     return spec, isinstance(columns, str)
 
 
-def _convert(rows, spec, single):
-    import numpy as np
+class NumpyRows:
+    """Batches as numpy arrays (`hvd_magic.rank.stream.ArrowRows` says what a form is). Each
+    array of `spec` is made once per window, its rows put in the window's order by one gather
+    (``np.take``); a batch is then a copy of consecutive rows. Gathering each batch's rows from
+    the window instead, column by column, was most of a streamed epoch's time: as many random
+    reads, made in small calls that each miss the cache anew."""
 
-    arrays = []
-    for item in spec:
-        if isinstance(item, str):
-            arrays.append(_as_numpy(rows.column(item), item))
-        else:
-            arrays.append(np.column_stack([_as_numpy(rows.column(n), n) for n in item]))
-    return arrays[0] if single else tuple(arrays)
+    def __init__(self, spec, single):
+        self.spec, self.single = spec, single
+
+    def arrays(self, table):
+        import numpy as np
+
+        return [_as_numpy(table.column(item), item) if isinstance(item, str) else
+                np.column_stack([_as_numpy(table.column(n), n) for n in item])
+                for item in self.spec]
+
+    def prepare(self, table, order):
+        import numpy as np
+
+        arrays = self.arrays(table)
+        return arrays if order is None else [np.take(a, order, axis=0) for a in arrays]
+
+    @staticmethod
+    def take(arrays, lo, hi):
+        return [a[lo:hi].copy() for a in arrays]
+
+    def join(self, pieces):
+        import numpy as np
+
+        arrays = pieces[0] if len(pieces) == 1 else [np.concatenate(p) for p in zip(*pieces)]
+        return arrays[0] if self.single else tuple(arrays)
 
 
 def numpy_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_last=False,
@@ -126,20 +148,22 @@ def numpy_batches(batch_size, columns=None, epoch=0, seed=0, shuffle=True, drop_
     `start_batch` resumes an epoch there (e.g. after an elastic restart) without reading what
     comes before it."""
     if table is not None:
-        spec, single = _spec(table.column_names, columns)
+        import numpy as np
+
+        form = NumpyRows(*_spec(table.column_names, columns))
+        arrays = form.arrays(table)
         for i, indices in enumerate(batch_indices(table.num_rows, batch_size, epoch, seed,
                                                   shuffle, drop_last)):
             if i >= start_batch:
-                yield _convert(table.take(stream.arrow_indices(indices)), spec, single)
+                yield form.join([[np.take(a, indices, axis=0) for a in arrays]])
         return
     share = _share()
     names = share.plan["columns"]
     spec, single = _spec(names, columns)
     wanted = [n for n in names if any(n == item or (not isinstance(item, str) and n in item)
                                       for item in spec)]  # only these are read from the files
-    for rows in share.batches(batch_size, epoch, seed, shuffle, drop_last, window, start_batch,
-                              wanted):
-        yield _convert(rows, spec, single)
+    yield from share.batches(batch_size, epoch, seed, shuffle, drop_last, window, start_batch,
+                             wanted, form=NumpyRows(spec, single))
 
 
 def batch_count(batch_size, drop_last=False):

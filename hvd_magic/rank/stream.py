@@ -172,61 +172,94 @@ class Share:
         pieces = [self.pieces[i] for i in order]
         return [pieces[i:i + window] for i in range(0, len(pieces), window)]
 
-    def _window(self, pieces, epoch, seed, shuffle, index, columns):
-        """(a window's rows as read, the order to take them in: drawn from seed, epoch, window)."""
+    def _window(self, pieces, epoch, seed, shuffle, index, columns, form):
+        """A window's rows, as `form` prepared them in the window's order (drawn from seed,
+        epoch, window): position k of the window is its k-th row in that order."""
         import numpy as np
         import pyarrow as pa
 
-        # One chunk per column: a batch's rows are then gathered straight from it (taking from a
-        # column of several chunks joins them first, for every batch)
-        table = pa.concat_tables([self.read(p, columns) for p in pieces]).combine_chunks()
+        table = pa.concat_tables([self.read(p, columns) for p in pieces])
         order = (np.random.default_rng([seed, epoch, index]).permutation(table.num_rows)
-                 if shuffle else np.arange(table.num_rows))
-        return table, order
+                 if shuffle else None)
+        return form.prepare(table, order)
 
     def batches(self, batch_size, epoch=0, seed=0, shuffle=True, drop_last=False, window=2,
-                start_batch=0, columns=None):
-        """One epoch's batches as ``pyarrow.Table``s, from batch `start_batch` on; only
-        `columns` are read (default: the plan's)."""
-        import pyarrow as pa
-
+                start_batch=0, columns=None, form=None):
+        """One epoch's batches, from batch `start_batch` on; only `columns` are read (default: the
+        plan's). A batch is a ``pyarrow.Table``, or what `form` makes of a window's rows (see
+        `ArrowRows`; `hvd_magic.rank.data` makes numpy arrays)."""
+        form = form or ArrowRows
         check_batch_args(batch_size, window, start_batch)
         _, total = self.equal_length(batch_size, drop_last)
         position = min(start_batch * batch_size, total)
         pending, pending_rows = [], 0
 
-        def cut(table, order):
-            # Rows are taken batch by batch (copies: the window is freed once its last batch is
-            # out, and it is never copied whole); the rest waits for the next window.
+        def cut(rows, segments):
+            # Batches are taken from the window's positions lo..hi of each segment (copies: the
+            # window is freed once its last batch is out); the rest waits for the next window.
             nonlocal pending, pending_rows
-            while len(order):
-                take = min(batch_size - pending_rows, len(order))
-                pending.append(table.take(arrow_indices(order[:take])))
-                pending_rows += take
-                order = order[take:]
-                if pending_rows == batch_size:
-                    yield pa.concat_tables(pending).combine_chunks()
-                    pending, pending_rows = [], 0
+            for lo, hi in segments:
+                while lo < hi:
+                    take = min(batch_size - pending_rows, hi - lo)
+                    pending.append(form.take(rows, lo, lo + take))
+                    pending_rows += take
+                    lo += take
+                    if pending_rows == batch_size:
+                        batch = form.join(pending)
+                        pending, pending_rows = [], 0
+                        yield batch
 
         at = 0
         windows = self.windows(epoch, seed, shuffle, window)
         for index, pieces in enumerate(windows):
             size = sum(hi - lo for _, _, lo, hi in pieces)
             if at + size > position and at < total:
-                table, order = self._window(pieces, epoch, seed, shuffle, index, columns)
+                rows = self._window(pieces, epoch, seed, shuffle, index, columns, form)
                 hi = min(size, total - at)
-                yield from cut(table, order[position - at:hi])
-                del table  # (before the next window is read; its memory goes back to the OS, so
-                pa.default_memory_pool().release_unused()  # a rank's RSS stays flat)
+                yield from cut(rows, [(position - at, hi)])
+                del rows  # (before the next window is read; its memory goes back to the OS, so
+                _release_unused()  # a rank's RSS stays flat)
                 position = at + hi
             at += size
         if total > self.rows and position < total:  # one row short: repeat rows of the last window
-            table, order = self._window(windows[-1], epoch, seed, shuffle, len(windows) - 1,
-                                        columns)
+            size = sum(hi - lo for _, _, lo, hi in windows[-1])
+            rows = self._window(windows[-1], epoch, seed, shuffle, len(windows) - 1, columns, form)
             skip = position - self.rows
-            yield from cut(table, order[[(skip + i) % len(order) for i in range(total - position)]])
+            yield from cut(rows, [((skip + i) % size, (skip + i) % size + 1)
+                                  for i in range(total - position)])
         if pending_rows:
-            yield pa.concat_tables(pending).combine_chunks()
+            yield form.join(pending)
+
+
+def _release_unused():
+    import pyarrow as pa
+    pa.default_memory_pool().release_unused()
+
+
+class ArrowRows:
+    """What `Share.batches` makes of a window's rows by default: ``pyarrow.Table`` batches.
+
+    A form says how a window is prepared once, given the order of its rows (`prepare`; None:
+    as read), how the rows at positions lo..hi of that order are taken from it (`take`: a copy,
+    so the window can be freed while a batch that spans two windows waits for the rest of its
+    rows) and how the pieces of a batch become one (`join`)."""
+
+    @staticmethod
+    def prepare(table, order):
+        # One chunk per column: a batch's rows are then gathered straight from it (taking from a
+        # column of several chunks joins them first, for every batch)
+        return table.combine_chunks(), order
+
+    @staticmethod
+    def take(window, lo, hi):
+        table, order = window
+        return (table.slice(lo, hi - lo).combine_chunks() if order is None
+                else table.take(arrow_indices(order[lo:hi])))
+
+    @staticmethod
+    def join(pieces):
+        import pyarrow as pa
+        return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
 
 
 def arrow_indices(indices):
