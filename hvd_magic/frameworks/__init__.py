@@ -10,8 +10,9 @@ Not for: IPython, pyspark, the launchers (this runs in Spark tasks and on the ra
 
 from .base import Framework, Served, World
 from .horovod import Horovod
+from .torch import TorchDistributed
 
-FRAMEWORKS = (Horovod(),)
+FRAMEWORKS = (Horovod(), TorchDistributed())
 
 
 class Serving:
