@@ -120,7 +120,7 @@ def test_the_rank_side_imports_nothing_of_the_notebook_or_spark():
                    for m in loaded)
 
 
-@pytest.mark.parametrize("folder", ["capture", "launch", "data", "task", "rank", "driver",
+@pytest.mark.parametrize("folder", ["capture", "launch", "data", "task", "frameworks", "rank", "driver",
                                     "timelines", "view", "api"])
 def test_views_and_front_doors_are_imported_only_by_the_notebook_side(folder):
     edges = internal_edges()
@@ -147,6 +147,19 @@ def test_the_data_room_is_below_the_launchers():
             assert not {t for t in targets if t.startswith(("hvd_magic.launch", "hvd_magic.driver"))}, module
         if module.startswith("hvd_magic.launch"):
             assert not module.endswith(("frames", "parquet", "dataplan", "datacache")), module
+
+
+def test_the_frameworks_room_is_below_the_launchers():
+    """frameworks/ says what a rank's environment and rendezvous are, framework by framework; the
+    tasks and launchers ask it, never the other way, and it needs nothing of the notebook."""
+    edges = internal_edges()
+    for module, targets in edges.items():
+        if module.startswith("hvd_magic.frameworks"):
+            assert not {t for t in targets if t.startswith((
+                "hvd_magic.launch", "hvd_magic.driver", "hvd_magic.view", "hvd_magic.frontends"))}, module
+            bad = [n for n in imports(module, modules()[module])
+                   if n.split(".")[0] in NOTEBOOK_SIDE]
+            assert bad == [], module
 
 
 def test_tasks_never_import_the_notebooks_packages():

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import hvd_magic
-from hvd_magic.task.rendezvous import Rendezvous
+from hvd_magic.frameworks.horovod_rendezvous import Rendezvous
 from hvd_magic.timelines import trace
 
 

@@ -55,8 +55,8 @@ def apply_event(run, event, request_stop):
         if isinstance(points, list):
             r.history.extend(points)  # (MetricHistory skips what is not [step, {...}])
     elif kind == "rendezvous" and rank == 0:
-        # task 0's rendezvous server is up: every other task needs its port
-        run._server.announce({"t": "rendezvous", "port": int(event["port"])})
+        # task 0 serves the frameworks' rendezvous: every other task needs its ports
+        run._server.announce({"t": "rendezvous", "relay": dict(event.get("relay") or {})})
     elif kind == "file" and event.get("kind") in FILE_KINDS:
         run.folder.receive(event)
     elif kind == "file" and event.get("kind") in FOLDER_KINDS:

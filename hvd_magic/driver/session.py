@@ -184,8 +184,8 @@ class Session:
             self._ring(event)
         elif not isinstance(rank, int) or not 0 <= rank < self.np:
             return
-        if kind == "rendezvous" and rank == 0:  # task 0's Gloo rendezvous server is up
-            self.server.announce({"t": "rendezvous", "port": int(event["port"])})
+        if kind == "rendezvous" and rank == 0:  # task 0 serves the frameworks' rendezvous
+            self.server.announce({"t": "rendezvous", "relay": dict(event.get("relay") or {})})
         elif kind == "state" and event.get("state") in ("starting", "ready"):
             self.ranks[rank] = {**self.ranks.get(rank, {}),
                                 **{k: v for k, v in event.items() if k not in ("t", "state")}}

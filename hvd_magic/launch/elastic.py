@@ -43,7 +43,7 @@ import time
 import types
 
 from ..errors import LaunchError
-from ..task.plan import _iface_of, _local_ip_towards
+from ..frameworks.horovod import iface_towards
 from ..task.runner import run_worker
 from .base import Launcher
 from .elastic_horovod import discovery, elastic_driver, ring_rendezvous
@@ -193,7 +193,7 @@ class ElasticLauncher(Launcher):
                 timeout=self.elastic_timeout)
             port = rendezvous.start(machine_rendezvous(driver, lambda: self._placed))
             self._run_env = create_run_env_vars(
-                self.rendezvous_host, [_iface_of(_local_ip_towards(self.rendezvous_host))], port,
+                self.rendezvous_host, [iface_towards(self.rendezvous_host)], port,
                 elastic=True)
             self._settings = settings
             driver.start(self._initial_np(np), self._create_worker)

@@ -2,9 +2,8 @@
 
 - `settings`: `TaskSettings`, what the driver sends each task; `Coordinator`, its siblings;
 - `plan`: every task derives the Horovod plan and its own slot from the executors' addresses;
-- `rendezvous`: task 0's Horovod rendezvous server;
-- `link`: the connection to the driver (events out, stop / dump / rendezvous port in);
-- `runner`: `run_task`: plan, rendezvous, spawn the rank process, forward its output, its outcome;
+- `link`: the connection to the driver (events out, stop / dump / the relayed rendezvous in);
+- `runner`: `run_task`: plan, the frameworks' rendezvous (`hvd_magic.frameworks`), spawn the rank process, forward its output, its outcome;
 - `stopping`: ending a rank's process group.
 
 Runs on executors: imports nothing of IPython or ipywidgets (pyspark only for the barrier context).

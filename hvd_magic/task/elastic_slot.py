@@ -24,8 +24,9 @@ import queue
 import socket
 import types
 
+from .. import frameworks
 from .link import DriverLink
-from .plan import _iface_of, _local_ip_towards, machine_name
+from .plan import machine_name
 from .runner import run_worker
 
 WAIT_STEP = 0.2  # seconds between looks at the driver link while the slot waits for an order
@@ -63,9 +64,7 @@ def run_slot(settings, slot, attempt=0, gpus=()):
             if order is None:
                 return (slot, "unused", {"rank": slot, "host": host})
             env = dict(order["env"])
-            # the interface towards Horovod's rendezvous, seen from this executor
-            env["HOROVOD_GLOO_IFACE"] = _iface_of(
-                _local_ip_towards(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"]))
+            env.update(frameworks.here(env))  # (Horovod's interface, seen from this executor)
             outcome = run_worker(settings, types.SimpleNamespace(
                                      rank=slot, local_rank=int(env["HOROVOD_LOCAL_RANK"])), env,
                                  executor=order["key"], partition=attempt, link=link, gpus=gpus,

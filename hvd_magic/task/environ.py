@@ -8,7 +8,7 @@ them (bench/bench_launch.py's profile). The rank never imports pyspark, so they 
 always, the zips when the same pyspark is installed as a package anyway (pip's pyspark, where
 the rank's ``import pyspark``, if user code does one, still works).
 
-Not for: Horovod's variables (`plan.horovod_rank_env`) or the rank's own settings.
+Not for: Horovod's variables (`hvd_magic.frameworks`) or the rank's own settings.
 """
 
 import os

@@ -95,12 +95,12 @@ class Forwarder:
 
 
 class DriverLink:
-    """The task's connection to the driver: events out; ``stop``, ``dump`` and the rendezvous
-    port in. Losing the connection counts as ``stop``: nobody is left to use the rank's work."""
+    """The task's connection to the driver: events out; ``stop``, ``dump`` and what task 0
+    serves for the frameworks' rendezvous (its ports) in. Losing the connection counts as ``stop``: nobody is left to use the rank's work."""
 
     def __init__(self, settings, rank, client=None):
         self.proc = None
-        self.port = None
+        self.relayed = None          # task 0's `frameworks.Serving.relay`
         self.session = None          # a warm session's `SessionRank`, which takes cells
         self.on_order = None         # an elastic slot's handler of the driver's orders
         self.stopping = threading.Event()
@@ -116,7 +116,7 @@ class DriverLink:
         if kind in ("stop", "closed"):
             self.stop_rank()
         elif kind == "rendezvous":
-            self.port = int(msg["port"])
+            self.relayed = msg.get("relay") if isinstance(msg.get("relay"), dict) else {}
             self._rendezvous.set()
         elif kind == "dump" and self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGUSR1)
@@ -133,10 +133,11 @@ class DriverLink:
             threading.Thread(target=stop_group, args=(self.proc,), daemon=True).start()
 
     def wait_rendezvous(self, timeout):
-        """Task 0's rendezvous port, relayed by the driver; None if the run stopped first."""
+        """What task 0 serves (by framework: its ports), relayed by the driver; None if the run
+        stopped first."""
         if not self._rendezvous.wait(timeout) or self.stopping.is_set():
             return None
-        return self.port
+        return self.relayed
 
     def close(self):
         self.client.close()

@@ -6,8 +6,8 @@ Only launches through Spark Connect can be in that position (a classic Spark dri
 notebook itself, which the executors always reach). Their tasks first try the driver's event
 server for `REACH_TIMEOUT` seconds, then agree (one barrier ``allGather``) on whether all of them
 got through: a run is live for every rank, or for none. Offline, an `OfflineLink` stands in for
-`DriverLink`: events go to a local file (returned with the outcome); the rendezvous port and the
-port is exchanged with ``allGather`` instead of through the driver.
+`DriverLink`: events go to a local file (returned with the outcome); what task 0 serves for the
+rendezvous (its ports) is exchanged with ``allGather`` instead of through the driver.
 """
 
 import json
@@ -58,7 +58,7 @@ class OfflineLink(DriverLink):
 
     def __init__(self, settings, rank, coord, events_path, why):
         self.proc = None
-        self.port = None
+        self.relayed = None
         self.session = None
         self.stopping = threading.Event()
         self._rendezvous = threading.Event()
@@ -77,8 +77,8 @@ class OfflineLink(DriverLink):
 
     def wait_rendezvous(self, timeout):
         mine = self._mine.get("rendezvous")
-        ports = self.coord.ctx.allGather(str(mine["port"]) if mine else "")
-        return int(ports[0])
+        relayed = self.coord.ctx.allGather(json.dumps(mine["relay"]) if mine else "")
+        return json.loads(relayed[0])
 
     def close(self):
         self.client.close()

@@ -74,19 +74,3 @@ def visible_devices(assigned, visible=None):
         return [seen[int(a)] for a in assigned]
     return assigned
 
-
-def horovod_rank_env(slot, np, rendezvous_ip, rendezvous_port, iface):
-    return {
-        "HOROVOD_RANK": str(slot.rank),
-        "HOROVOD_SIZE": str(np),
-        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-        "HOROVOD_HOSTNAME": slot.hostname,
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_ip,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
-        "HOROVOD_GLOO_IFACE": iface,
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-    }

@@ -2,11 +2,12 @@
 
 1. Hosts are the executors' addresses as the cluster knows them (`Coordinator.task_address`);
    every task derives the same Horovod plan from them, and its own slot (rank, local rank...).
-2. Task 0 starts the Gloo rendezvous server (`rendezvous`); the driver relays its port to the
-   other tasks over the event channel (no Spark barrier sync, which costs about a second each).
+2. Task 0 serves what each framework's rendezvous needs (`hvd_magic.frameworks`: Horovod's Gloo
+   rendezvous server...); the driver relays its ports to the other tasks over the event channel
+   (no Spark barrier sync, which costs about a second each).
 3. Each task connects to the driver's event server (see `DriverLink`).
 4. It spawns the rank as a subprocess (``python -m hvd_magic.rank``) in its own process group, with
-   Horovod's Gloo environment set explicitly, and forwards the rank's stdout, stderr and structured
+   every framework's environment set explicitly, and forwards the rank's stdout, stderr and structured
    events to the driver's event server, labelled by rank.
 5. It returns ``(rank, status, payload)``: the rank's pickled value, or its error summary.
 
@@ -27,12 +28,10 @@ import sys
 import tempfile
 import threading
 
-from .. import payload
+from .. import frameworks, payload
 from .environ import rank_base_env
 from .link import DriverLink, FileStream, send_folder
-from .plan import (_iface_of, _local_ip_towards, _resolve, horovod_rank_env, host_plan,
-                   visible_devices)
-from .rendezvous import Rendezvous
+from .plan import _resolve, host_plan, visible_devices
 from .session import SessionRank
 from .settings import Coordinator, SparkCoordinator, TaskSettings
 from .stopping import kill_group, stop_group
@@ -60,43 +59,43 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
     slot = slots[coord.partition_id]
     host = socket.gethostname()
     link = make_link(slot.rank) if make_link is not None else DriverLink(settings, slot.rank)
-    rendezvous = None
+    serving = None
     try:
         if coord.partition_id == 0:
-            # Task 0 starts Horovod's rendezvous server; the driver relays its port to the other
+            # Task 0 serves every framework's rendezvous; the driver relays its ports to the other
             # tasks over the event channel (milliseconds, where a Spark barrier sync takes ~1 s).
-            rendezvous = Rendezvous()
-            link.forward.send({"t": "rendezvous", "port": rendezvous.port})
+            serving = frameworks.Serving()
+            link.forward.send({"t": "rendezvous", "relay": serving.relay})
         timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
-        port = link.wait_rendezvous(timeout)
-        if port is None:
+        relayed = link.wait_rendezvous(timeout)
+        if relayed is None:
             link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
             return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
-        rendezvous_ip = _resolve(hosts[0])
+        world = frameworks.World(settings.np, tuple(hosts), settings.run_id, _resolve(hosts[0]))
         gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         executors = [coord.executor_of(i) for i in range(settings.np)]
-        env = rank_env(settings, horovod_rank_env(slot, settings.np, rendezvous_ip, port,
-                                                  _iface_of(_local_ip_towards(rendezvous_ip))),
+        env = rank_env(settings, frameworks.rank_env(slot, world, relayed),
                        gpus, slot.local_size, executors.count(coord.executor()))
         outcome = _run_rank(settings, slot, env, host, gpus, link, executor=coord.executor(),
                             partition=coord.partition_id)
         return outcome
     finally:
         link.close()
-        if rendezvous is not None:
-            rendezvous.stop()
+        if serving is not None:
+            serving.stop()
 
 
-def rank_env(settings, horovod_vars, gpus, ranks_on_host, ranks_on_executor=None):
+def rank_env(settings, slot_vars, gpus, ranks_on_host, ranks_on_executor=None):
     """The whole environment of a rank process: its task's (less what only a Spark worker needs:
     environ.py), its share of the host's cores (threads.py), the driver's Horovod knobs, ``--env``
-    (which wins over both), its Horovod slot's variables and its GPUs."""
+    (which wins over both), its slot's variables (every framework's: `hvd_magic.frameworks`) and
+    its GPUs."""
     env = rank_base_env()
     threads = rank_threads(ranks_on_host, settings.executor_cores, ranks_on_executor)
     env.update(thread_env(threads, settings.extra_env))
     env.update(settings.horovod_env)
     env.update(settings.extra_env)
-    env.update({k: str(v) for k, v in horovod_vars.items()})
+    env.update({k: str(v) for k, v in slot_vars.items()})
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return env

@@ -1,0 +1,46 @@
+"""torch.distributed's part of a rank's start: the variables torchrun gives its workers, so that
+``dist.init_process_group("gloo")`` with no other argument (``env://``), DDP, Lightning and
+accelerate find the launched world.
+
+Rank 0's own ``init_process_group`` hosts the store (a `TCPStore` on ``MASTER_PORT``), as under
+torchrun without an agent store: it is made afresh with each process group, so a group destroyed
+and made again in a warm session starts from an empty store. No port race: task 0 binds the port
+first (`serve`) and keeps it bound, not listening, for the whole launch, with ``SO_REUSEADDR``;
+no other process can take it (a plain bind is refused, and the kernel never hands a bound port
+out as an ephemeral one), while the store, which binds with ``SO_REUSEADDR`` too, can. Nothing
+here imports torch: a cell that never imports it pays one socket.
+"""
+
+import socket
+
+from .base import Framework, Served
+
+
+class TorchDistributed(Framework):
+    name = "torch"
+
+    def serve(self):
+        reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        reserved.bind(("", 0))
+        return Served({"port": reserved.getsockname()[1]}, reserved.close)
+
+    def rank_env(self, slot, world, relayed):
+        return {
+            "MASTER_ADDR": world.address,
+            "MASTER_PORT": relayed["port"],
+            "RANK": slot.rank,
+            "WORLD_SIZE": world.size,
+            "LOCAL_RANK": slot.local_rank,
+            "LOCAL_WORLD_SIZE": slot.local_size,
+            "GROUP_RANK": world.host_index(slot.hostname),
+            "GROUP_WORLD_SIZE": world.host_count,
+            "ROLE_NAME": "default",
+            "ROLE_RANK": slot.rank,
+            "ROLE_WORLD_SIZE": world.size,
+            "TORCHELASTIC_RUN_ID": world.run_id,
+            "TORCHELASTIC_RESTART_COUNT": 0,
+            "TORCHELASTIC_MAX_RESTARTS": 0,
+            # rank 0's init_process_group hosts the store: no agent's store is served
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+        }
