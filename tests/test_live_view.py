@@ -300,7 +300,7 @@ def test_100k_lines_per_rank_all_logged_with_few_widget_updates(kernel):
     for rank in range(4):
         [panel] = [v for v in widgets.html_containing(f"rank-{rank}.log") if "<pre" in v]
         assert f"rank {rank} line {LINES - 1}</pre>" in panel
-        assert f"last 200 of {LINES} lines" in panel
+        assert f"last 200 of {LINES:,} lines" in panel
 
 
 BOTH_VIEWS_CELL = """\
