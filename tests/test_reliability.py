@@ -182,7 +182,7 @@ def test_a_rank_missing_from_init_is_named_within_the_stall_timeout(ip):
     text = str(info.value)
     assert "ranks 0, 2 have been waiting in hvd.init()" in text
     assert "for rank 1, which has not called it" in text
-    assert "rank 1: last line: 'loading the data first'" in text
+    assert "rank 1: last line: loading the data first" in text, text
     run = hvd_magic.last_run()
     assert run.stop_reason == "stalled"
     with open(run.log_path(1)) as f:  # what the missing rank was doing: its stack
