@@ -147,7 +147,7 @@ def test_more_ranks_than_cores_on_local_spark_says_they_share_the_cores(ip, caps
 
 def test_one_of_a_thing_is_singular():
     from hvd_magic.words import plural
-    from hvd_magic.launch.dataplan import describe
+    from hvd_magic.data.plan import describe
 
     assert plural(1, "line") == "1 line" and plural(2, "line") == "2 lines"
     assert plural(1024, "rank") == "1,024 ranks"
