@@ -320,7 +320,15 @@ def _clock(cell):
 
 
 def _just_below_the_table(cell, charts):
-    table, box = cell.locator("table").first.bounding_box(), charts.bounding_box()
+    # (the live dashboard redraws its table's HTML ten times a second: a box asked for while the
+    # widget swaps it is None, so ask again until both are drawn)
+    deadline = time.monotonic() + 10
+    while True:
+        table = cell.locator("table:has(tr[data-rank])").first.bounding_box()
+        box = charts.bounding_box()
+        if (table is not None and box is not None) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     return 0 <= box["y"] - (table["y"] + table["height"]) < 30
 
 
