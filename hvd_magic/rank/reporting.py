@@ -24,7 +24,9 @@ class _Channel:
     """This rank's side of the event pipe, with the progress throttle (one per process)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        # re-entrant: an event is chosen and written under it, so two threads (the caller's and
+        # the throttle timer's) never write an older progress after a newer one
+        self.lock = threading.RLock()
         self.fd = None
         self.last_sent = 0.0
         self.last_event = None
@@ -73,8 +75,7 @@ class _Channel:
                 return
             self.pending = None
             self.last_sent, self.last_event = now, event
-            event = self._with_points(event)
-        self.write(event)
+            self.write(self._with_points(event))
 
     def _with_points(self, event):
         if not self.points:
@@ -88,9 +89,7 @@ class _Channel:
             self.timer = None
             if event is not None:
                 self.last_sent, self.last_event = time.monotonic(), event
-                event = self._with_points(event)
-        if event is not None:
-            self.write(event)
+                self.write(self._with_points(event))
 
 
 _channel = _Channel()
