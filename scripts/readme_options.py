@@ -25,7 +25,8 @@ BEGIN = ("<!-- BEGIN magic options: generated from the magics' help by "
 END = "<!-- END magic options -->"
 MAGICS = [("%%horovod", "horovod"), ("%horovod_timeline", "horovod_timeline"),
           ("%horovod_env", "horovod_env"), ("%horovod_session", "horovod_session"),
-          ("%horovod_tensorboard", "horovod_tensorboard"), ("%horovod_data", "horovod_data")]
+          ("%horovod_tensorboard", "horovod_tensorboard"), ("%horovod_data", "horovod_data"),
+          ("%horovod_stacks", "horovod_stacks")]
 
 
 def magic_help(method_name):

@@ -207,10 +207,11 @@ def test_watchdog_names_the_waiting_and_the_ended_ranks(ip):
     assert "rank 0 is running elsewhere" in text
     run = hvd_magic.last_run()
     assert run.stall is not None
-    # faulthandler's dump of a waiting rank: its stack points into the cell
-    with open(run.log_path(1)) as f:
-        log = f.read()
-    assert "most recent call first" in log and "hvd_magic cell" in log
+    # the report says where each rank is: the waiting ones in the cell's allreduce, grouped
+    assert "ranks 1-2: Cell In[" in text and "→ allreduce" in text, text
+    assert "rank 0: Cell In[" in text, text
+    with open(os.path.join(run.run_dir, "stacks.txt")) as f:  # kept with the run
+        assert "--- rank 1 ---" in f.read()
     assert rank_processes_left(run) == []
 
 

@@ -26,6 +26,9 @@ def apply_event(run, event, request_stop):
     r = run.ranks[rank]
     r.last_event = time.monotonic()
     kind = event.get("t")
+    if kind == "stacks":  # an answer to `Run.stacks()` (driver/stacks.py): not an event to keep
+        run.stack_answer(rank, event)
+        return False
     if kind == "lines":
         lines = [str(x) for x in event.get("lines", [])]
         run.folder.write_lines(rank, lines)

@@ -12,6 +12,7 @@ every rank and ends the run failed with an `InternalError` naming it, its traceb
 """
 
 import queue
+import threading
 import time
 import traceback
 
@@ -24,6 +25,8 @@ from .folder import FLUSH_EVERY
 from .ranks import LIVE_STATES
 from .watchdog import stall_message
 
+KEEP_STACKS = ("cancelled", "timeout", "stalled")  # stops whose ranks' stacks are kept
+
 
 class Driver:
     META_EVERY = 1.0  # seconds between rewrites of run.json while ranks change state
@@ -34,9 +37,12 @@ class Driver:
         self._meta_due = None        # when run.json should be rewritten, if something changed
         self._flushed = time.monotonic()
         self._internal = None        # the InternalError the run ends with, if a bug struck
+        self._stall_stacks = None    # the stacks request a stall's report waits for
+        self.thread = None           # the thread that runs the loop
 
     def drive(self):
         run = self.run
+        self.thread = threading.get_ident()
         try:
             if run.stop_reason is not None:  # a Cancel between prepare's end and the launch
                 self._send_stop()
@@ -84,6 +90,11 @@ class Driver:
         if run.stop_reason is not None:
             return
         run.stop_reason = reason
+        if reason in KEEP_STACKS and run._server is not None:
+            try:  # where the ranks were, in the run folder's stacks.txt (at most 2 s)
+                run.keep_stacks()
+            except (KeyboardInterrupt, OSError):  # a second interrupt: stop now
+                pass
         self._send_stop()
 
     def _send_stop(self):
@@ -95,13 +106,26 @@ class Driver:
 
     def _watch_for_stall(self):
         run = self.run
+        if self._stall_stacks is not None:  # the report waits (at most 2 s) for the stacks
+            if self._stall_stacks.complete():
+                self._report_stall(run.wait_stacks(self._stall_stacks))
+            return
         if run.stall_timeout is None or run.stop_reason is not None or run.stall is not None:
             return
         ranks = run.ranks if run.elastic is None else run.elastic.watched(run.ranks)
         run.stall = stall_message(ranks, run.stall_timeout)
-        if run.stall is None:
-            return
-        run._server.broadcast({"t": "dump"})  # each stuck rank prints its stack (faulthandler)
+        if run.stall is not None:
+            self._stall_stacks = run.ask_stacks()
+
+    def _report_stall(self, stacks):
+        """The watchdog's message with every rank's stack, grouped (also in stacks.txt)."""
+        run = self.run
+        self._stall_stacks = None
+        run.stall = f"{run.stall}\n{stacks.text()}"
+        try:
+            run.keep_stacks(stacks)
+        except OSError:
+            pass
         run.folder.record({"t": "stall", "message": run.stall})
         if run.view is not None:
             run.view.event(run, None, {"t": "stall", "message": run.stall})

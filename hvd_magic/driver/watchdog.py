@@ -51,7 +51,7 @@ def stall_message(ranks, stall_timeout, now=None):
         f"collective for {now - min(r.blocked_since for r in waiting):.0f} s, while "
         f"{' and '.join(why)}: the waiting ranks are blocked on a collective (allreduce, "
         f"broadcast...) that the others never called, e.g. a loop that ran fewer steps on "
-        f"some ranks. The Python stack of every rank is in its log.")
+        f"some ranks. Where each rank is (run.stacks() asks again):")
 
 
 def _init_message(ranks, in_init, now):
@@ -62,8 +62,7 @@ def _init_message(ranks, in_init, now):
         return (f"stall: every rank has been in hvd.init() for {waited:.0f} s and the Gloo "
                 f"rendezvous has not completed: the ranks cannot reach rank 0's rendezvous server "
                 f"or each other (check HOROVOD_GLOO_IFACE and firewalls between executors; "
-                f"%horovod_env shows each executor's address). The Python stack of every rank is "
-                f"in its log.")
+                f"%horovod_env shows each executor's address). Where each rank is:")
     lines = [f"stall: {ranks_text(joined)} {'have' if len(joined) > 1 else 'has'} been waiting in "
              f"hvd.init() for {waited:.0f} s for {ranks_text(missing)}, which "
              f"{'have' if len(missing) > 1 else 'has'} not called it. Every rank must call "
@@ -77,5 +76,5 @@ def _init_message(ranks, in_init, now):
         else:
             doing = f"last line: {r.last_line.strip()}" if r.last_line.strip() else "no output yet"
         lines.append(f"  rank {r.rank}: {doing}")
-    lines.append("What each rank is doing (its Python stack) is in its log.")
+    lines.append("Where each rank is:")
     return "\n".join(lines)

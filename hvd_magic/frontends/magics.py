@@ -15,6 +15,7 @@ from .options import summary_first as _summary_first
 from .data_magic import horovod_data
 from .env_magic import horovod_env
 from .session_magic import horovod_session
+from .stacks_magic import horovod_stacks
 from .tensorboard_magic import horovod_tensorboard
 from ..view.opening import Opening
 
@@ -87,8 +88,8 @@ class HorovodMagics(Magics):
                    "barrier...) while others are not in it (they ended, are still in "
                    "hvd.init(), or run other code) before the hang watchdog reports a stall; "
                    "ranks waiting in hvd.init() for a peer that never calls it are reported "
-                   "after this many seconds, kept between 10 and 30. Every rank's Python stack "
-                   "goes to its log (default: HorovodMagics.stall_timeout, 60).")
+                   "after this many seconds, kept between 10 and 30. The report shows every rank's "
+                   "Python stack, grouped (default: HorovodMagics.stall_timeout, 60).")
     @argument("--on-stall", choices=("warn", "fail"), default="warn",
               help="What a stall does: warn (report and keep waiting) or fail (stop the run).")
     @argument("--timeline", action="store_true",
@@ -175,6 +176,7 @@ class HorovodMagics(Magics):
     horovod_data = line_magic(horovod_data)
     horovod_tensorboard = line_magic(horovod_tensorboard)
     horovod_env = line_magic(horovod_env)
+    horovod_stacks = line_magic(horovod_stacks)
 
     @_summary_first
     @magic_arguments()

@@ -19,7 +19,7 @@ import traceback
 
 from .. import payload
 from ..errors import name_cells
-from . import keras_alias, reporting, script, stall, stream
+from . import keras_alias, reporting, script, stacks, stall, stream
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -41,12 +41,6 @@ def _die_with_parent():
         os._exit(137)
 
 
-def _install_stack_dump():
-    """SIGUSR1 prints every thread's Python stack to stderr (used by the hang watchdog)."""
-    import faulthandler
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-
-
 def _on_stop(signum, frame):
     """SIGTERM from the task (the run stops): write out the timeline's queued events, then go."""
     _stop_timeline()
@@ -60,14 +54,33 @@ def _register_source(filename, source):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
-def _user_traceback(exc):
-    """The exception's traceback without this bootstrap's own frames, a cell's frames named as
-    IPython names them (``Cell In[5], line 6``)."""
+def _users_tb(exc):
+    """The exception's traceback without this bootstrap's own frames."""
     tb = exc.__traceback__
     here = os.path.dirname(os.path.abspath(__file__))  # this bootstrap and rank/session.py
     while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == here:
         tb = tb.tb_next
-    return name_cells("".join(traceback.format_exception(type(exc), exc, tb)))
+    return tb
+
+
+def _user_traceback(exc):
+    """The exception's traceback as text, a cell's frames named as IPython names them
+    (``Cell In[5], line 6``)."""
+    return name_cells("".join(traceback.format_exception(type(exc), exc, _users_tb(exc))))
+
+
+def error_record(exc):
+    """What error.json (or a session's exit event) says of an exception: its type, message,
+    traceback text, and its frames with their locals for ``%debug`` (`frames.capture`)."""
+    from . import frames
+
+    record = {"type": type(exc).__name__, "module": type(exc).__module__,
+              "message": str(exc), "traceback": _user_traceback(exc)}
+    try:
+        record["postmortem"] = frames.capture(_users_tb(exc))
+    except Exception:  # noqa: BLE001  (the traceback text is enough to go on)
+        pass
+    return record
 
 
 def _horovod_rank():
@@ -117,7 +130,7 @@ def _write_json(path, obj):
 
 def main(workdir):
     _die_with_parent()
-    _install_stack_dump()
+    stacks.install()
     signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
@@ -145,8 +158,7 @@ def main(workdir):
     except BaseException as exc:  # the user's code may raise anything, SystemExit included
         sys.stdout.flush()
         sys.stderr.flush()
-        error = {"type": type(exc).__name__, "module": type(exc).__module__,
-                 "message": str(exc), "traceback": _user_traceback(exc)}
+        error = error_record(exc)
         if isinstance(exc, script.ScriptExit):  # the terminal command exits with it
             error["exit_code"] = exc.code if isinstance(exc.code, int) else 1
         from . import buildcheck  # only when something failed: a rank starts with little loaded
@@ -211,11 +223,11 @@ def main_session(workdir):
     from . import session
 
     _die_with_parent()
-    _install_stack_dump()
+    stacks.install()
     signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
-    return session.serve(workdir, _user_traceback, _exports, _register_source, install_modules)
+    return session.serve(workdir, error_record, _exports, _register_source, install_modules)
 
 
 if __name__ == "__main__":

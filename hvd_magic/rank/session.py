@@ -168,7 +168,7 @@ def _ask_rank_and_size():
         env[f"HOROVOD_{name}"] = value
 
 
-def serve(workdir, user_traceback, exports, register_source, install_modules):
+def serve(workdir, error_record, exports, register_source, install_modules):
     global _running
     import cloudpickle  # noqa: F401  (the jobs and values unpickle with it)
 
@@ -210,8 +210,7 @@ def serve(workdir, user_traceback, exports, register_source, install_modules):
         except BaseException as exc:  # the user's code may raise anything, SystemExit included
             release_horovod(exc)
             status = "error"
-            summary = {"type": type(exc).__name__, "module": type(exc).__module__,
-                       "message": str(exc), "traceback": user_traceback(exc)}
+            summary = error_record(exc)  # its frames and locals too, for %debug
         _end_cell(workdir, cell, status, summary, payload)
 
 

@@ -1,11 +1,10 @@
 """The task's connection to the driver: the rank's lines and events out, in batches; ``stop``,
-``dump`` and the rendezvous port in."""
+``stacks`` (`hvd_magic.task.stacks`) and the rendezvous port in."""
 
 import base64
 import codecs
 import json
 import os
-import signal
 import threading
 import time
 
@@ -29,6 +28,7 @@ class Forwarder:
         self.lock = threading.Lock()
         self.failed = False
         self.on_cell_done = None     # a warm session's handler of the rank's `cell_done` event
+        self.on_stacks = None        # the rank's answer to a stacks request (`StackProbe.answer`)
         # one release per end-of-cell marker seen on each stream (warm sessions)
         self.cell_ends = {"stdout": threading.Semaphore(0), "stderr": threading.Semaphore(0)}
 
@@ -89,17 +89,20 @@ class Forwarder:
                 continue
             if event.get("t") == "cell_done" and self.on_cell_done is not None:
                 self.on_cell_done(event)  # in this thread: ordered after the cell's events
+            elif event.get("t") == "stacks" and self.on_stacks is not None:
+                self.on_stacks(event)
             else:
                 self.send(event)
 
 
 
 class DriverLink:
-    """The task's connection to the driver: events out; ``stop``, ``dump`` and what task 0
+    """The task's connection to the driver: events out; ``stop``, ``stacks`` and what task 0
     serves for the frameworks' rendezvous (its ports) in. Losing the connection counts as ``stop``: nobody is left to use the rank's work."""
 
     def __init__(self, settings, rank, client=None):
         self.proc = None
+        self.probe = None            # the rank's `StackProbe`, while it runs
         self.relayed = None          # task 0's `frameworks.Serving.relay`
         self.session = None          # a warm session's `SessionRank`, which takes cells
         self.on_order = None         # an elastic slot's handler of the driver's orders
@@ -118,8 +121,9 @@ class DriverLink:
         elif kind == "rendezvous":
             self.relayed = msg.get("relay") if isinstance(msg.get("relay"), dict) else {}
             self._rendezvous.set()
-        elif kind == "dump" and self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGUSR1)
+        elif kind == "stacks" and self.probe is not None:
+            threading.Thread(target=self.probe.request, args=(msg.get("id"),),
+                             name="hvd-magic-stacks", daemon=True).start()
         elif kind in ("cell", "cell_part", "interrupt") and self.session is not None:
             self.session.on_message(msg)
         elif kind in ("worker", "stop_worker", "slots_done") and self.on_order is not None:

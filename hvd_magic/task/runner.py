@@ -33,6 +33,7 @@ from .environ import rank_base_env
 from .link import DriverLink, FileStream, send_folder
 from .plan import _resolve, host_plan, visible_devices
 from .session import SessionRank
+from .stacks import StackProbe
 from .settings import Coordinator, SparkCoordinator, TaskSettings
 from .stopping import kill_group, stop_group
 from .threads import rank_threads, thread_env
@@ -144,6 +145,9 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
             _write_job(workdir, settings)
         events_r, events_w = os.pipe()
         env["HVD_MAGIC_EVENT_FD"] = str(events_w)
+        probe_r, probe_w = os.pipe()  # stacks requests to the rank (task/stacks.py)
+        env["HVD_MAGIC_PROBE_FD"] = str(probe_r)
+        env["HVD_MAGIC_STACKS_FILE"] = dump_path = os.path.join(workdir, "stacks.dump")
         env["HVD_MAGIC_PARENT_PID"] = str(os.getpid())
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONFAULTHANDLER"] = "1"
@@ -159,8 +163,11 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
             [sys.executable, "-m", "hvd_magic.rank", workdir] + (["--session"] if settings.session else []),
             stdin=subprocess.PIPE if settings.session else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(events_w,), env=env, cwd=cwd, start_new_session=True)
+            pass_fds=(events_w, probe_r), env=env, cwd=cwd, start_new_session=True)
         os.close(events_w)
+        os.close(probe_r)
+        link.probe = StackProbe(proc, probe_w, dump_path, forward)
+        forward.on_stacks = link.probe.answer
         if link.stopping.is_set():  # the stop came while the rank was being started
             threading.Thread(target=stop_group, args=(proc,), daemon=True).start()
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
@@ -179,6 +186,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
             for p in pumps:
                 p.start()
             code = proc.wait()
+            link.probe.close()
             kill_group(proc.pid)  # whatever the rank left running (its session) goes with it
             if timeline is not None:
                 timeline.close()  # the rest of rank 0's timeline, whatever happened

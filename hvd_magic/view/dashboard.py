@@ -51,6 +51,7 @@ from .summary import (RankPicker, band_charts, band_charts_html, is_large,
 from .subshell import busy_after_control, hold, route_to_subshell
 from .charts import chart_svgs, charts_box, charts_html, picture_svg
 from .opening import Opening
+from .stacks_panel import StacksPanel, button_layout
 from .table import (TABLE_HEAD, footer_html, link_html, log_html, row_html, state_html,
                     table_html)
 from .text import TextView, summary_text
@@ -201,13 +202,12 @@ class Dashboard:
         foreground = not getattr(run, "background", False)
         if foreground:  # before the first widget: the front end's answer to it can come at once
             self._let_go.append(busy_after_control())
-        self.header = w.HTML(self._header_html(run))
-        # The button keeps its size and label whatever the header says; notices go below.
-        self.header.layout = w.Layout(flex="0 1 auto", min_width="0")
+        # The buttons keep their size and label whatever the header says; notices go below.
+        self.header = w.HTML(self._header_html(run),
+                             layout=w.Layout(flex="0 1 auto", min_width="0"))
+        self.stacks = StacksPanel(run)  # every rank's stack, grouped, on a click
         self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="warning",
-                                      tooltip="Stop every rank of this run",
-                                      layout=w.Layout(width="auto", min_width="6em",
-                                                      flex="0 0 auto", margin="0 0 0 1em"))
+                                      tooltip="Stop every rank of this run", layout=button_layout())
         self.notices = w.HTML(_notices_html(self._notices))
         self.cancel_button.on_click(lambda _button: self._on_cancel(run))
         self.table = w.HTML(self._table_html(run))
@@ -221,13 +221,14 @@ class Dashboard:
         self._log_dirty.clear()
         self.charts = w.HTML(self._charts_html(run))
         self.footer = w.HTML("")
-        self.box = w.VBox([w.HBox([self.header, self.cancel_button],
+        self.box = w.VBox([w.HBox([self.header, self.stacks.button, self.cancel_button],
                                   layout=w.Layout(align_items="center")),
-                           self.notices, self.table, self.charts, self.logs, self.footer])
+                           self.notices, self.stacks.html, self.table, self.charts, self.logs,
+                           self.footer])
         self._early = []
         # Routed before it is shown, so that not even the first click can reach the busy main shell.
         clicked = [self.picker.selector, self.picker.lines] if self.picker else [self.logs]
-        self.subshell_id = route_to_subshell([self.cancel_button, *clicked])
+        self.subshell_id = route_to_subshell([self.cancel_button, self.stacks.button, *clicked])
         if self.subshell_id is not None and foreground:
             self._let_go.append(hold(self.subshell_id))  # the kernel stays "busy" meanwhile
         self.handle = self.opening.replace_with(self.box)

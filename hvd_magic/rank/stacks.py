@@ -1,0 +1,90 @@
+"""Every thread's Python stack of this rank, when its task asks (``Run.stacks()``).
+
+Two ways, because a rank can be stuck in two ways:
+- a helper thread blocks reading the task's request pipe (``HVD_MAGIC_PROBE_FD``) and answers
+  each request with `snapshot()` (``sys._current_frames()``: every thread, with the user's frames'
+  locals) as a ``stacks`` event. It needs the GIL, which a rank waiting in Horovod's, Gloo's or
+  torch's collectives has released;
+- a rank that holds the GIL for good (a C extension that spins) cannot run that thread, so the
+  task falls back to `STACK_SIGNAL`: faulthandler, registered here, writes every thread's frames
+  (no locals) from the signal handler itself, GIL or not, into a regular file the task reads
+  (``HVD_MAGIC_STACKS_FILE``; a pipe could block the handler). Not SIGUSR1: Lightning uses it.
+
+Which frames are the user's is decided on the rank, where the paths are the rank's
+(`hvd_magic.rank.frames.is_users`).
+"""
+
+import os
+import signal
+import sys
+import threading
+
+from . import reporting
+from .frames import bounded_locals, frame_record
+
+STACK_SIGNAL = signal.SIGRTMIN + 4
+THREAD_NAME = "hvd-magic-stacks"
+MAX_FRAMES = 200         # per thread: the outermost 20 (where the user's code is) and the innermost
+LOCALS_PER_FRAME = 20
+
+def snapshot(skip=None):
+    """Every thread's stack but `skip`'s: [{"name", "main", "frames": [outermost..innermost],
+    "locals": {index: {name: repr}} for the user's frames}]."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        if ident == skip:
+            continue
+        chain = []
+        while frame is not None:
+            chain.append(frame)
+            frame = frame.f_back
+        chain.reverse()
+        if len(chain) > MAX_FRAMES:
+            chain = chain[:20] + chain[20 - MAX_FRAMES:]
+        frames = [frame_record(f.f_code.co_filename, f.f_lineno, f.f_code.co_name) for f in chain]
+        local_values = {str(i): bounded_locals(f.f_locals, LOCALS_PER_FRAME)
+                        for i, f in enumerate(chain) if frames[i][4]}
+        threads.append({"name": names.get(ident, hex(ident)), "main": ident == main,
+                        "frames": frames, "locals": local_values})
+    threads.sort(key=lambda t: not t["main"])
+    return threads
+
+
+def _serve(fd):
+    """The helper thread: one request id per line; each answered with a snapshot."""
+    me = threading.get_ident()
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        buffer = b""
+        while True:
+            chunk = pipe.read(256)
+            if not chunk:  # the task went away
+                return
+            buffer += chunk
+            *requests, buffer = buffer.split(b"\n")
+            for request in requests:
+                try:
+                    threads = snapshot(skip=me)
+                except Exception as exc:  # a frame's locals that cannot be read, say
+                    threads, error = [], f"{type(exc).__name__}: {exc}"
+                else:
+                    error = None
+                reporting.send({"t": "stacks", "id": request.decode(errors="replace"),
+                                "how": "python", "threads": threads, "error": error})
+
+
+def install(environ=None):
+    """Answer the task's requests (a helper thread), and `STACK_SIGNAL` (faulthandler)."""
+    import faulthandler
+
+    environ = os.environ if environ is None else environ
+    path = environ.get("HVD_MAGIC_STACKS_FILE")
+    if path:
+        # appended to: the task reads what each signal adds after the size it saw before
+        dump_file = open(path, "a")
+        install.dump_file = dump_file  # kept open: faulthandler keeps only its descriptor
+        faulthandler.register(STACK_SIGNAL, file=dump_file, all_threads=True, chain=False)
+    fd = environ.get("HVD_MAGIC_PROBE_FD")
+    if fd:
+        threading.Thread(target=_serve, args=(int(fd),), name=THREAD_NAME, daemon=True).start()

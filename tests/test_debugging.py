@@ -1,0 +1,136 @@
+"""Debugging from the notebook, on real ranks: every rank's stack on demand (grouped), a rank
+stuck in C code holding the GIL still answering, and the failing rank's frames in ``%debug``."""
+
+import io
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+import hvd_magic
+from hvd_magic.driver.stack_groups import Stacks, rank_ranges
+
+SLEEPER_AND_ALLREDUCE = """
+import time, torch, horovod.torch as hvd
+hvd.init()
+def load_batch(batch_id):
+    time.sleep(120)
+if hvd.rank() == 1:
+    load_batch(7)
+hvd.allreduce(torch.ones(2), name="grad")
+"""
+
+
+def stacks_when(run, *words, timeout=120):
+    """The run's stacks once every word is in their grouped view (the ranks start slowly)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stacks = run.stacks()
+        if all(w in stacks.text() for w in words) or time.monotonic() > deadline:
+            return stacks
+        time.sleep(0.5)
+
+
+def cancel(run):
+    run.cancel()
+    with pytest.raises(hvd_magic.RunCancelled):
+        run.wait(60)
+
+
+@pytest.mark.parametrize("np", [-2, 2])
+def test_a_sleeping_rank_and_one_in_an_allreduce_give_both_stacks(ip, np):
+    run = ip.run_cell_magic("horovod", f"--np {np} --background --quiet", SLEEPER_AND_ALLREDUCE)
+    try:
+        stacks = stacks_when(run, "load_batch", "→ allreduce")
+        text = stacks.text()
+        assert "rank 0: Cell In[" in text and "→ allreduce" in text, text
+        assert "rank 1: Cell In[" in text and "in load_batch" in text, text
+        assert "load_batch" in stacks[1] and "allreduce" in stacks[0]  # the mapping: whole text
+        # the user's frame's locals came along: load_batch's argument
+        main = next(t for t in stacks.threads[1] if t["main"])
+        i = next(i for i, f in enumerate(main["frames"]) if f[2] == "load_batch")
+        assert main["locals"][str(i)]["batch_id"] == ["v", 7]
+        # the magic asks the running run
+        assert isinstance(ip.run_line_magic("horovod_stacks", ""), Stacks)
+    finally:
+        cancel(run)
+    with open(os.path.join(run.run_dir, "stacks.txt")) as f:  # kept when it was cancelled
+        assert "load_batch" in f.read()
+    assert "load_batch" in str(ip.run_line_magic("horovod_stacks", ""))  # the last run's, kept
+
+
+def test_eight_ranks_read_as_two_groups(ip):
+    cell = ("import os, time\n"
+            "def wait_for_peers():\n"
+            "    time.sleep(120)\n"
+            "def read_shard():\n"
+            "    time.sleep(120)\n"
+            "if os.environ['HOROVOD_RANK'] == '5':\n"
+            "    read_shard()\n"
+            "else:\n"
+            "    wait_for_peers()\n")
+    run = ip.run_cell_magic("horovod", "--np -8 --background --quiet", cell)
+    try:
+        stacks = stacks_when(run, "ranks 0-4, 6-7: ", "rank 5: ")
+    finally:
+        cancel(run)
+    text = stacks.text()
+    assert "ranks 0-4, 6-7: Cell In[" in text and ", in wait_for_peers" in text, text
+    assert "rank 5: Cell In[" in text and ", in read_shard" in text, text
+    assert len(stacks.groups()) == 2 and len(stacks) == 8 and not stacks.missing
+
+
+def test_a_rank_holding_the_gil_in_c_code_still_gives_its_stack(ip):
+    # A regular expression that backtracks for ages: the `re` engine (C) holds the GIL the
+    # whole time, so no Python thread of the rank can run; faulthandler answers.
+    cell = ("import os, re, time\n"
+            "def backtrack():\n"
+            "    re.match(r'(a+)+$', 'a' * 64 + 'b')\n"
+            "if os.environ['HOROVOD_RANK'] == '1':\n"
+            "    backtrack()\n"
+            "time.sleep(120)\n")
+    run = ip.run_cell_magic("horovod", "--np -2 --background --quiet", cell)
+    try:
+        stacks = stacks_when(run, "in backtrack")
+    finally:
+        cancel(run)
+    assert stacks.how.get(1) == "faulthandler", stacks.text()
+    assert "rank 1: Cell In[" in stacks.text() and "→ match" in stacks.text(), stacks.text()
+    assert stacks.how.get(0) == "python" and not stacks.missing
+
+
+def test_rank_ranges():
+    assert rank_ranges([3]) == "rank 3"
+    assert rank_ranges([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2, 4-7"
+
+
+def test_a_warm_sessions_cell_gives_its_stacks_and_its_failing_frames(ip, fresh_ns):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        asked = {}
+
+        def ask_while_it_runs():  # what a Stacks click does while the cell runs
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and "stacks" not in asked:
+                run = hvd_magic.last_run()
+                if run is not None and run.state == "running":
+                    stacks = run.stacks()
+                    if "in nap" in stacks.text():
+                        asked["stacks"] = stacks
+                        run.cancel()
+                time.sleep(0.2)
+
+        helper = threading.Thread(target=ask_while_it_runs)
+        helper.start()
+        with pytest.raises(hvd_magic.RunCancelled):
+            ip.run_cell_magic("horovod", "--quiet", "import time\ndef nap():\n    time.sleep(120)\nnap()\n")
+        helper.join()
+        assert "ranks 0-1: Cell In[" in asked["stacks"].text(), asked["stacks"].text()
+        with pytest.raises(hvd_magic.RankError) as info:
+            ip.run_cell_magic("horovod", "--quiet", "def f(n):\n    return 1 / (n - n)\nf(3)\n")
+        assert ip.run_cell_magic("horovod", "--quiet", "6 * 7") == 42  # the session goes on
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
