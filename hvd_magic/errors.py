@@ -7,6 +7,7 @@ a plain cell's (`name_cells`: ``Cell In[5], line 6``).
 """
 
 import re
+import sys
 
 FOLLOW_ON_TYPES = {"HorovodInternalError", "HorovodShutdownError"}
 FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken pipe",
@@ -78,7 +79,11 @@ class LaunchError(HorovodMagicError):
 
 
 class RankError(HorovodMagicError):
-    """A rank failed. `.rank`, `.host`, `.info` (the first failure), `.others` (rank -> line)."""
+    """A rank failed. `.rank`, `.host`, `.info` (the first failure), `.others` (rank -> line);
+    `.frames`: its frames with their locals (`hvd_magic.driver.postmortem`), innermost last."""
+
+    frames = ()
+    rank_traceback = None        # those frames as a traceback: what %debug opens
 
     def __init__(self, info, others=None, run_id=None, note=None):
         self.info = info
@@ -96,6 +101,10 @@ class RankError(HorovodMagicError):
         return f"{where} failed: {describe_end(self.info)}"
 
     def _render_traceback_(self):
+        if self.rank_traceback is not None:  # %debug and %pdb open the rank's frames alone
+            self.__traceback__ = self.rank_traceback
+            if getattr(sys, "last_value", None) is self:
+                sys.last_traceback = self.rank_traceback
         lines = [f"RankError: {self.headline()}"]
         if self.note:
             lines.append(self.note)

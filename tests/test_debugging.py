@@ -106,6 +106,48 @@ def test_rank_ranges():
     assert rank_ranges([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2, 4-7"
 
 
+FAILING = """
+import numpy as np
+def scale_batch(batch, factor):
+    weights = np.arange(12.0).reshape(3, 4)
+    return sum(batch) / (factor - 2)
+def train_step(step):
+    batch = [step, step + 1, step + 2]
+    return scale_batch(batch, 2)
+import os
+if os.environ['HOROVOD_RANK'] == '1':
+    train_step(5)
+"""
+
+
+def test_debug_after_a_rank_failed_opens_its_frames_with_their_locals(ip, capsys, monkeypatch):
+    ip.InteractiveTB.pdb = None  # made anew: it reads the stdin given below
+    monkeypatch.setattr(sys, "stdin", io.StringIO("%pdb on\n"))
+    ip.run_line_magic("pdb", "on")
+    try:
+        # %pdb on: the debugger opens as the error is shown, at the failing rank's frame
+        monkeypatch.setattr(sys, "stdin", io.StringIO("p factor\np weights\nup\np batch\nq\n"))
+        ip.run_cell("%%horovod --np -2 --quiet\n" + FAILING)
+    finally:
+        ip.run_line_magic("pdb", "off")
+    out = capsys.readouterr().out
+    assert "scale_batch()" in out and "ZeroDivisionError" in out, out
+    assert "\n2\n" in out.replace("ipdb> ", "\n"), out                      # factor
+    assert "ndarray(shape=(3, 4), dtype=float64, [0.0, 1.0" in out, out  # weights, bounded
+    assert "[5, 6, 7]" in out, out                                        # the caller's batch
+
+    # %debug later: the same frames; `where` goes up to the cell
+    ip.InteractiveTB.pdb = None
+    monkeypatch.setattr(sys, "stdin", io.StringIO("where\nup\np step\nq\n"))
+    ip.run_line_magic("debug", "")
+    out = capsys.readouterr().out
+    assert "train_step()" in out and "<cell>()" in out and "\n5\n" in out.replace("ipdb> ", "\n"), out
+
+    error = hvd_magic.last_run().error
+    assert [f.name for f in error.frames] == ["<cell>", "train_step", "scale_batch"]
+    assert error.frames[-1].locals["factor"] == 2
+
+
 def test_a_warm_sessions_cell_gives_its_stacks_and_its_failing_frames(ip, fresh_ns):
     ip.run_line_magic("horovod_session", "start --np -2")
     try:
@@ -130,7 +172,24 @@ def test_a_warm_sessions_cell_gives_its_stacks_and_its_failing_frames(ip, fresh_
         assert "ranks 0-1: Cell In[" in asked["stacks"].text(), asked["stacks"].text()
         with pytest.raises(hvd_magic.RankError) as info:
             ip.run_cell_magic("horovod", "--quiet", "def f(n):\n    return 1 / (n - n)\nf(3)\n")
+        assert info.value.frames[-1].name == "f" and info.value.frames[-1].locals["n"] == 3
         assert ip.run_cell_magic("horovod", "--quiet", "6 * 7") == 42  # the session goes on
     finally:
         ip.run_line_magic("horovod_session", "stop")
 
+
+def test_hvd_run_pdb_opens_the_failing_ranks_frames(tmp_path):
+    import subprocess
+    script = tmp_path / "train.py"
+    script.write_text("import os\n"
+                      "def step(learning_rate):\n"
+                      "    raise ValueError(f'diverged at {learning_rate}')\n"
+                      "if os.environ['HOROVOD_RANK'] == '1':\n"
+                      "    step(0.5)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(hvd_magic.__file__)))
+    done = subprocess.run([sys.executable, "-m", "hvd_magic", "--np", "-2", "--pdb", "--quiet",
+                           str(script)], input="p learning_rate\nup\nq\n", capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=env)
+    assert "diverged at 0.5" in done.stderr, done.stderr
+    assert "step()" in done.stdout and "\n0.5\n" in done.stdout.replace("(Pdb) ", "\n"), done.stdout
+    assert "<module>()" in done.stdout, done.stdout

@@ -9,6 +9,7 @@ the event channel, and are unpickled here.
 import pickle
 import re
 
+from .postmortem import attach
 from ..errors import LaunchError, RankError, RunCancelled, RunTimeout, describe_end, is_follow_on
 
 
@@ -62,8 +63,7 @@ def run_error(run, infos, retried):
         return RankError({"rank": None, "type": "Stall", "message": run.stall},
                          {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state
                           for r in run.ranks}, run_id=run.id,
-                         note="Stack dumps of the waiting ranks are in their logs: "
-                              + ", ".join(run.log_path(r.rank) for r in run.ranks))
+                         note=f"Every rank's stack: {run.run_dir}/stacks.txt")
     lost_task = _lost_task_error(run)
     if failures and lost_task is not None and all(is_follow_on(f) for f in failures):
         # a task died with its executor, and the others only failed because its rank was
@@ -115,7 +115,7 @@ def _first_failure(run, failures, infos):
             others[rank] = describe_end(infos[rank])
         elif run.ranks[rank].state == "done":
             others[rank] = "finished"
-    return RankError(first, others, run_id=run.id)
+    return attach(RankError(first, others, run_id=run.id))  # its frames, for %debug
 
 
 def _lost_task_error(run):

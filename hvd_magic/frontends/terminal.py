@@ -67,6 +67,9 @@ def parser():
                         "hvd.init(), or run other code) before the watchdog reports a stall; a "
                         "wait in hvd.init() for a peer that never calls it is reported after "
                         "this many seconds, kept between 10 and 30 (default 60).")
+    p.add_argument("--pdb", action="store_true",
+                   help="When a rank fails, open pdb on its frames, with their locals as the "
+                        "rank had them (bounded reprs for large values).")
     p.add_argument("--on-stall", choices=("warn", "fail"), default="warn",
                    help="What a stall does (default: warn).")
     p.add_argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
@@ -113,6 +116,9 @@ def main(argv=None):
         return EXIT_USAGE
     except RankError as exc:
         print("\n".join(exc._render_traceback_()), file=sys.stderr)
+        if args.pdb and exc.rank_traceback is not None:
+            import pdb
+            pdb.post_mortem(exc.rank_traceback)  # the rank's frames (driver/postmortem.py)
         code = exc.info.get("exit_code")
         return code if isinstance(code, int) and 0 < code < 256 else EXIT_FAILED
     except RunTimeout as exc:
