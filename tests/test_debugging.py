@@ -74,6 +74,15 @@ def test_eight_ranks_read_as_two_groups(ip):
     run = ip.run_cell_magic("horovod", "--np -8 --background --quiet", cell)
     try:
         stacks = stacks_when(run, "ranks 0-4, 6-7: ", "rank 5: ")
+        # the dashboard's Stacks button shows the same groups
+        from IPython.utils.capture import capture_output
+        from hvd_magic.view.dashboard import Dashboard
+        view = Dashboard()
+        with capture_output():
+            view.start(run)  # (a background run's view shows at once)
+        view.stacks.button.click()
+        shown = view.stacks.html.value
+        assert "ranks 0-4, 6-7" in shown and "read_shard" in shown and "rank 5" in shown, shown
     finally:
         cancel(run)
     text = stacks.text()
@@ -104,6 +113,22 @@ def test_a_rank_holding_the_gil_in_c_code_still_gives_its_stack(ip):
 def test_rank_ranges():
     assert rank_ranges([3]) == "rank 3"
     assert rank_ranges([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2, 4-7"
+
+
+def test_locals_travel_as_themselves_or_as_bounded_reprs():
+    import numpy as np
+    from hvd_magic.rank.frames import bounded
+
+    assert bounded(3) == ["v", 3] and bounded({"lr": 0.1}) == ["v", {"lr": 0.1}]
+    assert bounded((1, "a")) == ["t", [1, "a"]]
+    assert bounded(list(range(10**6)))[0] == "r"  # never encoded whole
+    assert bounded(np.zeros((3, 4))) == ["r", "ndarray(shape=(3, 4), dtype=float64, "
+                                              "[0.0, 0.0, 0.0, 0.0, ...])"]
+
+    class OnAGpu:  # its values would wait for a CUDA stream: shape and dtype only
+        shape, dtype, device = (2,), "float32", "cuda:0"
+
+    assert bounded(OnAGpu()) == ["r", "OnAGpu(shape=(2,), dtype=float32, device=cuda:0)"]
 
 
 FAILING = """

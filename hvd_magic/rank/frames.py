@@ -58,6 +58,9 @@ def _array_repr(value):
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is None or dtype is None or callable(shape):
         return None
+    if "cpu" not in str(getattr(value, "device", "cpu")).lower():
+        # a GPU tensor's values would wait for its stream, maybe behind a hung collective
+        return f"{type(value).__name__}(shape={tuple(shape)}, dtype={dtype}, device={value.device})"
     try:
         count = 1
         for n in shape:
@@ -70,18 +73,31 @@ def _array_repr(value):
     return f"{type(value).__name__}(shape={tuple(shape)}, dtype={dtype}{values})"
 
 
+def _scalar(value):
+    return value is None or isinstance(value, (bool, int, float)) or \
+        (isinstance(value, str) and len(value) <= SMALL_JSON // 10)
+
+
+def _small(value):
+    """A value that can travel as itself: a scalar, a short string, or up to 50 of them in a
+    list, tuple or str-keyed dict (checked before any encoding: a local may be huge)."""
+    if isinstance(value, (list, tuple)):
+        return len(value) <= 50 and all(_scalar(v) for v in value)
+    if isinstance(value, dict):
+        return len(value) <= 50 and all(isinstance(k, str) and _scalar(v)
+                                        for k, v in value.items())
+    return _scalar(value)
+
+
 def bounded(value):
-    """["v", value] for a small JSON value, ["r", text] for anything else (never raises)."""
-    if value is None or isinstance(value, (bool, int, float, str, list, dict, tuple)):
-        try:
-            text = json.dumps(value)
-            if len(text) <= SMALL_JSON and json.loads(text) == value:
-                return ["v", value]
-            if isinstance(value, tuple) and len(text) <= SMALL_JSON and \
-                    json.loads(text) == list(value):
-                return ["t", list(value)]
-        except (TypeError, ValueError, RecursionError):
-            pass
+    """["v", value] for a small JSON value, ["t", [...]] for a small tuple, ["r", text] for
+    anything else (never raises)."""
+    try:
+        if _small(value) and json.loads(json.dumps(value)) == (
+                list(value) if isinstance(value, tuple) else value):
+            return ["t", list(value)] if isinstance(value, tuple) else ["v", value]
+    except (TypeError, ValueError, RecursionError):
+        pass
     try:
         text = _array_repr(value) or _repr.repr(value)
     except Exception as exc:  # noqa: BLE001  (a user's __repr__ may raise anything)
