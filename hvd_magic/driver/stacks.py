@@ -86,7 +86,7 @@ class StackRequests:
         """Send a request to every task; the `StackRequest` the answers go to."""
         request = StackRequest(self, timeout)
         with _lock:
-            self.__dict__.setdefault("_stack_requests", {})[request.id] = request
+            self._pending_stacks()[request.id] = request
         if request.waiting:
             self._server.broadcast({"t": "stacks", "id": request.id})
         return request
@@ -104,16 +104,21 @@ class StackRequests:
                         request.answered.wait(min(0.05, max(0.0, request.deadline - time.monotonic())))
         finally:
             with _lock:
-                self.__dict__.get("_stack_requests", {}).pop(request.id, None)
+                self._pending_stacks().pop(request.id, None)
         self.last_stacks = request.result()
         return self.last_stacks
 
     def stack_answer(self, rank, event):
         """A ``stacks`` event (the driver loop's thread)."""
         with _lock:
-            request = self.__dict__.get("_stack_requests", {}).get(str(event.get("id")))
+            request = self._pending_stacks().get(str(event.get("id")))
         if request is not None:
             request.add(rank, event)
+
+    def _pending_stacks(self):
+        """Request id -> `StackRequest` waiting for answers (made on first use: `Run.__init__`
+        is left as it is)."""
+        return self.__dict__.setdefault("_stack_requests", {})
 
     def keep_stacks(self, stacks=None):
         """Write the stacks (taken now, unless given) to the run folder's ``stacks.txt``."""
