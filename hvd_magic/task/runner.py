@@ -74,6 +74,8 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
         world = frameworks.World(settings.np, tuple(hosts), settings.run_id, _resolve(hosts[0]))
         gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if "CUDA_VISIBLE_DEVICES" in settings.extra_env:  # env= chose (TorchDistributor's
+            gpus = []                                      # use_gpu=False: none), as --env wins
         executors = [coord.executor_of(i) for i in range(settings.np)]
         env = rank_env(settings, frameworks.rank_env(slot, world, relayed),
                        gpus, slot.local_size, executors.count(coord.executor()))
