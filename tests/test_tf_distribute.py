@@ -72,3 +72,38 @@ def test_every_rank_gets_its_own_worker_and_no_tensorflow_import(ip):
     assert config1["cluster"]["worker"] == workers and len(set(workers)) == 2
     assert [config0["task"], config1["task"]] == [{"type": "worker", "index": 0},
                                                   {"type": "worker", "index": 1}]
+
+
+def test_a_reserved_port_is_refused_to_others_and_taken_by_a_server_binding_as_grpc_does():
+    import socket
+    import types
+
+    from hvd_magic.frameworks.tensorflow import TensorFlowDistributed
+
+    held = TensorFlowDistributed().reserve(types.SimpleNamespace(hostname="127.0.0.1"))
+    host, port = held.relay["address"].rsplit(":", 1)
+    try:
+        assert host == "127.0.0.1"
+        with socket.socket() as plain, pytest.raises(OSError):
+            plain.bind(("", int(port)))  # anyone else: "Address already in use"
+        with socket.socket() as server:  # TensorFlow's gRPC server sets SO_REUSEADDR
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("", int(port)))
+            server.listen()
+    finally:
+        held.stop()
+
+
+def test_the_driver_relays_every_tasks_values_in_rank_order_once_all_are_in():
+    from hvd_magic.frameworks import Gathering
+
+    gathering = Gathering(3)
+    events = {0: {"relay": {"torch": {"port": 7}}, "own": {"tensorflow": {"address": "a:1"}}},
+              2: {"relay": {}, "own": {"tensorflow": {"address": "c:3"}}},
+              1: {"relay": {}, "own": {"tensorflow": {"address": "b:2"}}}}
+    assert gathering.add(0, events[0]) is None and gathering.add(2, events[2]) is None
+    relayed = gathering.add(1, events[1])
+    assert relayed == {"torch": {"port": 7},
+                       "tensorflow": {"tasks": [{"address": "a:1"}, {"address": "b:2"},
+                                                {"address": "c:3"}]}}
+    assert gathering.add(1, events[1]) is None  # a stage Spark retried gathers afresh
