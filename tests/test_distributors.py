@@ -108,16 +108,19 @@ def test_use_gpu_without_gpus_says_what_to_do(monkeypatch):
 
 
 KERAS_TRAIN = """\
-def train(steps):
+def train(steps, own=False):
     import json, os
     import numpy as np
     import tensorflow as tf
-    strategy = tf.distribute.get_strategy()  # the runner's, whose scope this runs in
+    # the runner's strategy, in whose scope this runs; or (use_custom_strategy) our own
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if own else tf.distribute.get_strategy()
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     x = np.random.default_rng(rank).normal(size=(16 * steps, 4)).astype("float32")
     y = (x.sum(axis=1, keepdims=True) > 0).astype("float32")
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1, activation="sigmoid")])
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss="binary_crossentropy")
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((4,)),
+                                     tf.keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss="binary_crossentropy")
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16).with_options(options),
@@ -126,13 +129,19 @@ def train(steps):
 """
 
 
-def test_mirrored_strategy_runner_fits_keras_on_two_slots(ip, fresh_ns):
+@pytest.mark.parametrize("local_mode, custom", [(False, False), (True, True)],
+                         ids=["spark", "local-custom-strategy"])
+def test_mirrored_strategy_runner_fits_keras_on_two_slots(ip, fresh_ns, local_mode, custom):
     pytest.importorskip("tensorflow")
     ip.run_cell(KERAS_TRAIN).raise_error()
+    fresh_ns.update(local_mode=local_mode, custom=custom)
     ip.run_cell("from hvd_magic import MirroredStrategyRunner\n"
-                "value = MirroredStrategyRunner(num_slots=2, use_gpu=False, quiet=True)"
-                ".run(train, steps=4)").raise_error()
-    (replicas0, weights0), (replicas1, weights1) = hvd_magic.last_run().results
+                "value = MirroredStrategyRunner(num_slots=2, local_mode=local_mode, use_gpu=False,\n"
+                "                               use_custom_strategy=custom, quiet=True)"
+                ".run(train, steps=4, own=custom)").raise_error()
+    run = hvd_magic.last_run()
+    (replicas0, weights0), (replicas1, weights1) = run.results
     assert fresh_ns["value"][0] == replicas0 == replicas1 == 2
+    assert (run.where == "driver only") == local_mode
     for a, b in zip(weights0, weights1):  # each rank its own data: the gradients were reduced
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-6)
