@@ -3,7 +3,7 @@
 - lines go to the rank's log (and to the view, unless the rank marked them ``log_only``); state, progress, blocked and exit events to its `RankState`;
 - in an elastic run, a lost rank, its replacement and each new ring go to `run.elastic`
   (`hvd_magic.driver.membership`) instead of failing the run;
-- task 0's rendezvous port is relayed to the other tasks;
+- the tasks' rendezvous values (task 0's ports, each task's own) are gathered and relayed to all;
 - files sent back (timeline, TensorBoard logs) land in the run folder;
 - every event but lines and files is recorded in ``events.jsonl``, and the view sees them all.
 
@@ -57,9 +57,11 @@ def apply_event(run, event, request_stop):
         points = event.get("points")
         if isinstance(points, list):
             r.history.extend(points)  # (MetricHistory skips what is not [step, {...}])
-    elif kind == "rendezvous" and rank == 0:
-        # task 0 serves the frameworks' rendezvous: every other task needs its ports
-        run._server.announce({"t": "rendezvous", "relay": dict(event.get("relay") or {})})
+    elif kind == "rendezvous":
+        # task 0 serves the frameworks' rendezvous, every task reserves its own: all to every task
+        relayed = run.gathering.add(rank, event)
+        if relayed is not None:
+            run._server.announce({"t": "rendezvous", "relay": relayed})
     elif kind == "file" and event.get("kind") in FILE_KINDS:
         run.folder.receive(event)
     elif kind == "file" and event.get("kind") in FOLDER_KINDS:

@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 
-from .. import payload
+from .. import frameworks, payload
 from ..capture.modules import identifiers, names_in_pickle
 from ..errors import RunCancelled
 from ..config import RunOptions
@@ -146,7 +146,7 @@ class Run(StackRequests):
         # an elastic run's members and every change to them (min_np, max_np, timeout given)
         self.elastic = Membership(np, *elastic) if elastic is not None else None
         self._done = threading.Event()
-        self._server = None
+        self._server, self.gathering = None, frameworks.Gathering(np)  # (the tasks' rendezvous)
         self._shared = {}
         self._driver = Driver(self)
         self._thread = None

@@ -27,6 +27,7 @@ import time
 
 import psutil
 
+from .. import frameworks
 from ..errors import LaunchError
 from ..words import plural
 from ..task.settings import TaskSettings
@@ -46,6 +47,7 @@ class Session:
         self.idle_timeout = idle_timeout
         self.run_root = run_root
         self.server = None
+        self.gathering = frameworks.Gathering(self.np)  # the tasks' rendezvous values
         self.where = None
         self.ranks = {}              # rank -> its "starting"/"ready" state event (host, pid, ...)
         self.ready = set()
@@ -184,8 +186,10 @@ class Session:
             self._ring(event)
         elif not isinstance(rank, int) or not 0 <= rank < self.np:
             return
-        if kind == "rendezvous" and rank == 0:  # task 0 serves the frameworks' rendezvous
-            self.server.announce({"t": "rendezvous", "relay": dict(event.get("relay") or {})})
+        if kind == "rendezvous":  # the frameworks' rendezvous: every task's, to all
+            relayed = self.gathering.add(rank, event)
+            if relayed is not None:
+                self.server.announce({"t": "rendezvous", "relay": relayed})
         elif kind == "state" and event.get("state") in ("starting", "ready"):
             self.ranks[rank] = {**self.ranks.get(rank, {}),
                                 **{k: v for k, v in event.items() if k not in ("t", "state")}}

@@ -1,45 +1,78 @@
 """Where a rank's environment and rendezvous are made, one module per framework behind one
-contract (`base.Framework`): Horovod (`horovod`), torch.distributed (`torch`). Every rank gets
+contract (`base.Framework`): Horovod (`horovod`), torch.distributed (`torch`), tf.distribute
+(`tensorflow`). Every rank gets
 every framework's variables, so a cell may use any of them; none is imported here.
 
 The task code asks this package, never a framework's module by name: the next framework
-(`tf.distribute`, JAX) is one new module and one entry in `FRAMEWORKS`.
+(JAX, DeepSpeed) is one new module and one entry in `FRAMEWORKS`.
 
 Not for: IPython, pyspark, the launchers (this runs in Spark tasks and on the rank side).
 """
 
 from .base import Framework, Served, World
 from .horovod import Horovod
+from .tensorflow import TensorFlowDistributed
 from .torch import TorchDistributed
 
-FRAMEWORKS = (Horovod(), TorchDistributed())
+FRAMEWORKS = (Horovod(), TorchDistributed(), TensorFlowDistributed())
 
 
 class Serving:
-    """What task 0 serves for every framework: `relay` for the other tasks, `stop` at the end."""
+    """What one task holds for every framework, from before its rank starts to its end: task 0's
+    `serve` (`first`) and every task's `reserve`. `message` is the task's ``rendezvous`` event
+    (its values for the driver to gather); `stop` releases it all."""
 
-    def __init__(self):
-        self.served = {}
+    def __init__(self, slot, first):
+        self.served, self.reserved = {}, {}
         try:
             for framework in FRAMEWORKS:
-                served = framework.serve()
+                served = framework.serve() if first else None
                 if served is not None:
                     self.served[framework.name] = served
+                reserved = framework.reserve(slot)
+                if reserved is not None:
+                    self.reserved[framework.name] = reserved
         except BaseException:
             self.stop()
             raise
 
     @property
-    def relay(self):
-        return {name: served.relay for name, served in self.served.items()}
+    def message(self):
+        return {"t": "rendezvous",
+                "relay": {name: served.relay for name, served in self.served.items()},
+                "own": {name: reserved.relay for name, reserved in self.reserved.items()}}
 
     def stop(self):
-        for served in self.served.values():
-            served.stop()
+        for held in (*self.served.values(), *self.reserved.values()):
+            held.stop()
+
+
+class Gathering:
+    """Every task's ``rendezvous`` event (`Serving.message`) until all `np` are in: then what
+    each task is relayed, by framework: task 0's served values and ``"tasks"``, every task's own
+    reserved value in rank order. Used by the driver (and by offline tasks, on ``allGather``)."""
+
+    def __init__(self, np):
+        self.np = np
+        self.events = {}
+
+    def add(self, rank, event):
+        """The relay once `event` completes the set, else None. It starts over then: a stage
+        Spark retried sends a new set."""
+        self.events[rank] = event
+        if len(self.events) < self.np:
+            return None
+        events, self.events = self.events, {}
+        relayed = {name: dict(values) for name, values in (events[0].get("relay") or {}).items()}
+        owned = {name for event in events.values() for name in (event.get("own") or {})}
+        for name in owned:
+            relayed.setdefault(name, {})["tasks"] = [
+                (events[r].get("own") or {}).get(name) for r in range(self.np)]
+        return relayed
 
 
 def rank_env(slot, world, relayed):
-    """Every framework's variables for `slot`'s rank; `relayed`: `Serving.relay` of task 0."""
+    """Every framework's variables for `slot`'s rank; `relayed`: what `Gathering` relayed."""
     env = {}
     for framework in FRAMEWORKS:
         env.update(framework.rank_env(slot, world, (relayed or {}).get(framework.name, {})))
@@ -54,4 +87,5 @@ def here(env):
     return extra
 
 
-__all__ = ["FRAMEWORKS", "Framework", "Served", "Serving", "World", "here", "rank_env"]
+__all__ = ["FRAMEWORKS", "Framework", "Gathering", "Served", "Serving", "World", "here",
+           "rank_env"]

@@ -5,7 +5,10 @@ backends, one step smaller).
 A launch's task 0 (the first barrier task, or the first driver thread for ``--np -N``) calls
 `Framework.serve` before any rank exists: whatever must be bound first (Horovod's rendezvous
 server, torch's store port) is bound there, and what the others need of it (ports) is `relay`,
-which the driver passes to every task as it passes Horovod's rendezvous port. Each task then asks
+which the driver passes to every task as it passes Horovod's rendezvous port. Every task (task 0
+too) calls `Framework.reserve` for what each rank must hold on its own host (TensorFlow's worker
+port): the driver gathers every task's `relay` and, once all are in, passes them to every task in
+rank order, as ``relayed["tasks"]`` beside task 0's served values. Each task then asks
 `Framework.rank_env` for its rank's variables, from its slot, the `World` and the relayed values.
 
 Not for: importing the framework itself (a cell that never imports torch must not pay for it),
@@ -53,9 +56,16 @@ class Framework:
         """On task 0, before any rank starts: a `Served`, or None when nothing is served."""
         return None
 
+    def reserve(self, slot):
+        """On every task, before any rank starts: a `Served` whose `relay` is this task's own
+        (gathered from every task and relayed to all as ``relayed["tasks"]``, in rank order),
+        held until the task ends; or None when nothing is reserved per task."""
+        return None
+
     def rank_env(self, slot, world, relayed):
         """The variables of `slot`'s rank (its rank, local rank, local size, cross rank, host
-        name), given the `World` and what task 0's `serve` relayed (a dict, empty if none)."""
+        name), given the `World` and what was relayed: task 0's `serve` values and, under
+        ``"tasks"``, every task's `reserve` values by rank (a dict, empty if none)."""
         raise NotImplementedError
 
     def here(self, env):

@@ -5,6 +5,8 @@
 - `cells`: a ``%%horovod`` cell's options to a run, on fresh ranks or in the active warm session;
 - `session_magic`, `tensorboard_magic`: the session and TensorBoard magics' bodies;
 - `horovod_runner`: Databricks' ``HorovodRunner(np).run(main, **kwargs)``;
+- `distributors`: pyspark's ``TorchDistributor`` and spark-tensorflow-distributor's
+  ``MirroredStrategyRunner``, the same way;
 - `script`: ``%horovod --np N train.py args`` and ``run_script``: a training script's job;
 - `terminal`: ``python -m hvd_magic`` / ``hvd-run``, the same from a terminal;
 - `data_magic`: ``%horovod_data``, the cache of converted ``--data`` DataFrames;

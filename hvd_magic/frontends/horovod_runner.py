@@ -114,25 +114,34 @@ class HorovodRunner:
         is in ``hvd_magic.last_run().results``.
         """
         check_call(main, kwargs)
-        options = dict(self.options)
-        text, quiet = options.pop("text", False), options.pop("quiet", False)
-        opening = None if quiet or text else Opening.show(self.num_processor)
-        try:
-            view = make_view(quiet=quiet, widgets=False if text else None, opening=opening)
-            if isinstance(view, TextView):  # the dashboard shows every rank's log in its own row
-                if self.driver_log_verbosity == "log_callback_only":
-                    view = RankZeroLines(view)
-                view = TimelineNote(view)
-            return api.run(main, self.num_processor, kwargs=kwargs, view=view, **options).value
-        finally:
-            if opening is not None:
-                opening.clear()
+        return shown(self.num_processor, self.options,
+                     lambda **options: api.run(main, self.num_processor, kwargs=kwargs, **options),
+                     rank_zero_lines=self.driver_log_verbosity == "log_callback_only").value
 
 
-def check_call(main, kwargs):
-    """UsageError unless `main(**kwargs)` can be sent to the ranks and called there."""
+def shown(np, options, start, rank_zero_lines=False):
+    """`start(view=..., **options)`'s run, shown as a runner shows it: the dashboard in a notebook
+    (opened at once), else text (only rank 0's lines with `rank_zero_lines`); `options`: a
+    runner's, with ``text`` and ``quiet``."""
+    options = dict(options)
+    text, quiet = options.pop("text", False), options.pop("quiet", False)
+    opening = None if quiet or text else Opening.show(np)
+    try:
+        view = make_view(quiet=quiet, widgets=False if text else None, opening=opening)
+        if isinstance(view, TextView):  # the dashboard shows every rank's log in its own row
+            if rank_zero_lines:
+                view = RankZeroLines(view)
+            view = TimelineNote(view)
+        return start(view=view, **options)
+    finally:
+        if opening is not None:
+            opening.clear()
+
+
+def check_call(main, kwargs, args=(), who="HorovodRunner.run"):
+    """UsageError unless `main(*args, **kwargs)` can be sent to the ranks and called there."""
     if not callable(main):
-        raise UsageError(f"HorovodRunner.run takes the function to run on every rank, not "
+        raise UsageError(f"{who} takes the function to run on every rank, not "
                          f"{type(main).__name__}: pass it uncalled, run(train), not run(train()).")
     name = getattr(main, "__name__", type(main).__name__)
     try:
@@ -141,12 +150,14 @@ def check_call(main, kwargs):
         signature = None
     if signature is not None:
         try:
-            signature.bind(**kwargs)
+            signature.bind(*args, **kwargs)
         except TypeError as exc:
-            given = f"the keyword arguments {', '.join(kwargs)}" if kwargs else "no arguments"
-            raise UsageError(f"{name}{signature} cannot be called with {given}: {exc}. "
-                             f"run(main, **kwargs) calls main(**kwargs) on every rank; pass the "
-                             f"arguments it takes.") from None
+            given = ([f"{len(args)} positional argument{'s' * (len(args) != 1)}"] if args else []) + \
+                ([f"the keyword arguments {', '.join(kwargs)}"] if kwargs else [])
+            call = "main(*args, **kwargs)" if args else "main(**kwargs)"
+            raise UsageError(f"{name}{signature} cannot be called with "
+                             f"{' and '.join(given) or 'no arguments'}: {exc}. {who}(main, ...) "
+                             f"calls {call} on every rank; pass the arguments it takes.") from None
     pickle_values(globals_read(main), inside=f"{name}()")
 
 

@@ -1,5 +1,5 @@
 """The task's connection to the driver: the rank's lines and events out, in batches; ``stop``,
-``stacks`` (`hvd_magic.task.stacks`) and the rendezvous port in."""
+``stacks`` (`hvd_magic.task.stacks`) and the frameworks' relayed rendezvous (ports) in."""
 
 import base64
 import codecs
@@ -97,13 +97,14 @@ class Forwarder:
 
 
 class DriverLink:
-    """The task's connection to the driver: events out; ``stop``, ``stacks`` and what task 0
-    serves for the frameworks' rendezvous (its ports) in. Losing the connection counts as ``stop``: nobody is left to use the rank's work."""
+    """The task's connection to the driver: events out; ``stop``, ``stacks`` and what the
+    tasks serve and reserve for the frameworks' rendezvous (their ports) in. Losing the
+    connection counts as ``stop``: nobody is left to use the rank's work."""
 
     def __init__(self, settings, rank, client=None):
         self.proc = None
         self.probe = None            # the rank's `StackProbe`, while it runs
-        self.relayed = None          # task 0's `frameworks.Serving.relay`
+        self.relayed = None          # what `frameworks.Gathering` relayed
         self.session = None          # a warm session's `SessionRank`, which takes cells
         self.on_order = None         # an elastic slot's handler of the driver's orders
         self.stopping = threading.Event()
@@ -137,8 +138,8 @@ class DriverLink:
             threading.Thread(target=stop_group, args=(self.proc,), daemon=True).start()
 
     def wait_rendezvous(self, timeout):
-        """What task 0 serves (by framework: its ports), relayed by the driver; None if the run
-        stopped first."""
+        """What the tasks serve and reserve (by framework: ports), relayed by the driver once
+        every task sent its own; None if the run stopped first."""
         if not self._rendezvous.wait(timeout) or self.stopping.is_set():
             return None
         return self.relayed

@@ -6,8 +6,9 @@ Only launches through Spark Connect can be in that position (a classic Spark dri
 notebook itself, which the executors always reach). Their tasks first try the driver's event
 server for `REACH_TIMEOUT` seconds, then agree (one barrier ``allGather``) on whether all of them
 got through: a run is live for every rank, or for none. Offline, an `OfflineLink` stands in for
-`DriverLink`: events go to a local file (returned with the outcome); what task 0 serves for the
-rendezvous (its ports) is exchanged with ``allGather`` instead of through the driver.
+`DriverLink`: events go to a local file (returned with the outcome); what the tasks serve and
+reserve for the rendezvous (their ports) is exchanged with ``allGather`` instead of through the
+driver.
 """
 
 import json
@@ -15,6 +16,7 @@ import socket
 import threading
 
 from ..events import EventClient
+from ..frameworks import Gathering
 from .link import DriverLink, Forwarder
 
 REACH_TIMEOUT = 3.0
@@ -76,9 +78,12 @@ class OfflineLink(DriverLink):
         self.client.send(event)
 
     def wait_rendezvous(self, timeout):
-        mine = self._mine.get("rendezvous")
-        relayed = self.coord.ctx.allGather(json.dumps(mine["relay"]) if mine else "")
-        return json.loads(relayed[0])
+        gathering = Gathering(self.np)
+        relayed = None
+        for event in self.coord.ctx.allGather(json.dumps(self._mine["rendezvous"])):
+            event = json.loads(event)
+            relayed = gathering.add(event["rank"], event)
+        return relayed
 
     def close(self):
         self.client.close()

@@ -3,8 +3,9 @@
 1. Hosts are the executors' addresses as the cluster knows them (`Coordinator.task_address`);
    every task derives the same Horovod plan from them, and its own slot (rank, local rank...).
 2. Task 0 serves what each framework's rendezvous needs (`hvd_magic.frameworks`: Horovod's Gloo
-   rendezvous server...); the driver relays its ports to the other tasks over the event channel
-   (no Spark barrier sync, which costs about a second each).
+   rendezvous server...), every task reserves what its own rank needs (TensorFlow's port); the
+   driver gathers them and relays them to every task over the event channel (no Spark barrier
+   sync, which costs about a second each).
 3. Each task connects to the driver's event server (see `DriverLink`).
 4. It spawns the rank as a subprocess (``python -m hvd_magic.rank``) in its own process group, with
    every framework's environment set explicitly, and forwards the rank's stdout, stderr and structured
@@ -62,11 +63,11 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
     link = make_link(slot.rank) if make_link is not None else DriverLink(settings, slot.rank)
     serving = None
     try:
-        if coord.partition_id == 0:
-            # Task 0 serves every framework's rendezvous; the driver relays its ports to the other
-            # tasks over the event channel (milliseconds, where a Spark barrier sync takes ~1 s).
-            serving = frameworks.Serving()
-            link.forward.send({"t": "rendezvous", "relay": serving.relay})
+        # Task 0 serves every framework's rendezvous, every task reserves its own (TensorFlow's
+        # port); the driver gathers them and relays them to every task over the event channel
+        # (milliseconds, where a Spark barrier sync takes ~1 s).
+        serving = frameworks.Serving(slot, first=coord.partition_id == 0)
+        link.forward.send(serving.message)
         timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
         relayed = link.wait_rendezvous(timeout)
         if relayed is None:
@@ -74,6 +75,8 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
         world = frameworks.World(settings.np, tuple(hosts), settings.run_id, _resolve(hosts[0]))
         gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if "CUDA_VISIBLE_DEVICES" in settings.extra_env:  # env= chose (TorchDistributor's
+            gpus = []                                      # use_gpu=False: none), as --env wins
         executors = [coord.executor_of(i) for i in range(settings.np)]
         env = rank_env(settings, frameworks.rank_env(slot, world, relayed),
                        gpus, slot.local_size, executors.count(coord.executor()))
