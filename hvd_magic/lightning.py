@@ -70,7 +70,11 @@ def _make(pl):
             pass  # (MLflow gets the run's own parameters from hvd_magic)
 
         def log_metrics(self, metrics, step=None):
-            report(step=step, total=self.total, **metrics)
+            values = dict(metrics)
+            values.pop("step", None)  # a logged "step" is Lightning's name for `step` itself
+            if "total" in values:     # (report's own argument)
+                values["total (logged)"] = values.pop("total")
+            report(step=step, total=self.total, **values)
 
     class _ProgressCallback(pl.callbacks.Callback):
         def on_train_start(self, trainer, pl_module):

@@ -41,7 +41,7 @@ FIT = """\
 model = Tiny()
 trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices={devices}, num_nodes=1,
                     max_epochs=2, log_every_n_steps=1, enable_checkpointing=False, logger=False,
-                    enable_model_summary=False)
+                    enable_model_summary=False, callbacks=[L.pytorch.callbacks.TQDMProgressBar()])
 trainer.fit(model, data)
 weights = model.layer.weight.detach()
 every = [torch.zeros_like(weights) for _ in range(dist.get_world_size())]
@@ -68,10 +68,13 @@ def test_lightning_fits_on_the_ranks_with_equal_weights_metrics_and_progress(ip,
     assert (env, world, children) == ("TorchElasticEnvironment", 2, [])  # no process of its own
     assert weights[0] == weights[1]  # DDP averaged the two ranks' gradients
     run = hvd_magic.last_run()
+    assert set(run.metrics.name) == {"loss", "epoch"}  # self.log's, and the epoch Lightning adds
     loss = run.metrics[run.metrics.name == "loss"]
     for rank in (0, 1):  # 16 rows a rank, batches of 8, 2 epochs: 4 steps logged, from 0
         assert sorted(loss[loss["rank"] == rank].step) == [0, 1, 2, 3]
-        assert _progress(run)[rank][-1] == (4, 4)  # the fit's 4 steps, done
+        progress = _progress(run)[rank]
+        assert progress[-1] == (4, 4)  # the fit's 4 steps, done
+        assert {total for _, total in progress} == {4}  # the fit's steps, from the start
         assert run.ranks[rank].step == run.ranks[rank].total == 4
 
 

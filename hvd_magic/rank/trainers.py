@@ -72,7 +72,7 @@ def _with_reporting(trainer, pl):
         beside = list(trainer.loggers)
         trainer.loggers = beside + [logger_class(trainer.default_root_dir, beside)]
     if not any(isinstance(callback, callback_class) for callback in trainer.callbacks):
-        trainer.callbacks.append(callback_class())
+        trainer.callbacks.insert(0, callback_class())  # (Lightning keeps checkpointing last)
 
 
 def _patch_lightning(pl):
