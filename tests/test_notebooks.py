@@ -292,3 +292,20 @@ def test_elastic(tmp_path):
     assert replacement == [[joined_at]] and survivors[0][2:] == [joined_at], starts
     assert joined_at % 10 == 0 and joined_at > 40
     assert "the ring: 3 → 2 → 3" in shown
+
+
+def test_beyond_horovod(tmp_path):
+    nb = execute("beyond_horovod.ipynb", tmp_path)
+    define, *ways = code_cells(nb)
+    assert not errors(define) and len(ways) == 3  # Horovod, DDP, Lightning
+    assert "all three reach a test accuracy of 0.970" in nb.cells[0].source
+    for cell in ways:
+        shown = view(nb, cell)
+        assert not errors(cell), shown
+        assert results(cell) == ["0.97"]  # rank 0's value: the number the text promises
+        for rank in (0, 1):
+            assert f"rank {rank}: test accuracy 0.970" in shown
+        if "hvd-magic-run" in shown:  # the dashboard: each rank done, its 60 steps as progress
+            assert sorted(re.findall(r"<tr data-rank='(\d)' data-state='done' data-step='60' "
+                                     r"data-total='60'>", shown)) == ["0", "1"]
+            assert "loss" in shown  # (Lightning's from self.log, charted by itself)

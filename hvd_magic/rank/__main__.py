@@ -19,7 +19,7 @@ import traceback
 
 from .. import payload
 from ..errors import name_cells
-from . import keras_alias, reporting, script, stacks, stall, stream
+from . import keras_alias, reporting, script, stacks, stall, stream, trainers
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -134,6 +134,7 @@ def main(workdir):
     signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
+    trainers.install()
     keras_alias.install()  # before unpickling: the job may refer to `keras` by name
     import cloudpickle  # noqa: F401  (needed to unpickle the job)
     import pickle
@@ -227,6 +228,7 @@ def main_session(workdir):
     signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
+    trainers.install()
     return session.serve(workdir, error_record, _exports, _register_source, install_modules)
 
 

@@ -153,7 +153,7 @@ def _patch_tqdm(std):
         return result
 
     def close(self):
-        if not getattr(self, "disable", False):
+        if not getattr(self, "disable", False) and not getattr(self, "_hvd_magic_quiet", False):
             _report_bar(self)
             flush()
         return original_close(self)
@@ -163,7 +163,8 @@ def _patch_tqdm(std):
 
 
 def _report_bar(bar):
-    if getattr(bar, "disable", False):
+    # (_hvd_magic_quiet: a bar class whose progress is reported another way, Lightning's)
+    if getattr(bar, "disable", False) or getattr(bar, "_hvd_magic_quiet", False):
         return
     metrics = {}
     postfix = getattr(bar, "postfix", None)

@@ -1,0 +1,154 @@
+"""Lightning and accelerate in a %%horovod cell, on real ranks: they see the launched world and
+start no process of their own; a spawning strategy or a world mismatch says what to write; a
+LightningModule's self.log values and the fit's progress reach the dashboard and MLflow."""
+
+import json
+import os
+
+import pytest
+
+import hvd_magic
+
+pytest.importorskip("lightning")
+
+MODULE = """\
+import os
+import psutil, torch, torch.distributed as dist
+import lightning as L
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)  # the same start on every rank
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, i):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+rows = torch.Generator().manual_seed(int(os.environ["RANK"]))  # each rank its own data
+x = torch.randn(32, 4, generator=rows)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)),
+                                   batch_size=8)
+"""
+
+FIT = """\
+model = Tiny()
+trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices={devices}, num_nodes=1,
+                    max_epochs=2, log_every_n_steps=1, enable_checkpointing=False, logger=False,
+                    enable_model_summary=False, callbacks=[L.pytorch.callbacks.TQDMProgressBar()])
+trainer.fit(model, data)
+weights = model.layer.weight.detach()
+every = [torch.zeros_like(weights) for _ in range(dist.get_world_size())]
+dist.all_gather(every, weights)
+(type(trainer.strategy.cluster_environment).__name__, trainer.world_size,
+ [w.tolist() for w in every], psutil.Process().children(recursive=True))
+"""
+
+
+def _progress(run):
+    """Each rank's progress events, as (step, total), from the run's events.jsonl."""
+    seen = {}
+    with open(os.path.join(run.run_dir, "events.jsonl")) as f:
+        for event in map(json.loads, f):
+            if event.get("t") == "progress":
+                seen.setdefault(event["rank"], []).append((event["step"], event["total"]))
+    return seen
+
+
+@pytest.mark.parametrize("line", ["--np -2", "--np 2"])  # on the driver; on Spark local
+def test_lightning_fits_on_the_ranks_with_equal_weights_metrics_and_progress(ip, line):
+    env, world, weights, children = ip.run_cell_magic(
+        "horovod", f"{line} --quiet", MODULE + FIT.format(devices=2))
+    assert (env, world, children) == ("TorchElasticEnvironment", 2, [])  # no process of its own
+    assert weights[0] == weights[1]  # DDP averaged the two ranks' gradients
+    run = hvd_magic.last_run()
+    assert set(run.metrics.name) == {"loss", "epoch"}  # self.log's, and the epoch Lightning adds
+    loss = run.metrics[run.metrics.name == "loss"]
+    for rank in (0, 1):  # 16 rows a rank, batches of 8, 2 epochs: 4 steps logged, from 0
+        assert sorted(loss[loss["rank"] == rank].step) == [0, 1, 2, 3]
+        progress = _progress(run)[rank]
+        assert progress[-1] == (4, 4)  # the fit's 4 steps, done
+        assert {total for _, total in progress} == {4}  # the fit's steps, from the start
+        assert run.ranks[rank].step == run.ranks[rank].total == 4
+
+
+@pytest.mark.parametrize("trainer, message", [
+    ("strategy='ddp_spawn', devices=2", "strategy='ddp_spawn' starts processes of its own; "
+                                        "on hvd_magic's ranks write strategy='ddp', devices=2, "
+                                        "num_nodes=1"),
+    ("strategy='ddp', devices=1", "devices=1 and num_nodes=1 make 1 process, but this cell runs "
+                                  "on 2 ranks; on hvd_magic's ranks write strategy='ddp', "
+                                  "devices=2, num_nodes=1"),
+])
+def test_a_trainer_that_does_not_fit_the_ranks_says_what_to_write(ip, trainer, message):
+    cell = f"import lightning as L\nL.Trainer(accelerator='cpu', num_nodes=1, {trainer})\n"
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet", cell)
+    assert message in str(info.value)
+    traceback = info.value.info["traceback"]
+    assert "Cell In[" in traceback and "site-packages" not in traceback  # no Lightning screen
+
+
+def test_lightning_in_a_warm_session_twice(ip, fresh_ns):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        ip.run_cell_magic("horovod", "--quiet", MODULE)
+        first = ip.run_cell_magic("horovod", "--quiet", FIT.format(devices=2))
+        second = ip.run_cell_magic("horovod", "--quiet", FIT.format(devices=2))
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+    assert first == second  # the same start, data and steps: the same weights, both times
+    assert first[2][0] == first[2][1]
+
+
+def test_self_log_values_reach_mlflow(ip, tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file: stores opt-in
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"file:{tmp_path}/mlruns")
+    try:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --mlflow lightning",
+                          MODULE + FIT.format(devices=2))
+        client = mlflow.MlflowClient()
+        [logged] = client.search_runs([client.get_experiment_by_name("lightning").experiment_id])
+        history = client.get_metric_history(logged.info.run_id, "loss")
+    finally:
+        mlflow.set_tracking_uri(before)
+    metrics = hvd_magic.last_run().metrics
+    rank0 = metrics[(metrics["rank"] == 0) & (metrics.name == "loss")].sort_values("step")
+    assert [m.step for m in history] == list(rank0.step) == [0, 1, 2, 3]
+    assert [m.value for m in history] == pytest.approx(list(rank0.value))  # rank 0's, as charted
+
+
+ACCELERATE = """\
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+rows = torch.Generator().manual_seed(accelerator.process_index)
+x = torch.randn(32, 4, generator=rows)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)),
+                                   batch_size=4)
+model, optimizer, data = accelerator.prepare(model, optimizer, data)
+for xb, yb in data:
+    accelerator.backward(torch.nn.functional.mse_loss(model(xb), yb))
+    optimizer.step()
+    optimizer.zero_grad()
+weights = accelerator.gather(accelerator.unwrap_model(model).weight.detach())
+(accelerator.num_processes, accelerator.process_index, weights.tolist())
+"""
+
+
+def test_accelerate_sees_the_ranks_and_trains_them_alike(ip):
+    pytest.importorskip("accelerate")
+    processes, index, weights = ip.run_cell_magic("horovod", "--np -2 --quiet", ACCELERATE)
+    assert (processes, index) == (2, 0)  # rank 0's value: the world of 2, as under torchrun
+    assert len(weights) == 2 and weights[0] == weights[1]
