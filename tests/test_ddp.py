@@ -94,3 +94,19 @@ def test_ddp_averages_the_ranks_gradients(ip, fresh_ns, np):
             (weights, expected)
     alone = one_process_on_every_ranks_batches(1)  # rank 0's batches only: not what came back
     assert not torch.allclose(ranks[0][0], alone[0], atol=1e-3)
+
+
+def test_a_warm_session_keeps_a_process_group_and_makes_it_again(ip, fresh_ns):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        cell = lambda code: ip.run_cell_magic("horovod", "--quiet", code)  # noqa: E731
+        assert cell("import os, torch, torch.distributed as dist\n"
+                    "dist.init_process_group('gloo')\ndist.get_world_size()") == 2
+        reduce = "x = torch.tensor([dist.get_rank() + 1.0])\ndist.all_reduce(x)\nx.item()"
+        assert cell(reduce) == 3.0
+        # Lightning's LightningEnvironment.teardown() deletes WORLD_SIZE: the next cell has it
+        assert cell("del os.environ['WORLD_SIZE']\n" + reduce) == 3.0
+        assert cell("dist.destroy_process_group()\ndist.init_process_group('gloo')\n"
+                    + reduce + "\n(x.item(), os.environ['WORLD_SIZE'])") == (3.0, "2")
+    finally:
+        ip.run_line_magic("horovod_session", "stop")

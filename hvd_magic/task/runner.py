@@ -29,6 +29,7 @@ import tempfile
 import threading
 
 from .. import frameworks, payload
+from ..rank.session import FRAMEWORK_VARS
 from .environ import rank_base_env
 from .link import DriverLink, FileStream, send_folder
 from .plan import _resolve, host_plan, visible_devices
@@ -96,6 +97,8 @@ def rank_env(settings, slot_vars, gpus, ranks_on_host, ranks_on_executor=None):
     env.update(settings.horovod_env)
     env.update(settings.extra_env)
     env.update({k: str(v) for k, v in slot_vars.items()})
+    # which of them are the frameworks': a warm session's rank puts back any a cell removed
+    env[FRAMEWORK_VARS] = ",".join(sorted(slot_vars))
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return env
