@@ -1,10 +1,16 @@
 """torch.distributed in a %%horovod cell: the environment torchrun gives (env://), real ranks."""
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 import hvd_magic
 
 torch = pytest.importorskip("torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("line", ["--np -2", "--np 2"])  # on the driver; on Spark local
@@ -110,3 +116,53 @@ def test_a_warm_session_keeps_a_process_group_and_makes_it_again(ip, fresh_ns):
                     + reduce + "\n(x.item(), os.environ['WORLD_SIZE'])") == (3.0, "2")
     finally:
         ip.run_line_magic("horovod_session", "stop")
+
+
+DDP_SCRIPT = """\
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+x = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(x)
+if dist.get_rank() == 0:
+    with open(sys.argv[1], "w") as f:
+        f.write(str(x.item()))
+dist.destroy_process_group()
+"""
+
+
+def test_a_ddp_script_through_the_magic_and_the_terminal(ip, tmp_path):
+    (tmp_path / "train.py").write_text(DDP_SCRIPT)
+    ip.run_line_magic("horovod", f"--np -2 --quiet {tmp_path}/train.py {tmp_path}/magic.txt")
+    assert (tmp_path / "magic.txt").read_text() == "3.0"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-m", "hvd_magic", "-np", "-2", "train.py",
+                           "terminal.txt"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "terminal.txt").read_text() == "3.0"
+
+
+def test_horovod_runner_runs_a_ddp_function(ip, fresh_ns):
+    ip.run_cell("from hvd_magic import HorovodRunner\n"
+                "def total(scale):\n"
+                "    import torch, torch.distributed as dist\n"
+                "    dist.init_process_group('gloo')\n"
+                "    x = torch.tensor([dist.get_rank() + 1.0])\n"
+                "    dist.all_reduce(x)\n"
+                "    return (dist.get_rank(), x.item() * scale)\n"
+                "result = HorovodRunner(np=-2, quiet=True).run(total, scale=2.0)\n").raise_error()
+    assert fresh_ns["result"] == (0, 6.0)
+    assert hvd_magic.last_run().results == [(0, 6.0), (1, 6.0)]
+
+
+def test_a_sigkilled_rank_ends_the_run_and_is_named(ip):
+    cell = ("import os, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "if dist.get_rank() == 1:\n"
+            "    os.kill(os.getpid(), 9)\n"
+            "dist.all_reduce(torch.ones(1))  # rank 0 waits here for the dead rank\n")
+    started = time.monotonic()
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 120", cell)
+    assert time.monotonic() - started < 60  # not the 120 s timeout, nor Gloo's 30 minutes
+    assert info.value.rank == 1 and "SIGKILL" in str(info.value)
+    assert hvd_magic.last_run().state == "failed"
