@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+from IPython.core.error import UsageError
 
 import hvd_magic
 
@@ -166,3 +167,63 @@ def test_a_sigkilled_rank_ends_the_run_and_is_named(ip):
     assert time.monotonic() - started < 60  # not the 120 s timeout, nor Gloo's 30 minutes
     assert info.value.rank == 1 and "SIGKILL" in str(info.value)
     assert hvd_magic.last_run().state == "failed"
+
+
+# Rank 0 takes one step more than rank 1, which then goes on with other work: rank 0 waits in a
+# collective rank 1 never calls (in DDP's backward: its reducer's all-reduce of the gradients).
+STALLS = {
+    "all_reduce": "for step in range(3 if dist.get_rank() == 0 else 2):\n"
+                  "    dist.all_reduce(torch.ones(2))\n",
+    "backward": "from torch.nn.parallel import DistributedDataParallel\n"
+                "ddp = DistributedDataParallel(torch.nn.Linear(2, 1))\n"
+                "for step in range(3 if dist.get_rank() == 0 else 2):\n"
+                "    ddp(torch.ones(4, 2)).sum().backward()\n",
+}
+
+
+@pytest.mark.parametrize("op", sorted(STALLS))
+def test_the_watchdog_names_a_rank_stuck_in_a_torch_collective(ip, op):
+    cell = ("import time, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            + STALLS[op] + "if dist.get_rank() == 1:\n    time.sleep(120)\n")
+    started = time.monotonic()
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 3 --on-stall fail", cell)
+    assert time.monotonic() - started < 60
+    text = "\n".join(info.value._render_traceback_())
+    assert f"rank 0 has been waiting in a collective ({op})" in text, text
+    assert "rank 1 is running elsewhere" in text
+
+
+def test_min_np_on_code_without_horovod_says_what_to_do(ip, tmp_path):
+    cell = "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+    runs_before = len(hvd_magic.runs())
+    for run in (lambda: ip.run_cell_magic("horovod", "--np -2 --min-np 1", cell),
+                lambda: hvd_magic.run_script(tmp_path / "train.py", np=-2, min_np=1)):
+        (tmp_path / "train.py").write_text(cell)
+        with pytest.raises(UsageError) as info:
+            run()
+        assert type(info.value) is UsageError  # (a subclass prints a full traceback)
+        assert "does not use Horovod" in str(info.value) and "Drop --min-np" in str(info.value)
+    assert len(hvd_magic.runs()) == runs_before  # refused before anything started
+
+
+def test_distributed_is_horovod_under_another_name(ip):
+    cell = "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.get_world_size()"
+    assert ip.run_cell_magic("distributed", "--np -2 --quiet", cell) == 2
+    assert hvd_magic.last_run().results == [2, 2]
+    help_text = ip.find_cell_magic("distributed").__doc__
+    assert help_text == ip.find_cell_magic("horovod").__doc__  # the same options and help
+    assert "torch.distributed" in help_text and "%%distributed" in help_text
+    with pytest.raises(UsageError, match="--np"):
+        ip.run_cell_magic("distributed", "--np two", cell)
+
+
+def test_the_watchdog_names_a_rank_missing_from_init_process_group(ip):
+    cell = ("import os, time, torch.distributed as dist\n"
+            "if os.environ['RANK'] == '1':\n    time.sleep(120)\n"
+            "dist.init_process_group('gloo')\n")
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 3 --on-stall fail", cell)
+    text = "\n".join(info.value._render_traceback_())
+    assert "rank 0 has been waiting in dist.init_process_group() for" in text, text
+    assert "rank 1, which has not called it" in text
