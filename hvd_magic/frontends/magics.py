@@ -83,10 +83,12 @@ class HorovodMagics(Magics):
               help="Allow Spark to re-attempt the barrier stage this many times (default 0: a "
                    "retried stage is reported, never silently restarted).")
     @argument("--stall-timeout", type=float, default=None,
-              help="Seconds some ranks may wait in a collective (allreduce, broadcast, join, "
-                   "barrier...) while others are not in it (they ended, are still in "
-                   "hvd.init(), or run other code) before the hang watchdog reports a stall; "
-                   "ranks waiting in hvd.init() for a peer that never calls it are reported "
+              help="Seconds some ranks may wait in a collective (Horovod's or "
+                   "torch.distributed's: allreduce, broadcast, join, barrier, DDP's backward...) "
+                   "while others are not in it (they ended, are still in hvd.init(), or run "
+                   "other code) before the hang watchdog reports a stall; ranks waiting in "
+                   "hvd.init() (or dist.init_process_group()) for a peer that never calls it "
+                   "are reported "
                    "after this many seconds, kept between 10 and 30. Every rank's Python stack "
                    "goes to its log (default: HorovodMagics.stall_timeout, 60).")
     @argument("--on-stall", choices=("warn", "fail"), default="warn",
