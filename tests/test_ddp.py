@@ -227,3 +227,17 @@ def test_the_watchdog_names_a_rank_missing_from_init_process_group(ip):
     text = "\n".join(info.value._render_traceback_())
     assert "rank 0 has been waiting in dist.init_process_group() for" in text, text
     assert "rank 1, which has not called it" in text
+
+
+def test_torchs_error_file_of_a_failed_rank_is_kept_in_the_run_folder(ip):
+    cell = ("import os\nfrom torch.distributed.elastic.multiprocessing.errors import record\n"
+            "@record\ndef main():\n"
+            "    if os.environ['RANK'] == '1':\n        raise ValueError('recorded by torch')\n"
+            "main()\n")
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("distributed", "--np -2 --quiet", cell)
+    assert info.value.rank == 1
+    run_dir = hvd_magic.last_run().run_dir
+    with open(os.path.join(run_dir, "torchelastic", "rank-1", "error.json")) as f:
+        assert "recorded by torch" in f.read()
+    assert not os.path.exists(os.path.join(run_dir, "torchelastic", "rank-0"))  # it succeeded
