@@ -33,16 +33,24 @@ def test_init_process_group_with_no_argument(ip, line):
 
 
 def test_a_rank_that_raises_ends_the_others_blocked_in_a_collective(ip):
+    # (torch's @record writes the failing rank's error to its TORCHELASTIC_ERROR_FILE)
     cell = ("import torch, torch.distributed as dist\n"
+            "from torch.distributed.elastic.multiprocessing.errors import record\n"
             "dist.init_process_group('gloo')\n"
-            "if dist.get_rank() == 1:\n"
-            "    raise ValueError('rank one gives up')\n"
-            "dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes\n")
+            "@record\ndef main():\n"
+            "    if dist.get_rank() == 1:\n"
+            "        raise ValueError('rank one gives up')\n"
+            "    dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes\n"
+            "main()\n")
     with pytest.raises(hvd_magic.RankError) as info:
         ip.run_cell_magic("horovod", "--np -2 --timeout 120", cell)
     assert info.value.rank == 1
     assert "rank one gives up" in "\n".join(info.value._render_traceback_())
-    assert hvd_magic.last_run().state == "failed"  # not the 120 s timeout, nor Gloo's 30 min
+    run = hvd_magic.last_run()
+    assert run.state == "failed"  # not the 120 s timeout, nor Gloo's 30 min
+    # torch's error file of the failed rank is kept in the run folder
+    with open(os.path.join(run.run_dir, "torchelastic", "rank-1", "error.json")) as f:
+        assert "rank one gives up" in f.read()
 
 
 # Each rank trains the same seeded nn.Linear under DDP on batches of its own (seeded by rank and
@@ -228,16 +236,3 @@ def test_the_watchdog_names_a_rank_missing_from_init_process_group(ip):
     assert "rank 0 has been waiting in dist.init_process_group() for" in text, text
     assert "rank 1, which has not called it" in text
 
-
-def test_torchs_error_file_of_a_failed_rank_is_kept_in_the_run_folder(ip):
-    cell = ("import os\nfrom torch.distributed.elastic.multiprocessing.errors import record\n"
-            "@record\ndef main():\n"
-            "    if os.environ['RANK'] == '1':\n        raise ValueError('recorded by torch')\n"
-            "main()\n")
-    with pytest.raises(hvd_magic.RankError) as info:
-        ip.run_cell_magic("distributed", "--np -2 --quiet", cell)
-    assert info.value.rank == 1
-    run_dir = hvd_magic.last_run().run_dir
-    with open(os.path.join(run_dir, "torchelastic", "rank-1", "error.json")) as f:
-        assert "recorded by torch" in f.read()
-    assert not os.path.exists(os.path.join(run_dir, "torchelastic", "rank-0"))  # it succeeded
