@@ -135,6 +135,17 @@ def leftovers(before):
     return left
 
 
+def clean_up(before):
+    """Stop Spark, then end what this benchmark started and left running (`before`: the
+    descendants there were at its start)."""
+    stop_spark()
+    left = leftovers(before)
+    if left:
+        print(f"ending {len(left)} leftover processes: "
+              f"{[(p.pid, ' '.join(p.cmdline())[:80]) for p in left]}")
+        end_processes(left)
+
+
 def stop_spark():
     """Stop the running SparkContext, if any (its Python workers go with it)."""
     from pyspark import SparkContext
@@ -342,27 +353,33 @@ def torch_distributor(np, local_mode):
     return time.perf_counter() - start
 
 
+def spark_then(fn, max_np):
+    """`fn(np)` once the shared session is up, with max_np slots (a barrier stage over more
+    slots than the session has waits ~10 min)."""
+    def launch(np):
+        _Spark.get(max_np)
+        return fn(np)
+    return launch
+
+
 def launchers(run_root, max_np):
     """name -> function(np) -> seconds, in the order of the first repetition."""
-    def spark_then(fn):
-        def launch(np):
-            _Spark.get(max_np)
-            return fn(np)
-        return launch
+    def on_spark(fn):
+        return spark_then(fn, max_np)
 
     return {
         "floor": floor,
         "floor-torch": floor_torch,
-        "spark-floor": spark_then(spark_floor),  # (the session first, with max_np slots: a
-        "spark-empty-job": spark_then(spark_empty),  # barrier stage over the slots waits ~10 min)
-        "hvd_magic-spark": spark_then(lambda np: hvd_magic_run(np, run_root)[0]),
+        "spark-floor": on_spark(spark_floor),  # (the session first, with max_np slots: a
+        "spark-empty-job": on_spark(spark_empty),  # barrier stage over the slots waits ~10 min)
+        "hvd_magic-spark": on_spark(lambda np: hvd_magic_run(np, run_root)[0]),
         "hvd_magic-driver": lambda np: hvd_magic_run(-np, run_root)[0],
         "horovodrun": lambda np: horovodrun(np),
         "horovodrun-H": lambda np: horovodrun(np, "-H", f"localhost:{np}"),
         "horovodrun-c5": lambda np: horovodrun(np, "--cycle-time-ms", "5"),
         "horovod.run": horovod_run_api,
-        "TD-barrier": spark_then(lambda np: torch_distributor(np, local_mode=False)),
-        "TD-local": spark_then(lambda np: torch_distributor(np, local_mode=True)),
+        "TD-barrier": on_spark(lambda np: torch_distributor(np, local_mode=False)),
+        "TD-local": on_spark(lambda np: torch_distributor(np, local_mode=True)),
     }
 
 
@@ -544,12 +561,7 @@ def main():
         prof = profile(2, args.profile, run_root) if args.profile else None
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
-        stop_spark()
-        left = leftovers(before)
-        if left:
-            print(f"ending {len(left)} leftover processes: "
-                  f"{[(p.pid, ' '.join(p.cmdline())[:80]) for p in left]}")
-            end_processes(left)
+        clean_up(before)
 
     medians = {n: {np: statistics.median(v) for np, v in by_np.items() if v}
                for n, by_np in times.items()}

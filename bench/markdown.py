@@ -30,6 +30,9 @@ TITLES = {
     "scripts": "Training scripts and MLflow: logging cost per point (ratio: share of a 5 ms step); "
                "`%horovod script.py` launch beside the same code in a cell",
     "elastic": "Elastic recovery: kill → first step after it, steps redone (np 3, --min-np 2)",
+    "ddp-train": "DDP training throughput (torch.distributed, Gloo): rank 0's steps/s",
+    "ddp-launch": "Launch of a trivial DDP cell (`init_process_group` + one all_reduce), wall "
+                  "seconds of the call",
     "elastic-cost": "Elastic cost when nothing fails: rank 0's steps/s (np -3, and np 3 on Spark)",
 }
 REFERENCES = {
@@ -40,6 +43,8 @@ REFERENCES = {
     "timeline": "no timeline", "logs": "the same loop printing to /dev/null",
     "payload": "the 8-byte value", "session": "`%%px`",
     "elastic": "`horovodrun --min-np` with a discovery script, same loop and kill",
+    "ddp-train": "`torchrun --nproc_per_node N` on the same step",
+    "ddp-launch": "the floor (N bare processes running the trivial Horovod cell)",
     "elastic-cost": "a barrier run of the same step in a plain loop, in the same place",
 }
 

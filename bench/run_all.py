@@ -73,6 +73,10 @@ BENCHMARKS = {
                                        "--np", "2"]),
     "scripts": ("bench_scripts.py", ["--reps", "5", "--points", "1000"],
                 ["--reps", "2", "--points", "400"]),
+    # torch.distributed (issue #37): DDP steps/s beside torchrun, a DDP cell's launch beside the
+    # floor and TorchDistributor
+    "ddp": ("bench_ddp.py", ["--np", "1", "2", "4", "--train-np", "2", "4", "--reps", "3"],
+            ["--np", "2", "--train-np", "2", "--reps", "1", "--steps", "50"]),
     "elastic": ("bench_elastic.py", ["--reps", "3", "--cost-reps", "5"],
                 ["--reps", "1", "--cost-reps", "2", "--cost-steps", "300"]),
     # --- DataFrame shards (issue #17): bench/bench_shards.py, when it exists, writes the same

@@ -9,6 +9,7 @@ job starts), picks a launcher (`hvd_magic.launch.make_launcher`) and starts a `R
 """
 
 import marshal
+import re
 
 from IPython.core.error import UsageError
 
@@ -121,11 +122,32 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     """Start a pickled job as `placement` and `options` say (`hvd_magic.config`, checked
     together here once more: a front door may have made them apart); return the `Run`."""
     placement, options = check_together(placement, options)
+    if placement.elastic is not None:
+        refuse_elastic_without_horovod(job)
     view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
     launcher = make_launcher(placement)
     run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
                elastic=placement.elastic)
     return run_.launch(job, kwargs_pickled, background=background)
+
+
+def refuse_elastic_without_horovod(job):
+    """``--min-np`` runs Horovod's elastic driver: it re-forms Horovod's ring, and nothing else.
+    A cell or script whose code (with the modules it ships) never names Horovod, e.g.
+    torch.distributed's, would get a driver that can do nothing for it: a plain UsageError
+    saying what to do. (A function given to `run` has no text to read: it is not checked.)"""
+    if not job.get("sources"):
+        return
+    texts = [*job["sources"].values(), *(job.get("modules") or {}).values()]
+    if any(re.search(r"\bhorovod\b", text) for text in texts):
+        return
+    what = "script" if job.get("script") else "cell"
+    raise UsageError(
+        f"--min-np makes an elastic Horovod run (a lost rank is replaced and the survivors "
+        f"re-form Horovod's ring inside hvd.elastic.run), but this {what} does not use Horovod; "
+        f"a torch.distributed process group cannot be re-formed that way. Drop --min-np: a lost "
+        f"rank then ends the run with its error, and you rerun it from your last checkpoint. "
+        f"Or train with Horovod's elastic API (hvd.elastic.run and a State: docs/elastic.md).")
 
 
 def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,

@@ -72,6 +72,13 @@ def test_a_cell_runs_through_the_active_connect_session(ip, connect):
     assert all("rank" in open(run.log_path(r)).read() for r in range(2))  # lines came live
 
 
+def test_a_ddp_cell_through_connect(ip, connect):
+    cell = ("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            "x = torch.tensor([dist.get_rank() + 1.0])\ndist.all_reduce(x)\nx.item()")
+    assert ip.run_cell_magic("distributed", "--np 2 --quiet", cell) == 3.0
+    assert hvd_magic.last_run().results == [3.0, 3.0]
+
+
 def test_a_notebook_module_travels_with_the_job(ip, connect, tmp_path, monkeypatch):
     (tmp_path / "connmod.py").write_text("def triple(x):\n    return 3 * x\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -1,10 +1,17 @@
 """torch.distributed in a %%horovod cell: the environment torchrun gives (env://), real ranks."""
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
+from IPython.core.error import UsageError
 
 import hvd_magic
 
 torch = pytest.importorskip("torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("line", ["--np -2", "--np 2"])  # on the driver; on Spark local
@@ -26,13 +33,206 @@ def test_init_process_group_with_no_argument(ip, line):
 
 
 def test_a_rank_that_raises_ends_the_others_blocked_in_a_collective(ip):
+    # (torch's @record writes the failing rank's error to its TORCHELASTIC_ERROR_FILE)
     cell = ("import torch, torch.distributed as dist\n"
+            "from torch.distributed.elastic.multiprocessing.errors import record\n"
             "dist.init_process_group('gloo')\n"
-            "if dist.get_rank() == 1:\n"
-            "    raise ValueError('rank one gives up')\n"
-            "dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes\n")
+            "@record\ndef main():\n"
+            "    if dist.get_rank() == 1:\n"
+            "        raise ValueError('rank one gives up')\n"
+            "    dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes\n"
+            "main()\n")
     with pytest.raises(hvd_magic.RankError) as info:
         ip.run_cell_magic("horovod", "--np -2 --timeout 120", cell)
     assert info.value.rank == 1
     assert "rank one gives up" in "\n".join(info.value._render_traceback_())
-    assert hvd_magic.last_run().state == "failed"  # not the 120 s timeout, nor Gloo's 30 min
+    run = hvd_magic.last_run()
+    assert run.state == "failed"  # not the 120 s timeout, nor Gloo's 30 min
+    # torch's error file of the failed rank is kept in the run folder
+    with open(os.path.join(run.run_dir, "torchelastic", "rank-1", "error.json")) as f:
+        assert "rank one gives up" in f.read()
+
+
+# Each rank trains the same seeded nn.Linear under DDP on batches of its own (seeded by rank and
+# step); every rank's weights come back (hvd_magic.last_run().results).
+DDP_TRAINING = """\
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+ddp = DistributedDataParallel(model)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for step in range(STEPS):
+    x, y = batch(step, rank)
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    optimizer.step()
+dist.destroy_process_group()
+[p.detach() for p in model.parameters()]
+"""
+# Defined in the notebook (the shell), as a user's: it travels to the ranks by value.
+BATCH = """\
+import torch
+STEPS = 3
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+"""
+_here = {}
+exec(BATCH, _here)
+batch, STEPS = _here["batch"], _here["STEPS"]
+
+
+def one_process_on_every_ranks_batches(ranks):
+    """What DDP promises: one model trained with plain SGD on the concatenated batches."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        xs, ys = zip(*(batch(step, r) for r in range(ranks)))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+        optimizer.step()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("np", ["-2", "2"], ids=["driver", "spark"])
+def test_ddp_averages_the_ranks_gradients(ip, fresh_ns, np):
+    ip.run_cell(BATCH).raise_error()
+    ip.run_cell_magic("horovod", f"--np {np} --quiet", DDP_TRAINING)
+    ranks = hvd_magic.last_run().results
+    expected = one_process_on_every_ranks_batches(2)
+    for weights in ranks:
+        assert all(torch.allclose(w, e, atol=1e-6) for w, e in zip(weights, expected)), \
+            (weights, expected)
+    alone = one_process_on_every_ranks_batches(1)  # rank 0's batches only: not what came back
+    assert not torch.allclose(ranks[0][0], alone[0], atol=1e-3)
+
+
+def test_a_warm_session_keeps_a_process_group_and_makes_it_again(ip, fresh_ns):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        cell = lambda code: ip.run_cell_magic("horovod", "--quiet", code)  # noqa: E731
+        assert cell("import os, torch, torch.distributed as dist\n"
+                    "dist.init_process_group('gloo')\ndist.get_world_size()") == 2
+        reduce = "x = torch.tensor([dist.get_rank() + 1.0])\ndist.all_reduce(x)\nx.item()"
+        assert cell(reduce) == 3.0
+        # Lightning's LightningEnvironment.teardown() deletes WORLD_SIZE: the next cell has it
+        assert cell("del os.environ['WORLD_SIZE']\n" + reduce) == 3.0
+        assert cell("dist.destroy_process_group()\ndist.init_process_group('gloo')\n"
+                    + reduce + "\n(x.item(), os.environ['WORLD_SIZE'])") == (3.0, "2")
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+DDP_SCRIPT = """\
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+x = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(x)
+if dist.get_rank() == 0:
+    with open(sys.argv[1], "w") as f:
+        f.write(str(x.item()))
+dist.destroy_process_group()
+"""
+
+
+def test_a_ddp_script_through_the_magic_and_the_terminal(ip, tmp_path):
+    (tmp_path / "train.py").write_text(DDP_SCRIPT)
+    ip.run_line_magic("horovod", f"--np -2 --quiet {tmp_path}/train.py {tmp_path}/magic.txt")
+    assert (tmp_path / "magic.txt").read_text() == "3.0"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-m", "hvd_magic", "-np", "-2", "train.py",
+                           "terminal.txt"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "terminal.txt").read_text() == "3.0"
+
+
+def test_horovod_runner_runs_a_ddp_function(ip, fresh_ns):
+    ip.run_cell("from hvd_magic import HorovodRunner\n"
+                "def total(scale):\n"
+                "    import torch, torch.distributed as dist\n"
+                "    dist.init_process_group('gloo')\n"
+                "    x = torch.tensor([dist.get_rank() + 1.0])\n"
+                "    dist.all_reduce(x)\n"
+                "    return (dist.get_rank(), x.item() * scale)\n"
+                "result = HorovodRunner(np=-2, quiet=True).run(total, scale=2.0)\n").raise_error()
+    assert fresh_ns["result"] == (0, 6.0)
+    assert hvd_magic.last_run().results == [(0, 6.0), (1, 6.0)]
+
+
+def test_a_sigkilled_rank_ends_the_run_and_is_named(ip):
+    cell = ("import os, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "if dist.get_rank() == 1:\n"
+            "    os.kill(os.getpid(), 9)\n"
+            "dist.all_reduce(torch.ones(1))  # rank 0 waits here for the dead rank\n")
+    started = time.monotonic()
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 120", cell)
+    assert time.monotonic() - started < 60  # not the 120 s timeout, nor Gloo's 30 minutes
+    assert info.value.rank == 1 and "SIGKILL" in str(info.value)
+    assert hvd_magic.last_run().state == "failed"
+
+
+# Rank 0 takes one step more than rank 1, which then goes on with other work: rank 0 waits in a
+# collective rank 1 never calls (in DDP's backward: its reducer's all-reduce of the gradients).
+STALLS = {
+    "all_reduce": "for step in range(3 if dist.get_rank() == 0 else 2):\n"
+                  "    dist.all_reduce(torch.ones(2))\n",
+    "backward": "from torch.nn.parallel import DistributedDataParallel\n"
+                "ddp = DistributedDataParallel(torch.nn.Linear(2, 1))\n"
+                "for step in range(3 if dist.get_rank() == 0 else 2):\n"
+                "    ddp(torch.ones(4, 2)).sum().backward()\n",
+}
+
+
+@pytest.mark.parametrize("op", sorted(STALLS))
+def test_the_watchdog_names_a_rank_stuck_in_a_torch_collective(ip, op):
+    cell = ("import time, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            + STALLS[op] + "if dist.get_rank() == 1:\n    time.sleep(120)\n")
+    started = time.monotonic()
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 3 --on-stall fail", cell)
+    assert time.monotonic() - started < 60
+    text = "\n".join(info.value._render_traceback_())
+    assert f"rank 0 has been waiting in a collective ({op})" in text, text
+    assert "rank 1 is running elsewhere" in text
+
+
+def test_min_np_on_code_without_horovod_says_what_to_do(ip, tmp_path):
+    cell = "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+    runs_before = len(hvd_magic.runs())
+    for run in (lambda: ip.run_cell_magic("horovod", "--np -2 --min-np 1", cell),
+                lambda: hvd_magic.run_script(tmp_path / "train.py", np=-2, min_np=1)):
+        (tmp_path / "train.py").write_text(cell)
+        with pytest.raises(UsageError) as info:
+            run()
+        assert type(info.value) is UsageError  # (a subclass prints a full traceback)
+        assert "does not use Horovod" in str(info.value) and "Drop --min-np" in str(info.value)
+    assert len(hvd_magic.runs()) == runs_before  # refused before anything started
+
+
+def test_distributed_is_horovod_under_another_name(ip):
+    cell = "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.get_world_size()"
+    assert ip.run_cell_magic("distributed", "--np -2 --quiet", cell) == 2
+    assert hvd_magic.last_run().results == [2, 2]
+    help_text = ip.find_cell_magic("distributed").__doc__
+    assert help_text == ip.find_cell_magic("horovod").__doc__  # the same options and help
+    assert "torch.distributed" in help_text and "%%distributed" in help_text
+    with pytest.raises(UsageError, match="--np"):
+        ip.run_cell_magic("distributed", "--np two", cell)
+
+
+def test_the_watchdog_names_a_rank_missing_from_init_process_group(ip):
+    cell = ("import os, time, torch.distributed as dist\n"
+            "if os.environ['RANK'] == '1':\n    time.sleep(120)\n"
+            "dist.init_process_group('gloo')\n")
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 3 --on-stall fail", cell)
+    text = "\n".join(info.value._render_traceback_())
+    assert "rank 0 has been waiting in dist.init_process_group() for" in text, text
+    assert "rank 1, which has not called it" in text
+

@@ -86,11 +86,16 @@ SUBNET = "10.213.77"            # a private /24 for this test's own veth pair
 ROOT_IP, NS_IP = f"{SUBNET}.1", f"{SUBNET}.2"
 
 TWO_HOSTS_CELL = """\
-import os, torch, horovod.torch as hvd
+import os, torch, horovod.torch as hvd, torch.distributed as dist
 hvd.init()
 total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum)
+dist.init_process_group("gloo")  # torch.distributed across the hosts too
+ddp_total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(ddp_total)
 (total.item(), hvd.cross_size(), hvd.local_size(), os.environ["HOROVOD_HOSTNAME"],
- os.environ["HOROVOD_GLOO_IFACE"], os.readlink("/proc/self/ns/net"))
+ os.environ["HOROVOD_GLOO_IFACE"], os.readlink("/proc/self/ns/net"), ddp_total.item(),
+ (hvd.local_rank(), hvd.cross_rank()), tuple(int(os.environ[name]) for name in
+ ("LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE")))
 """
 
 
@@ -170,12 +175,18 @@ def test_ranks_on_two_hosts_across_a_veth(ip, netns, two_host_cluster):
     assert run.where == f"spark://{ROOT_IP}:{two_host_cluster.port}"
     root_netns = os.readlink("/proc/self/ns/net")
     test_netns = f"net:[{os.stat(f'/run/netns/{name}').st_ino}]"
-    by_host = {}
-    for total, cross_size, local_size, host, iface, net in run.results:
-        assert (total, cross_size, local_size) == (10.0, 2, 2)
+    by_host, groups = {}, {}
+    for total, cross_size, local_size, host, iface, net, ddp_total, horovods, torchruns in \
+            run.results:
+        assert (total, cross_size, local_size, ddp_total) == (10.0, 2, 2, 10.0)
         by_host.setdefault(host, set()).add((iface, net))
+        # torchrun's LOCAL_RANK and GROUP_RANK (the host's index) are Horovod's local and
+        # cross ranks; two ranks on each of the two hosts
+        assert torchruns[:2] == horovods and torchruns[2:] == (2, 2)
+        groups.setdefault(host, set()).add(torchruns[1])
     # two ranks in each namespace, each using its own end of the veth for Gloo
     assert by_host == {ROOT_IP: {(here, root_netns)}, NS_IP: {(there, test_netns)}}
+    assert sorted(groups.values()) == [{0}, {1}]
     assert sorted(r.executor.rsplit(":", 1)[0] for r in run.ranks) == [ROOT_IP] * 2 + [NS_IP] * 2
     assert _veth_bytes(here) - before > 100_000  # the run's traffic went through the veth
 

@@ -37,6 +37,32 @@ def test_allreduce_on_two_workers(ip, standalone):
         session.stop()
 
 
+def test_torchrun_variables_on_two_workers(ip, standalone):
+    """torch.distributed across the two workers' executors: LOCAL_RANK and GROUP_RANK are
+    Horovod's local and cross ranks (the hosts as the cluster knows them)."""
+    session = standalone.session()
+    cell = ("import os, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            "x = torch.ones(1)\ndist.all_reduce(x)\n"
+            "(x.item(), os.environ['HOROVOD_HOSTNAME'], *(int(os.environ[k]) for k in (\n"
+            "    'RANK', 'LOCAL_RANK', 'GROUP_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_WORLD_SIZE',\n"
+            "    'HOROVOD_LOCAL_RANK', 'HOROVOD_CROSS_RANK', 'HOROVOD_LOCAL_SIZE',\n"
+            "    'HOROVOD_CROSS_SIZE')))")
+    try:
+        ip.run_cell_magic("distributed", "--np 4 --quiet", cell)
+        run = hvd_magic.last_run()
+        assert len({r.executor for r in run.ranks}) == 2  # both workers
+    finally:
+        session.stop()
+    by_host = {}
+    for rank, (total, host, rank_var, local, group, local_size, groups, *horovods) in \
+            enumerate(run.results):
+        assert (total, rank_var) == (4.0, rank)
+        assert (local, group, local_size, groups) == tuple(horovods)
+        by_host.setdefault(host, []).append(local)
+    for locals_ in by_host.values():  # LOCAL_RANK counts the ranks of each host from 0
+        assert sorted(locals_) == list(range(len(locals_)))
+
+
 def test_data_shards_on_two_workers(ip, fresh_ns, standalone, tmp_path):
     from IPython.core.error import UsageError
 

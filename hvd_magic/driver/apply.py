@@ -65,7 +65,8 @@ def apply_event(run, event, request_stop):
     elif kind == "file" and event.get("kind") in FILE_KINDS:
         run.folder.receive(event)
     elif kind == "file" and event.get("kind") in FOLDER_KINDS:
-        run.folder.receive_file_of_folder(rank, event, run.tensorboard)
+        root = run.tensorboard if event["kind"] == "tensorboard" else None
+        run.folder.receive_file_of_folder(rank, event, root)
     elif kind == "blocked":
         seconds = event.get("seconds")
         r.blocked_since = time.monotonic() - (seconds if isinstance(seconds, (int, float)) else 0)

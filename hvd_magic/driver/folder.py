@@ -22,7 +22,9 @@ import os
 import time
 
 FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
-FOLDER_KINDS = {"tensorboard"}                # folders of binary files a task may send back
+# folders of binary files a task may send back: TensorBoard's logs; torch's error file of a
+# failed rank (TORCHELASTIC_ERROR_FILE, what `torch.distributed.elastic...errors.record` writes)
+FOLDER_KINDS = {"tensorboard", "torchelastic"}
 FLUSH_EVERY = 0.2                             # seconds at most between a write and its flush
 
 
@@ -99,12 +101,15 @@ class RunFolder:
             self.files[event["kind"]] = partial
 
     def receive_file_of_folder(self, rank, event, root=None):
-        """Write a chunk of a binary file a task sent from a rank's folder (TensorBoard logs)."""
+        """Write a chunk of a binary file a task sent from a rank's folder (TensorBoard logs,
+        torch's error file) under `root` (default: the run folder's folder of that kind)."""
         rel = os.path.normpath(str(event.get("path", "")))
         if os.path.isabs(rel) or rel.startswith(".."):
             raise ValueError(f"a file outside its folder: {rel!r}")
-        self.tensorboard = root or os.path.join(self.path, event["kind"])
-        path = os.path.join(self.tensorboard, f"rank-{rank}", rel)
+        root = root or os.path.join(self.path, event["kind"])
+        if event["kind"] == "tensorboard":
+            self.tensorboard = root
+        path = os.path.join(root, f"rank-{rank}", rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb" if event.get("seq") == 0 else "ab") as f:
             f.write(base64.b64decode(str(event.get("data", ""))))

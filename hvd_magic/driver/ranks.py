@@ -29,7 +29,7 @@ class RankState:
         self.exit = None     # {"code", "status", "summary"} once the rank ended
         self.ended_at = None
         self.blocked_since = None   # monotonic time it began waiting for its peers, if it does
-        self.blocked_op = None      # what it waits in: "init", "synchronize", "join", "barrier"
+        self.blocked_op = None      # what it waits in: "init", "all_reduce"... (rank/stall.py)
         self.last_event = time.monotonic()
 
     def as_dict(self):

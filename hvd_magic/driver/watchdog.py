@@ -18,6 +18,9 @@ from .ranks import ranks_text
 # evaluates alone).
 INIT_STALL_MIN = 10.0
 INIT_STALL_MAX = 30.0
+# The waits every rank must enter before any collective, as the ranks name them, and as the
+# messages name them (Horovod's, torch.distributed's).
+INIT_OPS = {"init": "hvd.init()", "init_process_group": "dist.init_process_group()"}
 
 
 def init_stall_seconds(stall_timeout):
@@ -27,46 +30,57 @@ def init_stall_seconds(stall_timeout):
 def stall_message(ranks, stall_timeout, now=None):
     """The watchdog's message when ranks have waited too long for others, else None."""
     now = time.monotonic() if now is None else now
-    in_init = [r for r in ranks if r.exit is None and r.blocked_op == "init"
+    in_init = [r for r in ranks if r.exit is None and r.blocked_op in INIT_OPS
                and now - r.blocked_since >= init_stall_seconds(stall_timeout)]
     if in_init:
         return _init_message(ranks, in_init, now)
     waiting = [r for r in ranks if r.exit is None and r.blocked_since is not None
-               and r.blocked_op != "init"]
+               and r.blocked_op not in INIT_OPS]
     elsewhere = [r for r in ranks if r not in waiting]
     if not any(now - r.blocked_since >= stall_timeout for r in waiting) or not elsewhere:
         return None  # nobody waits that long, or everybody waits (a slow collective, not a stall)
     ended = [r for r in elsewhere if r.exit is not None]
-    starting = [r for r in elsewhere if r.exit is None and r.blocked_op == "init"]
+    starting = [r for r in elsewhere if r.exit is None and r.blocked_op in INIT_OPS]
     busy = [r for r in elsewhere if r.exit is None and r not in starting]
     why = []
     if ended:
         why.append(f"{ranks_text(ended)} ended")
     if starting:
-        why.append(f"{ranks_text(starting)} {'are' if len(starting) > 1 else 'is'} still in hvd.init()")
+        why.append(f"{ranks_text(starting)} {'are' if len(starting) > 1 else 'is'} still in "
+                   f"{_init_names(starting)}")
     if busy:
         why.append(f"{ranks_text(busy)} {'are' if len(busy) > 1 else 'is'} running elsewhere")
     return (
         f"stall: {ranks_text(waiting)} {'have' if len(waiting) > 1 else 'has'} been waiting in a "
-        f"collective for {now - min(r.blocked_since for r in waiting):.0f} s, while "
+        f"collective ({_op_names(waiting)}) for "
+        f"{now - min(r.blocked_since for r in waiting):.0f} s, while "
         f"{' and '.join(why)}: the waiting ranks are blocked on a collective (allreduce, "
         f"broadcast...) that the others never called, e.g. a loop that ran fewer steps on "
         f"some ranks. Where each rank is (run.stacks() asks again):")
 
 
+def _op_names(ranks):
+    return ", ".join(dict.fromkeys(r.blocked_op for r in ranks if r.blocked_op))
+
+
+def _init_names(ranks):
+    return " or ".join(dict.fromkeys(INIT_OPS[r.blocked_op] for r in ranks))
+
+
 def _init_message(ranks, in_init, now):
-    joined = [r for r in ranks if r.exit is None and r.blocked_op == "init"]
+    joined = [r for r in ranks if r.exit is None and r.blocked_op in INIT_OPS]
     missing = [r for r in ranks if r not in joined]
     waited = now - min(r.blocked_since for r in in_init)
+    init = _init_names(joined)
     if not missing:
-        return (f"stall: every rank has been in hvd.init() for {waited:.0f} s and the Gloo "
+        return (f"stall: every rank has been in {init} for {waited:.0f} s and the Gloo "
                 f"rendezvous has not completed: the ranks cannot reach rank 0's rendezvous server "
                 f"or each other (check HOROVOD_GLOO_IFACE and firewalls between executors; "
                 f"%horovod_env shows each executor's address). Where each rank is:")
     lines = [f"stall: {ranks_text(joined)} {'have' if len(joined) > 1 else 'has'} been waiting in "
-             f"hvd.init() for {waited:.0f} s for {ranks_text(missing)}, which "
+             f"{init} for {waited:.0f} s for {ranks_text(missing)}, which "
              f"{'have' if len(missing) > 1 else 'has'} not called it. Every rank must call "
-             f"hvd.init() (not only some, e.g. behind `if` on the rank); the waiting ranks give "
+             f"{init} (not only some, e.g. behind `if` on the rank); the waiting ranks give "
              f"up only after Gloo's timeout."]
     for r in missing:
         if r.exit is not None:

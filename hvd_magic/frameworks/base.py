@@ -17,6 +17,15 @@ IPython or pyspark (this runs in Spark tasks and on the rank side).
 
 from dataclasses import dataclass
 
+from ..task.plan import _iface_of, _local_ip_towards
+
+
+def iface_towards(address):
+    """This host's network interface that packets to `address` leave from: the one a rank's
+    Gloo should use (where the host's name resolves to a loopback address, as on many Debian
+    machines, Gloo's own guess gives the peers an address they cannot reach)."""
+    return _iface_of(_local_ip_towards(address))
+
 
 @dataclass(frozen=True)
 class World:

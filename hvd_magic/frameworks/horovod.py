@@ -2,8 +2,7 @@
 every rank gets Horovod's slot variables and the rendezvous' address, and its network interface
 towards it (found on the rank's own host)."""
 
-from ..task.plan import _iface_of, _local_ip_towards
-from .base import Framework, Served
+from .base import Framework, Served, iface_towards
 
 
 def horovod_rank_env(slot, np, rendezvous_ip, rendezvous_port, iface):
@@ -21,11 +20,6 @@ def horovod_rank_env(slot, np, rendezvous_ip, rendezvous_port, iface):
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
     }
-
-
-def iface_towards(address):
-    """This host's network interface that packets to `address` leave from."""
-    return _iface_of(_local_ip_towards(address))
 
 
 class Horovod(Framework):

@@ -1,6 +1,7 @@
 """torch.distributed's part of a rank's start: the variables torchrun gives its workers, so that
 ``dist.init_process_group("gloo")`` with no other argument (``env://``), DDP, Lightning and
-accelerate find the launched world.
+accelerate find the launched world; and Gloo's interface (``GLOO_SOCKET_IFNAME``), which
+torchrun leaves to Gloo's guess from the host's name.
 
 Rank 0's own ``init_process_group`` hosts the store (a `TCPStore` on ``MASTER_PORT``), as under
 torchrun without an agent store: it is made afresh with each process group, so a group destroyed
@@ -13,7 +14,7 @@ here imports torch: a cell that never imports it pays one socket.
 
 import socket
 
-from .base import Framework, Served
+from .base import Framework, Served, iface_towards
 
 
 class TorchDistributed(Framework):
@@ -43,4 +44,10 @@ class TorchDistributed(Framework):
             "TORCHELASTIC_MAX_RESTARTS": 0,
             # rank 0's init_process_group hosts the store: no agent's store is served
             "TORCHELASTIC_USE_AGENT_STORE": "False",
+            # Gloo's pairs on the interface towards rank 0's host, not the host name's address
+            "GLOO_SOCKET_IFNAME": iface_towards(world.address),
         }
+
+    def here(self, env):
+        address = env.get("MASTER_ADDR")
+        return {"GLOO_SOCKET_IFNAME": iface_towards(address)} if address else {}

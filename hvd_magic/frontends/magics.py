@@ -84,12 +84,14 @@ class HorovodMagics(Magics):
               help="Allow Spark to re-attempt the barrier stage this many times (default 0: a "
                    "retried stage is reported, never silently restarted).")
     @argument("--stall-timeout", type=float, default=None,
-              help="Seconds some ranks may wait in a collective (allreduce, broadcast, join, "
-                   "barrier...) while others are not in it (they ended, are still in "
-                   "hvd.init(), or run other code) before the hang watchdog reports a stall; "
-                   "ranks waiting in hvd.init() for a peer that never calls it are reported "
-                   "after this many seconds, kept between 10 and 30. The report shows every rank's "
-                   "Python stack, grouped (default: HorovodMagics.stall_timeout, 60).")
+              help="Seconds some ranks may wait in a collective (Horovod's or "
+                   "torch.distributed's: allreduce, broadcast, join, barrier, DDP's backward...) "
+                   "while others are not in it (they ended, are still in hvd.init(), or run "
+                   "other code) before the hang watchdog reports a stall; ranks waiting in "
+                   "hvd.init() (or dist.init_process_group()) for a peer that never calls it "
+                   "are reported after this many seconds, kept between 10 and 30. The report "
+                   "shows every rank's Python stack, grouped (default: "
+                   "HorovodMagics.stall_timeout, 60).")
     @argument("--on-stall", choices=("warn", "fail"), default="warn",
               help="What a stall does: warn (report and keep waiting) or fail (stop the run).")
     @argument("--timeline", action="store_true",
@@ -118,7 +120,8 @@ class HorovodMagics(Magics):
                    "too).")
     @line_cell_magic
     def horovod(self, line, cell=None):
-        """Run the cell (or a script) on N Horovod ranks and show rank 0's last expression.
+        """Run the cell (or a script) on N ranks (Horovod, torch.distributed...) and show rank
+        0's last expression.
 
         ::
 
@@ -126,6 +129,11 @@ class HorovodMagics(Magics):
             import torch, horovod.torch as hvd
             hvd.init()
             hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+
+        Every rank also has torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+        LOCAL_RANK, GROUP_RANK...), so ``torch.distributed.init_process_group("gloo")`` with no
+        other argument, DistributedDataParallel and the collectives work in a cell too;
+        ``%%distributed`` is this magic under a name for cells that use no Horovod.
 
         Each rank is a task of one Spark barrier stage (or, with ``--np -N``, a process of this
         machine). The cell runs as a function on every rank: the notebook's imports that it uses are
@@ -150,6 +158,10 @@ class HorovodMagics(Magics):
             long_training()
 
             %horovod --np 4 train.py --epochs 3   # a training script, as horovodrun runs it
+
+            %%distributed --np 2                 # torch.distributed, as under torchrun
+            import torch.distributed as dist
+            dist.init_process_group("gloo")
         """
         args = self.horovod.parser.parse_args(mlflow_before_script(arg_split(line)))
         if cell is None and not args.command:
@@ -171,6 +183,14 @@ class HorovodMagics(Magics):
         finally:
             if opening is not None:  # (the dashboard took its place, or it is emptied)
                 opening.clear()
+
+    def distributed(self, line, cell=None):
+        return self.horovod(line, cell)
+
+    # %%distributed: %%horovod's options, parser and help, for cells that use no Horovod
+    distributed.__doc__ = horovod.__doc__
+    distributed.parser = horovod.parser
+    distributed = line_cell_magic(distributed)
 
     horovod_session = line_magic(horovod_session)
     horovod_data = line_magic(horovod_data)

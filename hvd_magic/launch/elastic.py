@@ -43,7 +43,7 @@ import time
 import types
 
 from ..errors import LaunchError
-from ..frameworks.horovod import iface_towards
+from ..frameworks.base import iface_towards
 from ..task.runner import run_worker
 from .base import Launcher
 from .elastic_horovod import discovery, elastic_driver, ring_rendezvous

@@ -7,6 +7,8 @@ From its task, on stdin, length-prefixed pickled jobs: ``{"cell", "code", "kwarg
 "sources", "export"}`` (None ends the session). For each it:
 - puts the notebook's values into the namespace, except names an earlier cell assigned here
   (the rank's own value wins);
+- puts back the frameworks' variables the rank started with that an earlier cell removed
+  (`restore_framework_env`: Lightning's teardown deletes ``WORLD_SIZE``);
 - in an elastic session, when the job says a rank was lost (``"reset"``), first resets Horovod
   (`reset_horovod`): the survivors form the smaller ring before the cell's code runs;
 - runs the cell's code; a KeyboardInterrupt (the task's SIGINT: Cancel, Ctrl-C, a timeout) ends
@@ -31,6 +33,8 @@ from ..payload import cloud_dumps
 from . import reporting, stream
 
 END_OF_CELL = "\x00hvd_magic end of cell\x00"
+# Names the rank's frameworks' variables (`hvd_magic.frameworks`), comma-separated.
+FRAMEWORK_VARS = "HVD_MAGIC_FRAMEWORK_VARS"
 VALUE_NAME = "__hvd_magic_value__"
 _HEADER = struct.Struct("!I")
 # Horovod's framework modules: each has its own C++ library, initialised on its own.
@@ -168,6 +172,21 @@ def _ask_rank_and_size():
         env[f"HOROVOD_{name}"] = value
 
 
+def framework_env():
+    """The frameworks' variables this rank process started with (torchrun's, Horovod's...)."""
+    names = os.environ.get(FRAMEWORK_VARS, "").split(",")
+    return {name: os.environ[name] for name in names if name in os.environ}
+
+
+def restore_framework_env(started):
+    """Put back each of `started`'s variables that a cell removed: a framework's teardown may
+    (Lightning's `LightningEnvironment.teardown` deletes ``WORLD_SIZE``), and the next cell's
+    ``init_process_group`` would then fail. One a cell changed is left as it is (an elastic
+    reset gives Horovod's ranks new values on purpose)."""
+    for name, value in started.items():
+        os.environ.setdefault(name, value)
+
+
 def serve(workdir, error_record, exports, register_source, install_modules):
     global _running
     import cloudpickle  # noqa: F401  (the jobs and values unpickle with it)
@@ -176,6 +195,7 @@ def serve(workdir, error_record, exports, register_source, install_modules):
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     assigned = set()      # names a cell assigned on this rank: they win over notebook values
     jobs = sys.stdin.buffer
+    started_env = framework_env()
     reporting.state("ready")
     while True:
         job = read_job(jobs)
@@ -187,6 +207,7 @@ def serve(workdir, error_record, exports, register_source, install_modules):
         install_modules(job.get("modules"), os.path.join(workdir, "modules"))
         if job.get("data") is not None:  # this cell's --data; later cells keep reading it
             stream.use_plan(job["data"])
+        restore_framework_env(started_env)
         reporting.state("running", cell=cell)
         status, summary, payload = "ok", None, b""
         try:

@@ -2,11 +2,15 @@
 
 Horovod's stall inspector never fires with the Gloo controller, so a rank waiting for peers that
 will never join (they finished their loop early, or are busy elsewhere) waits forever; and a rank
-in ``hvd.init()`` waits for every peer to call it too, up to several times Gloo's timeout. Each
-wait in `init`, `synchronize`, `join` or `barrier` sets a flag (a time check, no syscall); a
-monitor thread sends a ``blocked`` event (with the operation) once a wait has lasted
-`REPORT_AFTER` seconds and ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`)
-compares the ranks.
+in ``hvd.init()`` waits for every peer to call it too, up to several times Gloo's timeout.
+torch.distributed's Gloo waits 30 minutes by default. Each wait in Horovod's `init`,
+`synchronize`, `join` or `barrier`, and in torch.distributed's `init_process_group`, collectives
+(`TORCH_WAITS`) and, once a `DistributedDataParallel` exists, `backward` (where DDP's reducer
+waits for the gradients' all-reduce), sets a flag (a time check, no syscall); a monitor thread
+sends a ``blocked`` event (with the operation) once a wait has lasted `REPORT_AFTER` seconds and
+``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`) compares the ranks.
+
+Each module is patched right after it is imported (`hooks`): nothing is imported here.
 """
 
 import functools
@@ -21,11 +25,27 @@ _waiting = {"since": None, "op": None, "reported": False}
 _lock = threading.Lock()
 
 
+# torch.distributed's calls that wait for every peer (a call with async_op=True returns at once)
+TORCH_WAITS = ("init_process_group", "all_reduce", "broadcast", "all_gather",
+               "all_gather_into_tensor", "all_gather_object", "broadcast_object_list", "barrier",
+               "monitored_barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather",
+               "gather_object", "scatter", "scatter_object_list", "all_to_all",
+               "all_to_all_single", "recv")
+
+
 def _blocking(fn, op):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with _lock:
-            _waiting.update(since=time.monotonic(), op=op, reported=False)
+            # a wait inside a wait (all_gather_object calls all_gather) is the outer one's;
+            # an asynchronous call waits in its work's wait(), not here
+            if _waiting["since"] is not None or kwargs.get("async_op"):
+                inner = True
+            else:
+                inner = False
+                _waiting.update(since=time.monotonic(), op=op, reported=False)
+        if inner:
+            return fn(*args, **kwargs)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -53,17 +73,50 @@ def _monitor():
 _monitor_started = threading.Event()
 
 
-def _patch(mpi_ops):
-    # Patched in the module the framework's package imports them from, before it does.
-    for op in ("init", "synchronize", "join", "barrier"):
-        fn = getattr(mpi_ops, op, None)
-        if fn is not None:
-            setattr(mpi_ops, op, _blocking(fn, op))
+def _start_monitor():
     if not _monitor_started.is_set():
         _monitor_started.set()
         threading.Thread(target=_monitor, name="hvd-magic-stall", daemon=True).start()
 
 
+def _wrap(module, ops):
+    for op in ops:
+        fn = getattr(module, op, None)
+        if fn is not None:
+            setattr(module, op, _blocking(fn, op))
+    _start_monitor()
+
+
+def _patch(mpi_ops):
+    # Patched in the module the framework's package imports them from, before it does.
+    _wrap(mpi_ops, ("init", "synchronize", "join", "barrier"))
+
+
+def _patch_torch(c10d):
+    # torch.distributed takes these names from distributed_c10d (``import *``) once it is run
+    _wrap(c10d, TORCH_WAITS)
+
+
+def _patch_ddp(module):
+    """The first `DistributedDataParallel` made wraps `torch.autograd.backward` (what
+    ``loss.backward()`` calls): its reducer waits there for the peers' gradients. Code without
+    DDP keeps an unwrapped backward."""
+    ddp = module.DistributedDataParallel
+    made = ddp.__init__
+
+    @functools.wraps(made)
+    def __init__(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        import torch.autograd  # (loaded already: the DDP module needs it)
+        if not getattr(torch.autograd.backward, "_hvd_magic_wait", False):
+            torch.autograd.backward = _blocking(torch.autograd.backward, "backward")
+            torch.autograd.backward._hvd_magic_wait = True
+
+    ddp.__init__ = __init__
+
+
 def install():
     for framework in ("torch", "tensorflow"):
         hooks.when_imported(f"horovod.{framework}.mpi_ops", _patch)
+    hooks.when_imported("torch.distributed.distributed_c10d", _patch_torch)
+    hooks.when_imported("torch.nn.parallel.distributed", _patch_ddp)

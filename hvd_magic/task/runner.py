@@ -30,6 +30,7 @@ import tempfile
 import threading
 
 from .. import frameworks, payload
+from ..rank.session import FRAMEWORK_VARS
 from .environ import rank_base_env
 from .link import DriverLink, FileStream, send_folder
 from .plan import _resolve, host_plan, visible_devices
@@ -100,6 +101,8 @@ def rank_env(settings, slot_vars, gpus, ranks_on_host, ranks_on_executor=None):
     env.update(settings.horovod_env)
     env.update(settings.extra_env)
     env.update({k: str(v) for k, v in slot_vars.items()})
+    # which of them are the frameworks': a warm session's rank puts back any a cell removed
+    env[FRAMEWORK_VARS] = ",".join(sorted(slot_vars))
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return env
@@ -157,6 +160,10 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         timeline_path = os.path.join(workdir, "timeline.json")
         env["HVD_MAGIC_TIMELINE_PATH"] = timeline_path
         tensorboard = env["HVD_MAGIC_TENSORBOARD_DIR"] = os.path.join(workdir, "tensorboard")
+        # torch's `record` writes a failing rank's error there (torchrun gives each worker one)
+        torch_errors = os.path.join(workdir, "torchelastic")
+        os.makedirs(torch_errors)
+        env.setdefault("TORCHELASTIC_ERROR_FILE", os.path.join(torch_errors, "error.json"))
         # A full timeline when asked for; DYNAMIC when the job may record a window with
         # `hvd_magic.timeline()` (it costs every rank each cycle: driver/run.py).
         if settings.timeline or settings.timeline_window:
@@ -196,6 +203,8 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
             for p in pumps:
                 p.join(timeout=10)
         send_folder(forward, tensorboard, "tensorboard")  # what the rank logged, whatever happened
+        if code != 0:
+            send_folder(forward, torch_errors, "torchelastic")
         outcome = _outcome(workdir, code, rank, host, link.stopping.is_set(), env)
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})
