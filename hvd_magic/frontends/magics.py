@@ -37,7 +37,7 @@ class HorovodMagics(Magics):
                  "directory every executor and this notebook share).").tag(config=True)
     fresh = Bool(None, allow_none=True, help=(
         "Default of --fresh: True starts every rank as a new interpreter, False forks it from "
-        "the host's template (None: hvd_magic.config.fresh_by_default, HVD_MAGIC_FRESH)."
+        "the host's template (None: HVD_MAGIC_FRESH, else hvd_magic.config.FRESH_BY_DEFAULT)."
         )).tag(config=True)
     session_idle_timeout = Float(
         3600.0, help="Seconds a warm session may sit idle before its ranks are stopped "
@@ -103,11 +103,12 @@ class HorovodMagics(Magics):
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "
                    "tensorboard/ in the run folder; see %%horovod_tensorboard).")
     @argument("--fresh", action="store_true", default=None,
-              help="Start every rank as a new Python interpreter (the old way: each imports "
-                   "torch and Horovod itself), not forked from the host's template, an "
-                   "interpreter that has imported the frameworks the cells import (torch, "
-                   "horovod.torch, numpy, pandas; never TensorFlow, which is not safe to fork "
-                   "after its import). Default: HorovodMagics.fresh.")
+              help="Start every rank as a new Python interpreter that imports torch and Horovod "
+                   "itself, not forked from the host's template (an interpreter that has "
+                   "imported what the cells import of torch, horovod.torch, numpy and pandas; "
+                   "never TensorFlow, which is not safe to fork after its import). Default: "
+                   "HorovodMagics.fresh, or HVD_MAGIC_FRESH (fresh for now; "
+                   "%%config HorovodMagics.fresh = False forks: docs/forking.md).")
     @argument("--name", type=str, default=None, help="A label for the run.")
     @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
               help="Log the run to MLflow: params, rank 0's reported metrics, the cell (or "

@@ -43,7 +43,10 @@ def become_rank(request, fds, sockets, own_fds):
         for name, fd in zip(request.get("fd_env", ()), extra):
             os.set_inheritable(fd, True)
             env[name] = str(fd)
-        env["HVD_MAGIC_PARENT_PID"] = str(os.getppid())  # it dies with the template that reaps it
+        # It dies with the template that reaps it; its task (whose death the template turns
+        # into the rank's) is still named, where a fresh rank's parent would be.
+        env["HVD_MAGIC_TASK_PID"] = env.get("HVD_MAGIC_PARENT_PID", "")
+        env["HVD_MAGIC_PARENT_PID"] = str(os.getppid())
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
