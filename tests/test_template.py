@@ -196,3 +196,14 @@ def test_an_idle_template_ends(tmp_path):
     assert status is not None and status["owner"] == os.getpid()
     assert gone(status["pid"], within=30)
     assert client.status(env) is None
+
+
+def test_a_warm_session_starts_from_the_template_and_keeps_its_state(ip, fresh_ns):
+    hvd_magic.run(make_who(), np=-1, view=None, fresh=False)  # the template holds torch now
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        ip.run_cell_magic("horovod", "--quiet", "import os, torch\nkept = torch.ones(2)")
+        value = ip.run_cell_magic("horovod", "--quiet", "(float(kept.sum()), os.getppid())")
+        assert value == (2.0, client.status()["pid"])
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
