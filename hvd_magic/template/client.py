@@ -27,6 +27,7 @@ from . import server
 START_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "LD_PRELOAD",
               "PYTHONNOUSERSITE", "VIRTUAL_ENV", "HVD_MAGIC_TEMPLATE_IDLE")
 START_SECONDS = 30  # a template that does not listen by then is not used (the rank starts fresh)
+FORK_SECONDS = 300  # its imports (the first cell's) and the fork, on a loaded host
 ARGV_PADDING = "." * 1024  # room for a rank to write its own command line (`child.py`)
 
 
@@ -163,7 +164,9 @@ def fork_rank(argv, env, cwd, modules=(), stdin=False, fd_env=None):
         request = {"op": "fork", "modules": list(modules), "env": env, "cwd": cwd,
                    "argv": list(argv), "fd_env": list(fd_env)}
         server.send(sock, request, theirs + list(fd_env.values()))
+        sock.settimeout(FORK_SECONDS)  # a template stuck in an import: the rank starts fresh
         reply, _ = server.recv(sock)
+        sock.settimeout(None)
     except (OSError, ValueError):
         reply = None
     finally:
