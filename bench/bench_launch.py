@@ -17,7 +17,10 @@ it. Launchers, interleaved per repetition (their order rotates from one repetiti
   nothing else (Spark's worker-only PYTHONPATH entries dropped, as hvd_magic does): what Spark
   itself adds, which no launcher on Spark can remove;
 - ``spark-empty-job``: a barrier stage of N tasks that do nothing: Spark's fixed cost alone;
-- ``hvd_magic-spark`` / ``hvd_magic-driver``: ``hvd_magic.run(cell, np=N)`` / ``np=-N``;
+- ``hvd_magic-spark`` / ``hvd_magic-driver``: ``hvd_magic.run(cell, np=N, fresh=True)`` /
+  ``np=-N``: every rank a new interpreter;
+- ``hvd_magic-spark-fork`` / ``hvd_magic-driver-fork``: the same with ``fresh=False``: ranks
+  forked from the host's template (`hvd_magic.template`), filled by the warm-up's run;
 - ``horovodrun`` (default knobs, hence its 0 ms cycle), ``horovodrun-H`` (``-H localhost:N``),
   ``horovodrun-c5`` (``--cycle-time-ms 5``): the same code as a script;
 - ``horovod.run``: ``horovod.runner.run(cell, np=N, use_gloo=True)``;
@@ -31,7 +34,10 @@ the median breakdown, next to the floor's and to a bare barrier job that times S
 rendezvous port over its event channel instead).
 
     .venv/bin/python bench/bench_launch.py [--np 1 2 4 8] [--reps 3] [--only NAME ...]
-                                           [--profile] [--json PATH]
+                                           [--profile] [--first-cell REPS] [--json PATH]
+
+With ``--first-cell REPS``, the first cell that imports torch on a new template (driver-only),
+against fresh ranks, and the template's memory (RSS, PSS).
 
 Not a test: timings live here only.
 """
@@ -320,10 +326,11 @@ class _Spark:
         return cls.session
 
 
-def hvd_magic_run(np, run_root, view=None):
+def hvd_magic_run(np, run_root, view=None, fresh=True, env=None):
     import hvd_magic
     start = time.perf_counter()
-    run = hvd_magic.run(cell, np=np, run_dir=tempfile.mkdtemp(dir=run_root), view=view)
+    run = hvd_magic.run(cell, np=np, run_dir=tempfile.mkdtemp(dir=run_root), view=view,
+                        fresh=fresh, env=env)
     seconds = time.perf_counter() - start
     assert len(run.results) == abs(np)
     return seconds, run
@@ -374,6 +381,9 @@ def launchers(run_root, max_np):
         "spark-empty-job": on_spark(spark_empty),  # barrier stage over the slots waits ~10 min)
         "hvd_magic-spark": on_spark(lambda np: hvd_magic_run(np, run_root)[0]),
         "hvd_magic-driver": lambda np: hvd_magic_run(-np, run_root)[0],
+        # ranks forked from the host's template (hvd_magic.template), which the warm-up filled
+        "hvd_magic-spark-fork": spark_then(lambda np: hvd_magic_run(np, run_root, fresh=False)[0]),
+        "hvd_magic-driver-fork": lambda np: hvd_magic_run(-np, run_root, fresh=False)[0],
         "horovodrun": lambda np: horovodrun(np),
         "horovodrun-H": lambda np: horovodrun(np, "-H", f"localhost:{np}"),
         "horovodrun-c5": lambda np: horovodrun(np, "--cycle-time-ms", "5"),
@@ -502,6 +512,34 @@ def profile(np, reps, run_root):
             for name, runs in rows.items()}
 
 
+# --- the template's first cell and memory ----------------------------------------------------
+
+def first_cells(nps, reps, run_root):
+    """The first cell that imports torch, driver-only: forked from a new template (which imports
+    torch and Horovod first, once) against fresh ranks, interleaved; each try gets a template of
+    its own (the template's key includes HVD_MAGIC_TEMPLATE_IDLE, set to a new value each time)."""
+    times = {"first-cell-fork": {np: [] for np in nps}, "first-cell-fresh": {np: [] for np in nps}}
+    tries = iter(range(10**6))
+    for rep in range(reps):
+        for np in nps:
+            for name in (("first-cell-fork", "first-cell-fresh") if rep % 2 == 0 else
+                         ("first-cell-fresh", "first-cell-fork")):
+                env = {"HVD_MAGIC_TEMPLATE_IDLE": str(60 + next(tries) / 1000)}
+                seconds = hvd_magic_run(-np, run_root, fresh=name.endswith("fresh"), env=env)[0]
+                times[name][np].append(seconds)
+                print(f"  rep {rep} np={np} {name:17s} {seconds:6.2f} s", flush=True)
+    return times
+
+
+def template_memory():
+    """(RSS, PSS) in MB of this process's driver-only template (None without one)."""
+    from hvd_magic.template import client
+    status = client.status()
+    if not status:
+        return None
+    return status["rss"] / 2**20, status["pss"] / 2**20
+
+
 # --- main -----------------------------------------------------------------------------------
 
 def main():
@@ -512,6 +550,8 @@ def main():
     parser.add_argument("--skip", nargs="+", default=[], help="NAME or NAME@NP to leave out")
     parser.add_argument("--profile", type=int, default=0, metavar="REPS",
                         help="also profile hvd_magic's launch at np=2, REPS times")
+    parser.add_argument("--first-cell", type=int, default=0, metavar="REPS",
+                        help="also time the first cell on a new template against fresh ranks")
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--child", choices=("hvd", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -559,6 +599,9 @@ def main():
                     print(f"  rep {rep} np={np} {name:17s} {seconds:6.2f} s", flush=True)
             loads.append(os.getloadavg())
         prof = profile(2, args.profile, run_root) if args.profile else None
+        memory = template_memory()
+        first = first_cells(args.np, args.first_cell, run_root) if args.first_cell else {}
+        loads.append(os.getloadavg())
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
         clean_up(before)
@@ -574,6 +617,10 @@ def main():
             base = medians["floor"].get(np) if "floor" in medians else None
             cells.append("-" if m is None else f"{m:.2f} ({m / base:.2f}x)" if base else f"{m:.2f}")
         print(f"{name:18s}" + "".join(f"{c:>16s}" for c in cells))
+    for name, by_np in first.items():
+        print(f"{name:18s}" + "".join(f"{statistics.median(v):16.2f}" for v in by_np.values()))
+    if memory:
+        print(f"driver-only template: RSS {memory[0]:.0f} MB, PSS {memory[1]:.0f} MB")
     print(f"load average seen: {', '.join('%.1f' % la[0] for la in loads)}")
     if _Spark.start_seconds is not None:
         print(f"embedded Spark session start (cold, once): {_Spark.start_seconds:.1f} s")
@@ -590,6 +637,11 @@ def main():
             r["skipped"] = True
     rows += [{"bench": "launch", "name": str(k), "np": None, "median": None, "best": None,
               "ratio": None, "error": v} for k, v in errors.items()]
+    rows += rows_against("launch-first-cell", first, "first-cell-fresh", reps=args.first_cell,
+                         loads=[round(la[0], 2) for la in loads]) if first else []
+    if memory:
+        rows += [row("launch-template-memory", f"driver-only template {kind}", None, [mb], unit="MB")
+                 for kind, mb in zip(("RSS", "PSS"), memory)]
     if _Spark.start_seconds is not None:
         rows.append(row("launch-spark-start", f"embedded Spark session start, local[{max(args.np)}]",
                         None, [_Spark.start_seconds]))

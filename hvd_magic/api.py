@@ -51,11 +51,12 @@ def spark_session(master=None, conf=None, log_dir="hvd_runs", verbose=False):
 
 
 def _shipped(pickles, import_lines=(), code=None):
-    """The notebook's own modules the job will import, as sources to ship with it."""
+    """What the job will import: {"modules": the notebook's own, as sources to ship with it,
+    "imports": every module's name (which the ranks' template holds: hvd_magic.template)}."""
     names = names_in_imports(import_lines) | (names_in_code(code) if code is not None else set())
     for data in pickles:
         names |= names_in_pickle(getattr(data, "head", data))  # an OutOfBand: its pickle
-    return local_sources(names)
+    return {"modules": local_sources(names), "imports": sorted(names)}
 
 
 def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=None,
@@ -63,7 +64,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
         broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
         verbose=False, data=None, equal_shards=False, data_cache=None, mlflow=None,
-        min_np=None, max_np=None, elastic_timeout=None):
+        min_np=None, max_np=None, elastic_timeout=None, fresh=None):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
@@ -79,6 +80,8 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     `hvd.elastic.run` and a `State`); fewer than `min_np` ranks for longer than
     `elastic_timeout` seconds ends the run. `max_np`: at most this many ranks (on Spark, ranks
     beyond `np` join when Spark has room for them).
+    `fresh`: every rank a new interpreter that imports its frameworks itself, not a fork of
+    the host's template (`hvd_magic.template`); None: `hvd_magic.config.fresh_by_default`.
     Every option is a field of `hvd_magic.config.Placement` or `RunOptions`, checked (alone
     and together) before anything starts.
 
@@ -102,7 +105,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     pickled = pickle_values({"the function": fn, **values}, kind="value")
     job = {"fn": inband(pickled["the function"]),
            "args": [inband(pickled[f"argument {i}"]) for i in range(len(args))],
-           "sources": {}, "modules": _shipped(pickled.values(), code=fn)}
+           "sources": {}, **_shipped(pickled.values(), code=fn)}
     kwargs_pickled = {k: pickled[f"keyword {k}"] for k in (kwargs or {})}
     return launch(job, kwargs_pickled, placement, options, view=view, background=background)
 
@@ -113,7 +116,7 @@ def run_cell(cell_fn, placement, options, *, view=None, background=False):
     pickled = pickle_values(dict(cell_fn.values))
     job = {"fn": cloud_dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
            "cell": True, "export": list(cell_fn.export),
-           "modules": _shipped(pickled.values(), cell_fn.imports, cell_fn.fn)}
+           **_shipped(pickled.values(), cell_fn.imports, cell_fn.fn)}
     return launch(job, pickled, placement, options, view=view, background=background,
                   cell=cell_fn)
 
@@ -151,14 +154,15 @@ def refuse_elastic_without_horovod(job):
 
 
 def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,
-                  idle_timeout=None, progress=None, min_np=None):
+                  idle_timeout=None, progress=None, min_np=None, fresh=None):
     """Start a warm session of `np` ranks (placed as `run` places them) and wait until every
     rank is ready; return the `Session`. Its ranks keep their state between cells.
 
     `min_np` makes it elastic: a lost rank process (or executor) no longer ends the
     session; the survivors keep their namespaces, Horovod is reset on them before the next
     cell (`hvd.size()` is then smaller), and the session ends when fewer than `min_np` are left.
-    Lost ranks are not replaced."""
+    Lost ranks are not replaced. `fresh`: start the ranks as new interpreters, not forked from
+    the template (`hvd_magic.template`; None: `hvd_magic.config.fresh_by_default`)."""
     import atexit
 
     from .driver.session import Session
@@ -166,7 +170,7 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     placement = Placement(np, spark=spark, master=master, spark_conf=spark_conf, min_np=min_np)
     launcher = make_launcher(placement, session=True)
     session = Session(launcher, placement, horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
-                      extra_env=dict(env or {}), idle_timeout=idle_timeout)
+                      extra_env=dict(env or {}), idle_timeout=idle_timeout, fresh=fresh)
     session.start(progress=progress)
     atexit.register(session.stop)  # the kernel's exit ends the ranks and frees the slots
     return session
@@ -184,7 +188,7 @@ def run_in_session(session, cell, *, view=None, background=False, options=None, 
     pickled = pickle_values(dict(cell.values))
     job = {"code": cell.code, "assigns": list(cell.assigns), "sources": cell.sources,
            "export": list(cell.export),
-           "modules": _shipped(pickled.values(), cell.imports, marshal.loads(cell.code))}
+           **_shipped(pickled.values(), cell.imports, marshal.loads(cell.code))}
     # (the session's ranks started without MLFLOW_* variables: only the driver logs)
     view, _ = tracked(options.mlflow, view, None, job, cell, options.tracked())
     run_ = Run(session.np, options, launcher=SessionLauncher(session), view=view, cell=cell,

@@ -24,6 +24,14 @@ from IPython.core.error import UsageError
 DEFAULT_BROADCAST_BYTES = 4 * 1024 * 1024
 DEFAULT_STALL_TIMEOUT = 60.0
 ON_STALL = ("warn", "fail")
+# Ranks forked from a template that has imported the frameworks (`hvd_magic.template`) unless a
+# run asks for --fresh; HVD_MAGIC_FRESH=1 (or 0) in the notebook's environment flips the default.
+FRESH_BY_DEFAULT = True
+
+
+def fresh_by_default():
+    value = os.environ.get("HVD_MAGIC_FRESH", "").strip().lower()
+    return FRESH_BY_DEFAULT if value == "" else value not in ("0", "false", "no", "off")
 
 
 def check_np(np):
@@ -116,7 +124,8 @@ class RunOptions:
     """How a run goes once placed. `timeout`, `stall_timeout`: seconds (None or 0: none);
     `env`: variables every rank gets; `horovod_env`: Horovod's knobs over our defaults; `data`:
     a Spark DataFrame the ranks read their shards of; `mlflow`: None logs to the notebook's
-    active MLflow run if any, True or an experiment's name to a new run, False never."""
+    active MLflow run if any, True or an experiment's name to a new run, False never; `fresh`:
+    every rank a new interpreter (None: `fresh_by_default`), not forked from a template."""
 
     timeout: Optional[float] = None
     stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT
@@ -134,8 +143,11 @@ class RunOptions:
     mlflow: Any = None
     run_dir: Optional[str] = None
     run_root: str = "hvd_runs"
+    fresh: Optional[bool] = None  # ranks started as new interpreters, not forked; None: default
 
     def __post_init__(self):
+        if self.fresh is None:
+            _set(self, fresh=fresh_by_default())
         _set(self, timeout=_seconds("--timeout", self.timeout),
              stall_timeout=_seconds("--stall-timeout", self.stall_timeout),
              env=dict(self.env or {}), horovod_env=dict(self.horovod_env or {}))

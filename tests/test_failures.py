@@ -252,7 +252,8 @@ def test_a_dead_spark_task_fails_the_run_once_without_retraining(ip, standalone)
     session = standalone.session(**{"spark.task.maxFailures": "4"})
     try:
         cell = ("import os, signal, time\nimport horovod.torch as hvd\nhvd.init()\n"
-                "if hvd.rank() == 1:\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+                "if hvd.rank() == 1:  # its task: a forked rank's parent is the template\n"
+                "    os.kill(int(os.environ.get('HVD_MAGIC_TASK_PID') or os.getppid()), 9)\n"
                 "time.sleep(60)\n")
         started = time.monotonic()
         with pytest.raises(hvd_magic.LaunchError) as info:

@@ -234,7 +234,7 @@ class Run(StackRequests):
         job = dict(job, kwargs=small, data=plan)
         self._server = self.launcher.open_channel()
         settings = TaskSettings(
-            run_id=self.id, np=self.np,
+            run_id=self.id, np=self.np, fork=not self.options.fresh,  # (hvd_magic.template)
             events_address=f"{self.launcher.driver_host}:{self._server.port}",
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,

@@ -28,6 +28,7 @@ import time
 import psutil
 
 from .. import frameworks
+from ..config import fresh_by_default
 from ..errors import LaunchError
 from ..words import plural
 from ..task.settings import TaskSettings
@@ -37,7 +38,7 @@ READY_TIMEOUT = 300.0
 
 class Session:
     def __init__(self, launcher, placement, *, horovod_env, extra_env, idle_timeout=None,
-                 run_root="hvd_runs"):
+                 run_root="hvd_runs", fresh=None):
         self.id = datetime.datetime.now().strftime("s%H%M%S-") + secrets.token_hex(2)
         self.launcher = launcher
         self.placement = placement   # `hvd_magic.config.Placement`: a cell's options meet it
@@ -45,6 +46,8 @@ class Session:
         self.horovod_env = horovod_env
         self.extra_env = extra_env
         self.idle_timeout = idle_timeout
+        # ranks forked from the template (holding what earlier cells imported), or new interpreters
+        self.fresh = fresh_by_default() if fresh is None else fresh
         self.run_root = run_root
         self.server = None
         self.gathering = frameworks.Gathering(self.np)  # the tasks' rendezvous values
@@ -80,7 +83,7 @@ class Session:
             events_address=f"{self.launcher.driver_host}:{self.server.port}",
             token=self.server.token, job=pickle.dumps(None), horovod_env=self.horovod_env,
             cwd=os.getcwd(), extra_env=self.extra_env, session=True,
-            executor_cores=self.launcher.executor_cores,
+            executor_cores=self.launcher.executor_cores, fork=not self.fresh,
             # No Horovod timeline unless --env asks for one: its cells are not known yet, and a
             # configured timeline costs every training step (driver/run.py may_record_window).
             timeline_window=False)

@@ -76,7 +76,8 @@ def cell_options(magics, args, data, **more):
         stall_timeout=args.stall_timeout or magics.stall_timeout, on_stall=args.on_stall,
         name=args.name, broadcast_bytes=int(magics.broadcast_mb * 1024 * 1024),
         data=data, equal_shards=args.equal_shards, data_cache=magics.data_cache or None,
-        mlflow=args.mlflow, run_root=magics.run_root, **more)
+        mlflow=args.mlflow, run_root=magics.run_root,
+        fresh=args.fresh if args.fresh is not None else magics.fresh, **more)
 
 
 def data_option(user_ns, name):

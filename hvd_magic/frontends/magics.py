@@ -36,6 +36,10 @@ class HorovodMagics(Magics):
         "", help="Where --data DataFrames that are not plain Parquet scans are converted once "
                  "(default: ~/.cache/hvd_magic/data for local[N]; on a cluster, set a "
                  "directory every executor and this notebook share).").tag(config=True)
+    fresh = Bool(None, allow_none=True, help=(
+        "Default of --fresh: True starts every rank as a new interpreter, False forks it from "
+        "the host's template (None: HVD_MAGIC_FRESH, else hvd_magic.config.FRESH_BY_DEFAULT)."
+        )).tag(config=True)
     session_idle_timeout = Float(
         3600.0, help="Seconds a warm session may sit idle before its ranks are stopped "
                      "(0: never).").tag(config=True)
@@ -101,6 +105,13 @@ class HorovodMagics(Magics):
               help="Where each rank's TensorBoard logs (what it wrote to "
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "
                    "tensorboard/ in the run folder; see %%horovod_tensorboard).")
+    @argument("--fresh", action="store_true", default=None,
+              help="Start every rank as a new Python interpreter that imports torch and Horovod "
+                   "itself, not forked from the host's template (an interpreter that has "
+                   "imported what the cells import of torch, horovod.torch, numpy and pandas; "
+                   "never TensorFlow, which is not safe to fork after its import). Default: "
+                   "HorovodMagics.fresh, or HVD_MAGIC_FRESH (fresh for now; "
+                   "%%config HorovodMagics.fresh = False forks: docs/forking.md).")
     @argument("--name", type=str, default=None, help="A label for the run.")
     @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
               help="Log the run to MLflow: params, rank 0's reported metrics, the cell (or "

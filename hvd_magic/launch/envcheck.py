@@ -20,7 +20,7 @@ import re
 import types
 import uuid
 
-from .envreport import PICKLE_ADVICE, EnvReport, compare, env_row
+from .envreport import PICKLE_ADVICE, EnvReport, compare, env_row, template_notes
 
 
 def probe(_partition=()):
@@ -80,7 +80,13 @@ def probe(_partition=()):
         values["hostname_address"] = f"unresolved ({exc})"[:120]
 
     info = {"hostname": socket.gethostname(), "executable": sys.executable, "pid": os.getpid(),
-            "executor": None, "spark_gpus": [], "values": values}
+            "executor": None, "spark_gpus": [], "values": values, "template": None}
+    try:  # the template ranks are forked from here (hvd_magic.template), if one runs
+        from hvd_magic.task.environ import rank_base_env
+        from hvd_magic.template import client
+        info["template"] = client.status(rank_base_env())
+    except Exception:  # an executor without hvd_magic, or an older one
+        pass
     try:
         from pyspark import BarrierTaskContext, TaskContext
         ctx = TaskContext.get()
@@ -172,10 +178,11 @@ def check(spark=None, timeout=120.0):
     `spark` is a SparkSession or SparkContext (default: the active one). Without one, only the
     driver is reported (``%%horovod --np N`` would then start a local session on this machine).
     """
-    driver = env_row("driver", probe())
+    here = probe()
+    driver = env_row("driver", here)
     sc = _context(spark)
     if sc is None:
-        return EnvReport(master="no SparkSession", driver=driver, notes=[
+        return EnvReport(master="no SparkSession", driver=driver, notes=template_notes([("driver", here)]) + [
             "No active SparkSession: %%horovod --np N would start an embedded local[N] session "
             "on this machine, whose executors are this Python. Start your session first to check "
             "its executors."])
@@ -195,6 +202,7 @@ def check(spark=None, timeout=120.0):
             break
     executors = [env_row(where, infos) for where, infos in sorted(by_executor.items())]
     mismatches, notes = compare(driver, executors)
+    notes += template_notes([("driver", here)] + sorted(by_executor.items()))
     if error and "PYTHON_VERSION_MISMATCH" in error:
         notes.insert(0, PICKLE_ADVICE)
     if not error and len(executors) < registered:

@@ -197,3 +197,16 @@ def compare(driver, executors):
             notes.append(f"{row.where}: Spark assigns its tasks GPUs {row.values['spark_gpus']} "
                          f"but torch sees no GPU there (a CPU-only torch, or no driver).")
     return mismatches, notes
+
+
+def template_notes(places):
+    """A line for each place whose ranks fork from a template (`hvd_magic.template`): what it
+    holds and its memory (PSS counts the pages it shares with its ranks once)."""
+    notes = []
+    for where, infos in places:
+        status = next((i.get("template") for i in infos if i.get("template")), None)
+        if status:
+            notes.append(f"{where}: ranks are forked from a template (pid {status['pid']}) holding "
+                         f"{', '.join(status['modules']) or 'no framework yet'}: RSS "
+                         f"{(status['rss'] or 0) / 2**20:.0f} MB, PSS {(status['pss'] or 0) / 2**20:.0f} MB.")
+    return notes

@@ -7,8 +7,8 @@
    driver gathers them and relays them to every task over the event channel (no Spark barrier
    sync, which costs about a second each).
 3. Each task connects to the driver's event server (see `DriverLink`).
-4. It spawns the rank as a subprocess (``python -m hvd_magic.rank``) in its own process group, with
-   every framework's environment set explicitly, and forwards the rank's stdout, stderr and structured
+4. It starts the rank (``python -m hvd_magic.rank``, or forked from this host's template:
+   `hvd_magic.task.spawn`) in its own process group, with every framework's environment set explicitly, and forwards the rank's stdout, stderr and structured
    events to the driver's event server, labelled by rank.
 5. It returns ``(rank, status, payload)``: the rank's pickled value, or its error summary.
 
@@ -24,8 +24,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 
@@ -37,6 +35,7 @@ from .plan import _resolve, host_plan, visible_devices
 from .session import SessionRank
 from .stacks import StackProbe
 from .settings import Coordinator, SparkCoordinator, TaskSettings
+from .spawn import start_rank
 from .stopping import kill_group, stop_group
 from .threads import rank_threads, thread_env
 
@@ -169,11 +168,9 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         if settings.timeline or settings.timeline_window:
             env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
         cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
-        proc = link.proc = subprocess.Popen(
-            [sys.executable, "-m", "hvd_magic.rank", workdir] + (["--session"] if settings.session else []),
-            stdin=subprocess.PIPE if settings.session else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(events_w, probe_r), env=env, cwd=cwd, start_new_session=True)
+        proc = link.proc = start_rank(
+            settings, ["hvd_magic.rank", workdir] + (["--session"] if settings.session else []),
+            env, cwd, {"HVD_MAGIC_EVENT_FD": events_w, "HVD_MAGIC_PROBE_FD": probe_r})
         os.close(events_w)
         os.close(probe_r)
         link.probe = StackProbe(proc, probe_w, dump_path, forward)

@@ -21,6 +21,7 @@ class TaskSettings:
     session: bool = False           # a warm session: the rank takes cells until stopped
     connect: bool = False           # Spark Connect: the executors may not reach the driver
     executor_cores: int = None      # cores an executor has for ranks; None: its host's (threads.py)
+    fork: bool = False              # fork the rank from this host's template (task/spawn.py)
 
 
 class Coordinator:
