@@ -52,6 +52,20 @@ def test_tf_keras_fits_under_multi_worker_mirrored_strategy(ip, line):
     assert_fitted_in_step(hvd_magic.last_run().results, "tf_keras")
 
 
+def test_the_watchdog_names_a_rank_waiting_in_a_tf_distribute_collective(ip):
+    """Rank 1 sleeps before its fit: rank 0 waits inside its first train step (a tf.function
+    whose all-reduce rank 1 never joins); the watchdog says so instead of TensorFlow's wait."""
+    import time
+    cell = MIRRORED_FIT.replace("model.fit(", "if rank == 1:\n    import time; time.sleep(120)\nmodel.fit(")
+    started = time.monotonic()
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 5 --on-stall fail", cell)
+    assert time.monotonic() - started < 100
+    text = "\n".join(info.value._render_traceback_())
+    assert "rank 0 has been waiting in a collective (tf.function)" in text, text
+    assert "rank 1 is running elsewhere" in text
+
+
 # Keras 3's fit reduces its first (x, y) batch with `strategy.reduce`, which TensorFlow's
 # CollectiveAllReduce cannot do for a nest across workers (keras-team/keras#20585, open): it fails
 # before any step, on every launcher. Strict, so the day it works this says so.

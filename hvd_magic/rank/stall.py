@@ -6,8 +6,9 @@ in ``hvd.init()`` waits for every peer to call it too, up to several times Gloo'
 torch.distributed's Gloo waits 30 minutes by default. Each wait in Horovod's `init`,
 `synchronize`, `join` or `barrier`, and in torch.distributed's `init_process_group`, collectives
 (`TORCH_WAITS`) and, once a `DistributedDataParallel` exists, `backward` (where DDP's reducer
-waits for the gradients' all-reduce), sets a flag (a time check, no syscall); a monitor thread
-sends a ``blocked`` event (with the operation) once a wait has lasted `REPORT_AFTER` seconds and
+waits for the gradients' all-reduce), and, once a tf.distribute `MultiWorkerMirroredStrategy`
+exists, the calls its collectives run under, sets a flag (a time check, no syscall); a monitor
+thread sends a ``blocked`` event (with the operation) once a wait has lasted `REPORT_AFTER` seconds and
 ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`) compares the ranks.
 
 Each module is patched right after it is imported (`hooks`): nothing is imported here.
@@ -115,8 +116,42 @@ def _patch_ddp(module):
     ddp.__init__ = __init__
 
 
+def _patch_tf_strategy(module):
+    """A `MultiWorkerMirroredStrategy`'s collectives wait inside TensorFlow's runtime, under
+    the Python call that runs them: a `tf.function` (Keras' train step) or the strategy's own
+    eager `run`, `reduce`, `gather`. Once such a strategy is made, those calls are waits (all
+    ranks are in them together while they train; one rank elsewhere for long is the stall).
+    TensorFlow without a multi-worker strategy keeps its calls unwrapped."""
+    strategy = module.CollectiveAllReduceStrategy
+    made = strategy.__init__
+
+    @functools.wraps(made)
+    def __init__(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        _wrap_tf_waits(strategy)
+
+    strategy.__init__ = __init__
+
+
+def _wrap_tf_waits(strategy):
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    function = polymorphic_function.Function
+    if getattr(function.__call__, "_hvd_magic_wait", False):
+        return
+    function.__call__ = _blocking(function.__call__, "tf.function")
+    function.__call__._hvd_magic_wait = True
+    for op in ("run", "reduce", "gather"):
+        fn = getattr(strategy, op, None)
+        if fn is not None:
+            setattr(strategy, op, _blocking(fn, f"strategy.{op}"))
+    _start_monitor()
+
+
 def install():
     for framework in ("torch", "tensorflow"):
         hooks.when_imported(f"horovod.{framework}.mpi_ops", _patch)
     hooks.when_imported("torch.distributed.distributed_c10d", _patch_torch)
     hooks.when_imported("torch.nn.parallel.distributed", _patch_ddp)
+    hooks.when_imported("tensorflow.python.distribute.collective_all_reduce_strategy",
+                        _patch_tf_strategy)
