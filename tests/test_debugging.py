@@ -61,6 +61,30 @@ def test_a_sleeping_rank_and_one_in_an_allreduce_give_both_stacks(ip, np):
     assert "load_batch" in str(ip.run_line_magic("horovod_stacks", ""))  # the last run's, kept
 
 
+SLEEPER_AND_DIST_ALL_REDUCE = """
+import time, torch, torch.distributed as dist
+dist.init_process_group('gloo')
+def load_batch(batch_id):
+    time.sleep(120)
+if dist.get_rank() == 1:
+    load_batch(7)
+dist.all_reduce(torch.ones(2))
+"""
+
+
+def test_ddp_a_sleeping_rank_and_one_in_dist_all_reduce_give_both_stacks(ip):
+    pytest.importorskip("torch")
+    run = ip.run_cell_magic("horovod", "--np -2 --background --quiet", SLEEPER_AND_DIST_ALL_REDUCE)
+    try:
+        stacks = stacks_when(run, "in load_batch", "→ all_reduce")
+    finally:
+        cancel(run)
+    text = stacks.text()
+    assert "rank 0: Cell In[" in text and "→ all_reduce" in text, text  # blocked in Gloo's C++
+    assert "rank 1: Cell In[" in text and "in load_batch" in text, text
+    assert stacks.how.get(0) == "python" and not stacks.missing
+
+
 def test_eight_ranks_read_as_two_groups(ip):
     cell = ("import os, time\n"
             "def wait_for_peers():\n"
