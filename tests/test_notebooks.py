@@ -292,3 +292,18 @@ def test_elastic(tmp_path):
     assert replacement == [[joined_at]] and survivors[0][2:] == [joined_at], starts
     assert joined_at % 10 == 0 and joined_at > 40
     assert "the ring: 3 → 2 → 3" in shown
+
+
+def test_debugging(tmp_path):
+    nb = execute("debugging.ipynb", tmp_path)
+    _, hang, found, magic, cancel, failing, frames = code_cells(nb)
+    assert not errors(hang)
+    for shown in (view(nb, found), view(nb, magic)):  # run.stacks(), then %horovod_stacks
+        assert "rank 0: Cell In[" in shown and "→ allreduce" in shown, shown
+        assert "rank 1: Cell In[" in shown and "in load_batch" in shown, shown
+    assert view(nb, cancel).strip() == "cancelled"
+    assert [e.ename for e in errors(failing)] == ["RankError"]
+    assert "rank 1" in view(nb, failing) and "ZeroDivisionError" in view(nb, failing)
+    train_step, scale_batch = view(nb, frames).splitlines()  # (and the cell's functions)
+    assert train_step.startswith("train_step: {'step': 5, 'batch': [5, 6, 7]"), train_step
+    assert scale_batch.startswith("scale_batch: {'batch': [5, 6, 7], 'factor': 2"), scale_batch
