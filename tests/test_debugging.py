@@ -242,3 +242,54 @@ def test_hvd_run_pdb_opens_the_failing_ranks_frames(tmp_path):
     assert "diverged at 0.5" in done.stderr, done.stderr
     assert "step()" in done.stdout and "\n0.5\n" in done.stdout.replace("(Pdb) ", "\n"), done.stdout
     assert "<module>()" in done.stdout, done.stdout
+
+
+def test_a_session_rank_held_at_its_exception_is_inspected_and_released(ip, capsys, monkeypatch):
+    ip.run_line_magic("horovod_session", "start --np -2 --debug")
+    try:
+        # a foreground cell: rank 1 stops at its exception and the cell opens its pdb at once
+        monkeypatch.setattr(sys, "stdin", io.StringIO("p factor\nup\np batch\np sum(batch) * 2\nc\n"))
+        with pytest.raises(hvd_magic.RankError) as info:  # released: the cell ends with its error
+            ip.run_cell_magic("horovod", "--quiet", FAILING)
+        out = capsys.readouterr().out
+        assert "rank 1 stopped: ZeroDivisionError" in out, out
+        assert "scale_batch()" in out, out
+        values = out.replace("(Pdb) ", "\n").splitlines()
+        assert "2" in values and "[5, 6, 7]" in values and "36" in values, out  # live values
+        assert info.value.rank == 1 and "ZeroDivisionError" in str(info.value)
+
+        # a background cell: %horovod_debug drives the held rank
+        run = ip.run_cell_magic("horovod", "--quiet --background", FAILING)
+        deadline = time.monotonic() + 120
+        while not run.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(run.held()) == [1]
+        monkeypatch.setattr(sys, "stdin", io.StringIO("where\np weights.shape\nq\n"))
+        ip.run_line_magic("horovod_debug", "")
+        out = capsys.readouterr().out
+        assert "train_step()" in out and "(3, 4)" in out, out
+        with pytest.raises(hvd_magic.RankError):
+            run.wait(60)
+        assert ip.run_cell_magic("horovod", "--quiet", "6 * 7") == 42  # the session goes on
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+def test_a_breakpoint_stops_one_session_rank(ip, fresh_ns, capsys, monkeypatch):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        monkeypatch.setattr(sys, "stdin", io.StringIO("p loss\nloss = 0.25\nc\n"))
+        cell = ("import hvd_magic, os\n"
+                "def step(rank):\n"
+                "    loss = 1.5 + rank\n"
+                "    hvd_magic.breakpoint()\n"
+                "    return loss\n"
+                "step(int(os.environ['HOROVOD_RANK']))\n")
+        value = ip.run_cell_magic("horovod", "--quiet", cell)
+        out = capsys.readouterr().out
+        assert "rank 0 stopped: hvd_magic.breakpoint() on rank 0" in out, out
+        assert "1.5" in out.replace("(Pdb) ", "\n").splitlines(), out
+        assert value == 0.25  # set in pdb, on the live frame
+        assert ip.run_cell_magic("horovod", "--quiet", "6 * 7") == 42
+    finally:
+        ip.run_line_magic("horovod_session", "stop")

@@ -9,7 +9,8 @@ From its task, on stdin, length-prefixed pickled jobs: ``{"cell", "code", "kwarg
   (the rank's own value wins);
 - in an elastic session, when the job says a rank was lost (``"reset"``), first resets Horovod
   (`reset_horovod`): the survivors form the smaller ring before the cell's code runs;
-- runs the cell's code; a KeyboardInterrupt (the task's SIGINT: Cancel, Ctrl-C, a timeout) ends
+- runs the cell's code; an error keeps the rank in pdb first when the session debugs
+  (`hvd_magic.rank.debugger`); a KeyboardInterrupt (the task's SIGINT: Cancel, Ctrl-C, a timeout) ends
   the cell, not the session;
 - flushes stdout and stderr, marks their end with `END_OF_CELL` (so the task knows every line of
   this cell has been forwarded), writes the value or the error to ``WORKDIR/cell-<n>.*`` and
@@ -28,7 +29,7 @@ import sys
 import tempfile
 
 from ..payload import cloud_dumps
-from . import reporting, stream
+from . import debugger, reporting, stream
 
 END_OF_CELL = "\x00hvd_magic end of cell\x00"
 VALUE_NAME = "__hvd_magic_value__"
@@ -176,6 +177,7 @@ def serve(workdir, error_record, exports, register_source, install_modules):
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     assigned = set()      # names a cell assigned on this rank: they win over notebook values
     jobs = sys.stdin.buffer
+    debugger.next_job = lambda: read_job(jobs)  # (pdb's commands come there too)
     reporting.state("ready")
     while True:
         job = read_job(jobs)
@@ -209,6 +211,8 @@ def serve(workdir, error_record, exports, register_source, install_modules):
                                           "message": "interrupted; the session keeps its state"}
         except BaseException as exc:  # the user's code may raise anything, SystemExit included
             release_horovod(exc)
+            if job.get("debug"):  # held at the exception until the notebook's `c` or `q`
+                debugger.hold(f"{type(exc).__name__}: {exc}", tb=exc.__traceback__)
             status = "error"
             summary = error_record(exc)  # its frames and locals too, for %debug
         _end_cell(workdir, cell, status, summary, payload)
