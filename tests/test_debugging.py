@@ -139,6 +139,16 @@ def test_rank_ranges():
     assert rank_ranges([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2, 4-7"
 
 
+def test_a_rank_that_answers_without_frames_is_named():
+    from types import SimpleNamespace
+    from hvd_magic.driver.stacks import StackRequest
+
+    run = SimpleNamespace(id="r", ranks=[SimpleNamespace(rank=r, exit=None, pid=1) for r in (0, 1)])
+    request = StackRequest(run, timeout=5)
+    request.add(1, {"threads": [], "error": "the rank did not answer"})
+    assert request.result().missing == {1: "the rank did not answer", 0: "no answer within 5.0 s"}
+
+
 def test_locals_travel_as_themselves_or_as_bounded_reprs():
     import numpy as np
     from hvd_magic.rank.frames import bounded
@@ -291,5 +301,30 @@ def test_a_breakpoint_stops_one_session_rank(ip, fresh_ns, capsys, monkeypatch):
         assert "1.5" in out.replace("(Pdb) ", "\n").splitlines(), out
         assert value == 0.25  # set in pdb, on the live frame
         assert ip.run_cell_magic("horovod", "--quiet", "6 * 7") == 42
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+def test_while_a_rank_is_held_the_others_wait_on_our_channel_not_in_a_collective(ip, capsys,
+                                                                                 monkeypatch):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        cell = ("import time, hvd_magic, torch, horovod.torch as hvd\n"
+                "hvd.init()\n"
+                "hvd_magic.breakpoint()  # rank 0 stops; rank 1 goes on to the allreduce\n"
+                "time.sleep(3)  # (by then rank 1 was told)\n"
+                "hvd.allreduce(torch.ones(1), name='after', op=hvd.Sum).item()\n")
+        run = ip.run_cell_magic("horovod", "--quiet --background", cell)
+        deadline = time.monotonic() + 120
+        while not run.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(run.held()) == [0]
+        while "in wait_while_held" not in run.stacks().get(1, "") and time.monotonic() < deadline:
+            time.sleep(0.2)  # (rank 1's whole stack: the grouped view folds hvd_magic's frames)
+        stacks = run.stacks()
+        assert "in wait_while_held" in stacks[1] and "in synchronize" not in stacks[1], stacks[1]
+        monkeypatch.setattr(sys, "stdin", io.StringIO("c\n"))
+        ip.run_line_magic("horovod_debug", "")
+        assert run.wait(60) == [2.0, 2.0]  # let go: both met in the allreduce
     finally:
         ip.run_line_magic("horovod_session", "stop")

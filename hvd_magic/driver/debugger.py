@@ -9,7 +9,9 @@ input box, a terminal's line) and sends it back as a ``debug`` message over the 
 authenticated channel; its task writes it to the rank's stdin. No port of its own.
 
 A foreground cell opens the console as soon as a rank stops (the notebook is waiting on that
-cell anyway); ``%horovod_debug`` opens it for a background cell. While a rank is held the run's
+cell anyway); ``%horovod_debug`` opens it for a background cell. The other ranks are told (a
+``hold`` message): they wait before their next Horovod collective, on our channel
+(`hvd_magic.rank.debugger.wait_while_held`). While a rank is held the run's
 stall watchdog and ``--timeout`` are paused (`hvd_magic.driver.loop`); a stop of the run (Cancel,
 a failure elsewhere) quits every held rank's pdb first.
 
@@ -37,15 +39,22 @@ class Debugging:
         """A rank's ``debug`` event (the driver loop's thread)."""
         state = event.get("state")
         if state == "stopped":
+            if not self.held():  # the others wait before their next collective
+                self._server.broadcast({"t": "hold", "on": True})
             self.held()[rank] = str(event.get("why") or "stopped")
             if self.view is not None:
                 self.view.event(self, None, {"t": "debug", "message":
                                 f"rank {rank} stopped in pdb ({self.held()[rank]}): "
                                 f"%horovod_debug drives it"})
         elif state == "released":
-            self.held().pop(rank, None)
+            self.unhold(rank)
         if state in ("prompt", "released"):
             self._debug_queue(rank).put(event)
+
+    def unhold(self, rank):
+        """`rank` is no longer held; with none left, the others' collectives go on."""
+        if self.held().pop(rank, None) is not None and not self.held():
+            self._server.broadcast({"t": "hold", "on": False})
 
     def debug_command(self, rank, line):
         self._server.broadcast({"t": "debug", "rank": rank, "cmd": line})
@@ -78,7 +87,7 @@ def console(run, rank=None, out=print, read=input):
                 driver._pump(0.05)  # (the rank's events come through the loop)
             if run.ranks[rank].exit is not None or run._done.is_set():
                 out(f"[hvd_magic] rank {rank} ended while held in pdb")
-                held.pop(rank, None)
+                run.unhold(rank)
                 return False
             continue
         text = str(event.get("text") or "")

@@ -28,8 +28,8 @@ from .options import env_option, summary_first
                "namespaces kept, Horovod reset to the smaller ring). Lost ranks are not "
                "replaced; fewer than M left ends the session.")
 @argument("--debug", action="store_true",
-          help="A rank whose cell raises is held in pdb at its exception (the others go on "
-               "to the end of the cell): the cell opens it, or %%horovod_debug for a "
+          help="A rank whose cell raises is held in pdb at its exception (the others wait "
+               "before their next Horovod collective): the cell opens it, or %%horovod_debug for a "
                "background cell; c or q lets it go, and the cell ends with its error.")
 @argument("--idle-timeout", type=float, default=None,
           help="Seconds idle before the ranks are stopped (default: "

@@ -10,16 +10,21 @@ thread runs `pdb.Pdb` on its live frames, with
   for its next command (``"prompt"``) and when it lets the rank go (``"released"``: ``c``, ``q``).
 
 The frames shown stop at the cell's: hvd_magic's own (the session's loop) are not the user's.
+While one rank is held the others are told (``hold``, from the driver, through each task's probe
+pipe): their next collective waits in `wait_while_held`, on our channel, not inside Horovod.
 """
 
 import builtins
 import os
-import pdb
 import sys
+import threading
 
 from . import reporting
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_go = threading.Event()   # clear while a peer is held in pdb: collectives wait (`wait_while_held`)
+_go.set()
+_in_pdb = threading.local()
 next_job = None   # reads the session's next job (`hvd_magic.rank.session.serve` sets it)
 
 
@@ -55,29 +60,47 @@ class _Commands:
         return str(job["debug"]).splitlines()[0] + "\n" if str(job["debug"]).strip() else "\n"
 
 
-class _Pdb(pdb.Pdb):
-    """pdb whose assignments to a frame's locals (``loss = 0.25``) reach the running code.
+def _pdb_class():
+    """`_Pdb`, made on first use: pdb is imported only by a rank that stops."""
+    import pdb
 
-    Before Python 3.13 a frame's locals dict is a copy, which pdb's own trace function writes
-    back; this pdb traces nothing (the rank waits in `interaction`), so each frame shown is
-    written back when the rank goes on. Only frames shown: another's copy may be stale."""
+    class _Pdb(pdb.Pdb):
+        """pdb whose assignments to a frame's locals (``loss = 0.25``) reach the running code.
 
-    def setup(self, f, tb):
-        super().setup(f, tb)
-        self.shown = {id(self.curframe): (self.curframe, self.curframe_locals)}
+        Before Python 3.13 a frame's locals dict is a copy, which pdb's own trace function writes
+        back; this pdb traces nothing (the rank waits in `interaction`), so each frame shown is
+        written back when the rank goes on. Only frames shown: another's copy may be stale."""
 
-    def _select_frame(self, number):
-        super()._select_frame(number)
-        self.shown[id(self.curframe)] = (self.curframe, self.curframe_locals)
+        def setup(self, f, tb):
+            super().setup(f, tb)
+            self.shown = {id(self.curframe): (self.curframe, self.curframe_locals)}
 
-    def write_back(self):
-        if sys.version_info >= (3, 13):  # (PEP 667: f_locals writes through)
-            return
-        import ctypes
+        def _select_frame(self, number):
+            super()._select_frame(number)
+            self.shown[id(self.curframe)] = (self.curframe, self.curframe_locals)
 
-        # (never read `f_locals` here: that copies the frame's values over pdb's assignments)
-        for frame, _ in getattr(self, "shown", {}).values():
-            ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+        def write_back(self):
+            if sys.version_info >= (3, 13):  # (PEP 667: f_locals writes through)
+                return
+            import ctypes
+
+            # (never read `f_locals` here: that copies the frame's values over pdb's assignments)
+            for frame, _ in getattr(self, "shown", {}).values():
+                ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+
+    return _Pdb
+
+
+def hold_others(on):
+    """The task says a peer is held in pdb (on) or no longer is (its probe pipe: rank/stacks.py)."""
+    (_go.clear if on else _go.set)()
+
+
+def wait_while_held():
+    """Before a collective: wait while a peer is held in pdb, here, not inside Horovod (whose
+    waits and timeouts would then count a person's debugging). Not in pdb's own commands."""
+    if not _go.is_set() and not getattr(_in_pdb, "on", False):
+        _go.wait()
 
 
 def _users(frame):
@@ -90,7 +113,7 @@ def hold(why, frame=None, tb=None):
     while tb is not None and not _users(tb.tb_frame):  # from the cell's frame in
         tb = tb.tb_next
     out = _Output()
-    debugger = _Pdb(stdin=_Commands(out), stdout=out, nosigint=True, readrc=False)
+    debugger = _pdb_class()(stdin=_Commands(out), stdout=out, nosigint=True, readrc=False)
     debugger.reset()  # (as pdb.post_mortem does: `c` needs its bottom frame)
     if frame is not None:  # `up` goes as far as the cell's frame
         top = frame
@@ -98,19 +121,21 @@ def hold(why, frame=None, tb=None):
             top = top.f_back
         debugger.botframe = top
     reporting.send({"t": "debug", "state": "stopped", "why": why})
+    _in_pdb.on = True
     try:
         debugger.interaction(frame, tb)
         debugger.write_back()
     except Exception as exc:  # never the rank's end: the cell goes on (or ends with its error)
         out.write(f"*** the debugger failed: {type(exc).__name__}: {exc}\n")
     finally:
+        _in_pdb.on = False
         out.send("released")
 
 
 def breakpoint(rank=0):
     """Stop this rank of a warm session's cell here in pdb, which ``%horovod_debug`` drives from
-    the notebook (the cell's own foreground run opens it at once); the other ranks go on to the
-    end of the cell, or wait in their next collective. `rank`: which rank stops (0 by default;
+    the notebook (the cell's own foreground run opens it at once); the other ranks wait before
+    their next Horovod collective, on our channel. `rank`: which rank stops (0 by default;
     None: every rank). Outside a rank, Python's own `breakpoint()`; in a one-off run's rank
     (not a session's), nothing: its stdin is not the notebook's."""
     here = os.environ.get("HOROVOD_RANK")

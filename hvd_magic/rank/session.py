@@ -184,6 +184,7 @@ def serve(workdir, error_record, exports, register_source, install_modules):
         if job is None:
             return 0
         cell = job["cell"]
+        debugger.hold_others(False)  # (a hold of an earlier cell never outlives it)
         for filename, source in job.get("sources", {}).items():
             register_source(filename, source)
         install_modules(job.get("modules"), os.path.join(workdir, "modules"))

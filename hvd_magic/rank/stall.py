@@ -7,13 +7,16 @@ wait in `init`, `synchronize`, `join` or `barrier` sets a flag (a time check, no
 monitor thread sends a ``blocked`` event (with the operation) once a wait has lasted
 `REPORT_AFTER` seconds and ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`)
 compares the ranks.
+
+While a peer of a warm session is held in pdb (`hvd_magic.rank.debugger`), a collective waits
+before it starts (its enqueue, ``join``, ``barrier``): on our channel, not inside Horovod.
 """
 
 import functools
 import threading
 import time
 
-from . import hooks, reporting
+from . import debugger, hooks, reporting
 
 REPORT_AFTER = 2.0
 
@@ -24,6 +27,8 @@ _lock = threading.Lock()
 def _blocking(fn, op):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if op in ("join", "barrier"):
+            debugger.wait_while_held()
         with _lock:
             _waiting.update(since=time.monotonic(), op=op, reported=False)
         try:
@@ -34,6 +39,15 @@ def _blocking(fn, op):
                 _waiting.update(since=None, op=None, reported=False)
             if reported:
                 reporting.send({"t": "unblocked"})
+    return wrapper
+
+
+def _held_first(fn):
+    """A collective's enqueue (``allreduce_async``...): not while a peer is held in pdb."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        debugger.wait_while_held()
+        return fn(*args, **kwargs)
     return wrapper
 
 
@@ -59,6 +73,9 @@ def _patch(mpi_ops):
         fn = getattr(mpi_ops, op, None)
         if fn is not None:
             setattr(mpi_ops, op, _blocking(fn, op))
+    for name in [n for n in vars(mpi_ops) if n.endswith(("_async", "_async_"))]:
+        if callable(getattr(mpi_ops, name)):
+            setattr(mpi_ops, name, _held_first(getattr(mpi_ops, name)))
     if not _monitor_started.is_set():
         _monitor_started.set()
         threading.Thread(target=_monitor, name="hvd-magic-stall", daemon=True).start()
