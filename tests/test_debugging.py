@@ -328,3 +328,51 @@ def test_while_a_rank_is_held_the_others_wait_on_our_channel_not_in_a_collective
         assert run.wait(60) == [2.0, 2.0]  # let go: both met in the allreduce
     finally:
         ip.run_line_magic("horovod_session", "stop")
+
+
+def test_stopping_the_session_while_a_rank_is_held_leaves_nothing_running(ip):
+    import psutil
+
+    ip.run_line_magic("horovod_session", "start --np -2")
+    session = ip.find_line_magic("horovod_session").__self__.session
+    pids = [session.ranks[r]["pid"] for r in range(2)]
+    run = ip.run_cell_magic("horovod", "--quiet --background",
+                            "import hvd_magic\nhvd_magic.breakpoint(rank=None)\n")
+    deadline = time.monotonic() + 120
+    while len(run.held()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(run.held()) == [0, 1]  # rank=None: every rank
+    ip.run_line_magic("horovod_session", "stop")
+    try:  # (the end of input quit pdb: the cell may have ended, or been stopped)
+        run.wait(60)
+    except hvd_magic.HorovodMagicError:
+        pass
+    assert run.state != "running" and not run.held()
+    gone = psutil.wait_procs([p for p in map(_process, pids) if p], timeout=30)[1]
+    assert not gone, gone  # every rank process ended
+
+
+def _process(pid):
+    import psutil
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def test_a_held_rank_that_dies_is_named_not_waited_on(ip, capsys, monkeypatch):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        run = ip.run_cell_magic("horovod", "--quiet --background",
+                                "import hvd_magic\nhvd_magic.breakpoint(rank=1)\n")
+        deadline = time.monotonic() + 120
+        while not run.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # the command itself ends the rank: it never answers
+        monkeypatch.setattr(sys, "stdin", io.StringIO("import os; os.kill(os.getpid(), 9)\n"))
+        ip.run_line_magic("horovod_debug", "--rank 1")
+        assert "rank 1 ended while held in pdb" in capsys.readouterr().out
+        with pytest.raises(hvd_magic.HorovodMagicError):
+            run.wait(60)
+    finally:
+        ip.run_line_magic("horovod_session", "stop")

@@ -90,6 +90,7 @@ class Driver:
                     payload.release(ref)
                 if run.elastic is not None:
                     run.elastic.end()
+                run.held().clear()  # (every rank ended: none is held, whatever it last said)
                 run._done.set()
         if run.error is not None:
             raise run.error
