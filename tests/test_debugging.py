@@ -134,6 +134,13 @@ def test_a_rank_holding_the_gil_in_c_code_still_gives_its_stack(ip):
     assert stacks.how.get(0) == "python" and not stacks.missing
 
 
+def test_horovod_debug_with_no_rank_held_says_how_to_hold_one(ip):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="--debug"):
+        ip.run_line_magic("horovod_debug", "")
+
+
 def test_rank_ranges():
     assert rank_ranges([3]) == "rank 3"
     assert rank_ranges([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2, 4-7"
