@@ -37,6 +37,9 @@ def __getattr__(name):
     if name == "timeline":  # `with hvd_magic.timeline():` on a rank
         from .timelines.record import timeline
         return timeline
+    if name == "breakpoint":  # a warm session's rank stopped in pdb, driven from the notebook
+        from .rank.debugger import breakpoint
+        return breakpoint
     raise AttributeError(f"module 'hvd_magic' has no attribute {name!r}")
 
 
@@ -59,5 +62,5 @@ def unload_ipython_extension(ip):
                 del ip.magics_manager.magics[kind][name]
 
 
-__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session", "HorovodRunner", "TorchDistributor", "MirroredStrategyRunner", "report", "timeline", "RankError",
+__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session", "HorovodRunner", "TorchDistributor", "MirroredStrategyRunner", "report", "timeline", "breakpoint", "RankError",
            "LaunchError", "RunCancelled", "RunTimeout", "InternalError", "HorovodMagicError"]

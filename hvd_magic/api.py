@@ -154,7 +154,7 @@ def refuse_elastic_without_horovod(job):
 
 
 def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,
-                  idle_timeout=None, progress=None, min_np=None, fresh=None):
+                  idle_timeout=None, progress=None, min_np=None, fresh=None, debug=False):
     """Start a warm session of `np` ranks (placed as `run` places them) and wait until every
     rank is ready; return the `Session`. Its ranks keep their state between cells.
 
@@ -162,7 +162,10 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     session; the survivors keep their namespaces, Horovod is reset on them before the next
     cell (`hvd.size()` is then smaller), and the session ends when fewer than `min_np` are left.
     Lost ranks are not replaced. `fresh`: start the ranks as new interpreters, not forked from
-    the template (`hvd_magic.template`; None: `hvd_magic.config.fresh_by_default`)."""
+    the template (`hvd_magic.template`; None: `hvd_magic.config.fresh_by_default`).
+
+    `debug`: a rank whose cell raises is held in pdb at its exception (``%horovod_debug``,
+    `hvd_magic.driver.debugger`) until released with ``c`` or ``q``."""
     import atexit
 
     from .driver.session import Session
@@ -171,6 +174,7 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     launcher = make_launcher(placement, session=True)
     session = Session(launcher, placement, horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
                       extra_env=dict(env or {}), idle_timeout=idle_timeout, fresh=fresh)
+    session.debug = debug
     session.start(progress=progress)
     atexit.register(session.stop)  # the kernel's exit ends the ranks and frees the slots
     return session

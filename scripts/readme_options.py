@@ -26,7 +26,7 @@ END = "<!-- END magic options -->"
 MAGICS = [("%%horovod", "horovod"), ("%horovod_timeline", "horovod_timeline"),
           ("%horovod_env", "horovod_env"), ("%horovod_session", "horovod_session"),
           ("%horovod_tensorboard", "horovod_tensorboard"), ("%horovod_data", "horovod_data"),
-          ("%horovod_stacks", "horovod_stacks")]
+          ("%horovod_stacks", "horovod_stacks"), ("%horovod_debug", "horovod_debug")]
 
 
 def magic_help(method_name):

@@ -61,6 +61,30 @@ def test_a_sleeping_rank_and_one_in_an_allreduce_give_both_stacks(ip, np):
     assert "load_batch" in str(ip.run_line_magic("horovod_stacks", ""))  # the last run's, kept
 
 
+SLEEPER_AND_DIST_ALL_REDUCE = """
+import time, torch, torch.distributed as dist
+dist.init_process_group('gloo')
+def load_batch(batch_id):
+    time.sleep(120)
+if dist.get_rank() == 1:
+    load_batch(7)
+dist.all_reduce(torch.ones(2))
+"""
+
+
+def test_ddp_a_sleeping_rank_and_one_in_dist_all_reduce_give_both_stacks(ip):
+    pytest.importorskip("torch")
+    run = ip.run_cell_magic("horovod", "--np -2 --background --quiet", SLEEPER_AND_DIST_ALL_REDUCE)
+    try:
+        stacks = stacks_when(run, "in load_batch", "→ all_reduce")
+    finally:
+        cancel(run)
+    text = stacks.text()
+    assert "rank 0: Cell In[" in text and "→ all_reduce" in text, text  # blocked in Gloo's C++
+    assert "rank 1: Cell In[" in text and "in load_batch" in text, text
+    assert stacks.how.get(0) == "python" and not stacks.missing
+
+
 def test_eight_ranks_read_as_two_groups(ip):
     cell = ("import os, time\n"
             "def wait_for_peers():\n"
@@ -110,9 +134,26 @@ def test_a_rank_holding_the_gil_in_c_code_still_gives_its_stack(ip):
     assert stacks.how.get(0) == "python" and not stacks.missing
 
 
+def test_horovod_debug_with_no_rank_held_says_how_to_hold_one(ip):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="--debug"):
+        ip.run_line_magic("horovod_debug", "")
+
+
 def test_rank_ranges():
     assert rank_ranges([3]) == "rank 3"
     assert rank_ranges([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2, 4-7"
+
+
+def test_a_rank_that_answers_without_frames_is_named():
+    from types import SimpleNamespace
+    from hvd_magic.driver.stacks import StackRequest
+
+    run = SimpleNamespace(id="r", ranks=[SimpleNamespace(rank=r, exit=None, pid=1) for r in (0, 1)])
+    request = StackRequest(run, timeout=5)
+    request.add(1, {"threads": [], "error": "the rank did not answer"})
+    assert request.result().missing == {1: "the rank did not answer", 0: "no answer within 5.0 s"}
 
 
 def test_locals_travel_as_themselves_or_as_bounded_reprs():
@@ -218,3 +259,127 @@ def test_hvd_run_pdb_opens_the_failing_ranks_frames(tmp_path):
     assert "diverged at 0.5" in done.stderr, done.stderr
     assert "step()" in done.stdout and "\n0.5\n" in done.stdout.replace("(Pdb) ", "\n"), done.stdout
     assert "<module>()" in done.stdout, done.stdout
+
+
+def test_a_session_rank_held_at_its_exception_is_inspected_and_released(ip, capsys, monkeypatch):
+    ip.run_line_magic("horovod_session", "start --np -2 --debug")
+    try:
+        # a foreground cell: rank 1 stops at its exception and the cell opens its pdb at once
+        monkeypatch.setattr(sys, "stdin", io.StringIO("p factor\nup\np batch\np sum(batch) * 2\nc\n"))
+        with pytest.raises(hvd_magic.RankError) as info:  # released: the cell ends with its error
+            ip.run_cell_magic("horovod", "--quiet", FAILING)
+        out = capsys.readouterr().out
+        assert "rank 1 stopped: ZeroDivisionError" in out, out
+        assert "scale_batch()" in out, out
+        values = out.replace("(Pdb) ", "\n").splitlines()
+        assert "2" in values and "[5, 6, 7]" in values and "36" in values, out  # live values
+        assert info.value.rank == 1 and "ZeroDivisionError" in str(info.value)
+
+        # a background cell: %horovod_debug drives the held rank
+        run = ip.run_cell_magic("horovod", "--quiet --background", FAILING)
+        deadline = time.monotonic() + 120
+        while not run.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(run.held()) == [1]
+        monkeypatch.setattr(sys, "stdin", io.StringIO("where\np weights.shape\nq\n"))
+        ip.run_line_magic("horovod_debug", "")
+        out = capsys.readouterr().out
+        assert "train_step()" in out and "(3, 4)" in out, out
+        with pytest.raises(hvd_magic.RankError):
+            run.wait(60)
+        assert ip.run_cell_magic("horovod", "--quiet", "6 * 7") == 42  # the session goes on
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+def test_a_breakpoint_stops_one_session_rank(ip, fresh_ns, capsys, monkeypatch):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        monkeypatch.setattr(sys, "stdin", io.StringIO("p loss\nloss = 0.25\nc\n"))
+        cell = ("import hvd_magic, os\n"
+                "def step(rank):\n"
+                "    loss = 1.5 + rank\n"
+                "    hvd_magic.breakpoint()\n"
+                "    return loss\n"
+                "step(int(os.environ['HOROVOD_RANK']))\n")
+        value = ip.run_cell_magic("horovod", "--quiet", cell)
+        out = capsys.readouterr().out
+        assert "rank 0 stopped: hvd_magic.breakpoint() on rank 0" in out, out
+        assert "1.5" in out.replace("(Pdb) ", "\n").splitlines(), out
+        assert value == 0.25  # set in pdb, on the live frame
+        assert ip.run_cell_magic("horovod", "--quiet", "6 * 7") == 42
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+def test_while_a_rank_is_held_the_others_wait_on_our_channel_not_in_a_collective(ip, capsys,
+                                                                                 monkeypatch):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        cell = ("import time, hvd_magic, torch, horovod.torch as hvd\n"
+                "hvd.init()\n"
+                "hvd_magic.breakpoint()  # rank 0 stops; rank 1 goes on to the allreduce\n"
+                "time.sleep(3)  # (by then rank 1 was told)\n"
+                "hvd.allreduce(torch.ones(1), name='after', op=hvd.Sum).item()\n")
+        run = ip.run_cell_magic("horovod", "--quiet --background", cell)
+        deadline = time.monotonic() + 120
+        while not run.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(run.held()) == [0]
+        while "in wait_while_held" not in run.stacks().get(1, "") and time.monotonic() < deadline:
+            time.sleep(0.2)  # (rank 1's whole stack: the grouped view folds hvd_magic's frames)
+        stacks = run.stacks()
+        assert "in wait_while_held" in stacks[1] and "in synchronize" not in stacks[1], stacks[1]
+        monkeypatch.setattr(sys, "stdin", io.StringIO("c\n"))
+        ip.run_line_magic("horovod_debug", "")
+        assert run.wait(60) == [2.0, 2.0]  # let go: both met in the allreduce
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+def test_stopping_the_session_while_a_rank_is_held_leaves_nothing_running(ip):
+    import psutil
+
+    ip.run_line_magic("horovod_session", "start --np -2")
+    session = ip.find_line_magic("horovod_session").__self__.session
+    pids = [session.ranks[r]["pid"] for r in range(2)]
+    run = ip.run_cell_magic("horovod", "--quiet --background",
+                            "import hvd_magic\nhvd_magic.breakpoint(rank=None)\n")
+    deadline = time.monotonic() + 120
+    while len(run.held()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(run.held()) == [0, 1]  # rank=None: every rank
+    ip.run_line_magic("horovod_session", "stop")
+    try:  # (the end of input quit pdb: the cell may have ended, or been stopped)
+        run.wait(60)
+    except hvd_magic.HorovodMagicError:
+        pass
+    assert run.state != "running" and not run.held()
+    gone = psutil.wait_procs([p for p in map(_process, pids) if p], timeout=30)[1]
+    assert not gone, gone  # every rank process ended
+
+
+def _process(pid):
+    import psutil
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def test_a_held_rank_that_dies_is_named_not_waited_on(ip, capsys, monkeypatch):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        run = ip.run_cell_magic("horovod", "--quiet --background",
+                                "import hvd_magic\nhvd_magic.breakpoint(rank=1)\n")
+        deadline = time.monotonic() + 120
+        while not run.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # the command itself ends the rank: it never answers
+        monkeypatch.setattr(sys, "stdin", io.StringIO("import os; os.kill(os.getpid(), 9)\n"))
+        ip.run_line_magic("horovod_debug", "--rank 1")
+        assert "rank 1 ended while held in pdb" in capsys.readouterr().out
+        with pytest.raises(hvd_magic.HorovodMagicError):
+            run.wait(60)
+    finally:
+        ip.run_line_magic("horovod_session", "stop")

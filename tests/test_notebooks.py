@@ -309,3 +309,18 @@ def test_beyond_horovod(tmp_path):
             assert sorted(re.findall(r"<tr data-rank='(\d)' data-state='done' data-step='60' "
                                      r"data-total='60'>", shown)) == ["0", "1"]
             assert "loss" in shown  # (Lightning's from self.log, charted by itself)
+
+
+def test_debugging(tmp_path):
+    nb = execute("debugging.ipynb", tmp_path)
+    _, hang, found, magic, cancel, failing, frames = code_cells(nb)
+    assert not errors(hang)
+    for shown in (view(nb, found), view(nb, magic)):  # run.stacks(), then %horovod_stacks
+        assert "rank 0: Cell In[" in shown and "→ allreduce" in shown, shown
+        assert "rank 1: Cell In[" in shown and "in load_batch" in shown, shown
+    assert view(nb, cancel).strip() == "cancelled"
+    assert [e.ename for e in errors(failing)] == ["RankError"]
+    assert "rank 1" in view(nb, failing) and "ZeroDivisionError" in view(nb, failing)
+    train_step, scale_batch = view(nb, frames).splitlines()  # (and the cell's functions)
+    assert train_step.startswith("train_step: {'step': 5, 'batch': [5, 6, 7]"), train_step
+    assert scale_batch.startswith("scale_batch: {'batch': [5, 6, 7], 'factor': 2"), scale_batch

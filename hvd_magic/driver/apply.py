@@ -29,6 +29,9 @@ def apply_event(run, event, request_stop):
     if kind == "stacks":  # an answer to `Run.stacks()` (driver/stacks.py): not an event to keep
         run.stack_answer(rank, event)
         return False
+    if kind == "debug":  # a rank held in pdb (driver/debugger.py)
+        run.debug_event(rank, event)
+        return False
     if kind == "lines":
         lines = [str(x) for x in event.get("lines", [])]
         run.folder.write_lines(rank, lines)

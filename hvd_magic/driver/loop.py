@@ -20,6 +20,7 @@ from .. import payload
 from ..errors import InternalError
 from ..task.stopping import STOP_GRACE_SECONDS
 from .apply import apply_event, ended_state
+from .debugger import console, pause
 from .ending import collect, offline_message, run_error
 from .folder import FLUSH_EVERY
 from .ranks import LIVE_STATES
@@ -47,13 +48,22 @@ class Driver:
             if run.stop_reason is not None:  # a Cancel between prepare's end and the launch
                 self._send_stop()
             deadline = None if not run.timeout else run.started + run.timeout
+            held_since = None  # since when a rank is held in pdb (driver/debugger.py)
             while not run.launcher.done():
                 # Once every rank has said it exited, only the tasks' ends are awaited: look
                 # often, not every 0.1 s (a trivial cell's run would end up to 0.1 s late).
                 self._pump(0.005 if all(r.exit is not None for r in run.ranks) else 0.1)
+                if run.held():  # a person debugs: no timeout, no stall meanwhile
+                    held_since = held_since or time.monotonic()
+                    if not run.background and run.stop_reason is None:
+                        console(run)  # the cell's own notebook waits anyway: pdb opens here
+                elif held_since is not None:
+                    paused, held_since = pause(run, held_since), None
+                    deadline = deadline and deadline + paused
                 if run.failures and run.stop_reason is None:
                     self.request_stop("failed")
-                if deadline is not None and time.time() > deadline and run.stop_reason is None:
+                if deadline is not None and time.time() > deadline and run.stop_reason is None \
+                        and held_since is None:
                     self.request_stop("timeout")
                 self._watch_for_stall()
                 self._escalate()
@@ -80,6 +90,7 @@ class Driver:
                     payload.release(ref)
                 if run.elastic is not None:
                     run.elastic.end()
+                run.held().clear()  # (every rank ended: none is held, whatever it last said)
                 run._done.set()
         if run.error is not None:
             raise run.error
@@ -102,6 +113,7 @@ class Driver:
         run = self.run
         if run._server is not None and self._stop_sent is None:
             self._stop_sent = time.monotonic()
+            run.release_held()  # (a held rank's pdb ignores an interrupt)
             run._server.stop_all(run.stop_reason)
 
     def _watch_for_stall(self):
@@ -110,7 +122,8 @@ class Driver:
             if self._stall_stacks.complete():
                 self._report_stall(run.wait_stacks(self._stall_stacks))
             return
-        if run.stall_timeout is None or run.stop_reason is not None or run.stall is not None:
+        if run.stall_timeout is None or run.stop_reason is not None or run.stall is not None \
+                or run.held():
             return
         ranks = run.ranks if run.elastic is None else run.elastic.watched(run.ranks)
         run.stall = stall_message(ranks, run.stall_timeout)

@@ -25,6 +25,7 @@ from . import history
 from .folder import RunFolder
 from .loop import Driver
 from .membership import Membership
+from .debugger import Debugging
 from .stacks import StackRequests
 from ..words import plural
 from .ranks import RankState
@@ -96,7 +97,7 @@ def new_run_id():
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-class Run(StackRequests):
+class Run(StackRequests, Debugging):
     """One launch of a function on N ranks. `results` are in rank order; `value` is rank 0's."""
 
     def __init__(self, np, options=None, *, launcher=None, view=None, cell=None, env=None,

@@ -37,6 +37,8 @@ READY_TIMEOUT = 300.0
 
 
 class Session:
+    debug = False                    # a rank whose cell raises is held in pdb (rank/debugger.py)
+
     def __init__(self, launcher, placement, *, horovod_env, extra_env, idle_timeout=None,
                  run_root="hvd_runs", fresh=None):
         self.id = datetime.datetime.now().strftime("s%H%M%S-") + secrets.token_hex(2)

@@ -19,6 +19,7 @@ import os
 from ..errors import name_cells
 
 _CELL = "<hvd_magic cell "
+_WRAPPERS = {"wrapper", "wrapped", "inner", "_fn", "decorate_context"}  # decorators' frames
 
 
 def rank_ranges(ranks):
@@ -67,7 +68,10 @@ def headline(frames):
     if not users:
         return place(frames[-1]) if frames else "no Python frames"
     i = users[-1]
-    called = f" → {frames[i + 1][2]}" if i + 1 < len(frames) else ""
+    # a decorator's frame (torch.distributed wraps every collective in `wrapper`) says nothing:
+    # the first frame past it with a name of its own is what the user's line called
+    names = [f[2] for f in frames[i + 1:] if f[2] not in _WRAPPERS] or [f[2] for f in frames[i + 1:]]
+    called = f" → {names[0]}" if names else ""
     return place(frames[i]) + called
 
 

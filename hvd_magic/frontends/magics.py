@@ -13,6 +13,7 @@ from traitlets import Bool, Dict, Float, Int, Unicode
 from .options import elastic_arguments, mlflow_before_script
 from .options import summary_first as _summary_first
 from .data_magic import horovod_data
+from .debug_magic import horovod_debug
 from .env_magic import horovod_env
 from .session_magic import horovod_session
 from .stacks_magic import horovod_stacks
@@ -208,6 +209,7 @@ class HorovodMagics(Magics):
     horovod_tensorboard = line_magic(horovod_tensorboard)
     horovod_env = line_magic(horovod_env)
     horovod_stacks = line_magic(horovod_stacks)
+    horovod_debug = line_magic(horovod_debug)
 
     @_summary_first
     @magic_arguments()

@@ -27,6 +27,10 @@ from .options import env_option, summary_first
                "no longer ends the session; the next cell runs on the survivors (their "
                "namespaces kept, Horovod reset to the smaller ring). Lost ranks are not "
                "replaced; fewer than M left ends the session.")
+@argument("--debug", action="store_true",
+          help="A rank whose cell raises is held in pdb at its exception (the others wait "
+               "before their next Horovod collective): the cell opens it, or %%horovod_debug for a "
+               "background cell; c or q lets it go, and the cell ends with its error.")
 @argument("--idle-timeout", type=float, default=None,
           help="Seconds idle before the ranks are stopped (default: "
                "HorovodMagics.session_idle_timeout, 3600; 0: never).")
@@ -74,6 +78,7 @@ def horovod_session(magics, line):
         %horovod_session                      # ranks, hosts, idle time, memory per rank
         %horovod_session restart              # after a rank died
         %horovod_session start --np -4 --min-np 2   # elastic: survives lost ranks
+        %horovod_session start --np -2 --debug      # an error holds its rank in pdb
     """
     args = parse_argstring(magics.horovod_session, line)
     session = magics._active_session()
@@ -96,7 +101,7 @@ def horovod_session(magics, line):
         options = {}
     if args.np is not None or args.action == "start":
         options = {"np": magics.np if args.np is None else args.np, "master": args.master,
-                   "min_np": args.min_np,
+                   "min_np": args.min_np, "debug": args.debug,
                    "env": env_option(args.env),
                    "idle_timeout": magics.session_idle_timeout if args.idle_timeout is None
                    else args.idle_timeout}
@@ -108,6 +113,7 @@ def horovod_session(magics, line):
     magics.session = api.start_session(
         options["np"], master=options["master"], spark_conf=dict(magics.spark_conf),
         horovod_env=dict(magics.horovod_settings), env=options["env"],
-        idle_timeout=options["idle_timeout"] or None, min_np=options.get("min_np"))
+        idle_timeout=options["idle_timeout"] or None, min_np=options.get("min_np"),
+        debug=options.get("debug", False))
     magics.session.options = options
     print(magics.session.status())

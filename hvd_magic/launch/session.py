@@ -118,6 +118,7 @@ class SessionLauncher(Launcher):
         job = pickle.loads(settings.job)
         job["kwargs"].update(settings.broadcast_kwargs)  # `share` kept them as bytes
         job["cell"] = self.channel.cell_id
+        job["debug"] = self.session.debug  # an error holds the rank in pdb (rank/debugger.py)
         job["reset"] = self.session.reset_due  # a rank was lost: the survivors reset Horovod first
         job["peers"] = self.session.survivors() if self.session.reset_due else []
         for event in self.session.rank_states():  # who the ranks are, for this run's view

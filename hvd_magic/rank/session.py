@@ -11,7 +11,8 @@ From its task, on stdin, length-prefixed pickled jobs: ``{"cell", "code", "kwarg
   (`restore_framework_env`: Lightning's teardown deletes ``WORLD_SIZE``);
 - in an elastic session, when the job says a rank was lost (``"reset"``), first resets Horovod
   (`reset_horovod`): the survivors form the smaller ring before the cell's code runs;
-- runs the cell's code; a KeyboardInterrupt (the task's SIGINT: Cancel, Ctrl-C, a timeout) ends
+- runs the cell's code; an error keeps the rank in pdb first when the session debugs
+  (`hvd_magic.rank.debugger`); a KeyboardInterrupt (the task's SIGINT: Cancel, Ctrl-C, a timeout) ends
   the cell, not the session;
 - flushes stdout and stderr, marks their end with `END_OF_CELL` (so the task knows every line of
   this cell has been forwarded), writes the value or the error to ``WORKDIR/cell-<n>.*`` and
@@ -30,7 +31,7 @@ import sys
 import tempfile
 
 from ..payload import cloud_dumps
-from . import reporting, stream
+from . import debugger, reporting, stream
 
 END_OF_CELL = "\x00hvd_magic end of cell\x00"
 # Names the rank's frameworks' variables (`hvd_magic.frameworks`), comma-separated.
@@ -196,12 +197,14 @@ def serve(workdir, error_record, exports, register_source, install_modules):
     assigned = set()      # names a cell assigned on this rank: they win over notebook values
     jobs = sys.stdin.buffer
     started_env = framework_env()
+    debugger.next_job = lambda: read_job(jobs)  # (pdb's commands come there too)
     reporting.state("ready")
     while True:
         job = read_job(jobs)
         if job is None:
             return 0
         cell = job["cell"]
+        debugger.hold_others(False)  # (a hold of an earlier cell never outlives it)
         for filename, source in job.get("sources", {}).items():
             register_source(filename, source)
         install_modules(job.get("modules"), os.path.join(workdir, "modules"))
@@ -230,6 +233,8 @@ def serve(workdir, error_record, exports, register_source, install_modules):
                                           "message": "interrupted; the session keeps its state"}
         except BaseException as exc:  # the user's code may raise anything, SystemExit included
             release_horovod(exc)
+            if job.get("debug"):  # held at the exception until the notebook's `c` or `q`
+                debugger.hold(f"{type(exc).__name__}: {exc}", tb=exc.__traceback__)
             status = "error"
             summary = error_record(exc)  # its frames and locals too, for %debug
         _end_cell(workdir, cell, status, summary, payload)

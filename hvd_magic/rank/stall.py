@@ -8,17 +8,20 @@ torch.distributed's Gloo waits 30 minutes by default. Each wait in Horovod's `in
 (`TORCH_WAITS`) and, once a `DistributedDataParallel` exists, `backward` (where DDP's reducer
 waits for the gradients' all-reduce), and, once a tf.distribute `MultiWorkerMirroredStrategy`
 exists, the calls its collectives run under, sets a flag (a time check, no syscall); a monitor
-thread sends a ``blocked`` event (with the operation) once a wait has lasted `REPORT_AFTER` seconds and
-``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`) compares the ranks.
+thread sends a ``blocked`` event (with the operation) once a wait has lasted `REPORT_AFTER`
+seconds and ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`) compares the ranks.
 
 Each module is patched right after it is imported (`hooks`): nothing is imported here.
+
+While a peer of a warm session is held in pdb (`hvd_magic.rank.debugger`), a collective waits
+before it starts (its enqueue, ``join``, ``barrier``): on our channel, not inside Horovod.
 """
 
 import functools
 import threading
 import time
 
-from . import hooks, reporting
+from . import debugger, hooks, reporting
 
 REPORT_AFTER = 2.0
 
@@ -37,6 +40,8 @@ TORCH_WAITS = ("init_process_group", "all_reduce", "broadcast", "all_gather",
 def _blocking(fn, op):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if op in ("join", "barrier"):
+            debugger.wait_while_held()
         with _lock:
             # a wait inside a wait (all_gather_object calls all_gather) is the outer one's;
             # an asynchronous call waits in its work's wait(), not here
@@ -55,6 +60,15 @@ def _blocking(fn, op):
                 _waiting.update(since=None, op=None, reported=False)
             if reported:
                 reporting.send({"t": "unblocked"})
+    return wrapper
+
+
+def _held_first(fn):
+    """A collective's enqueue (``allreduce_async``...): not while a peer is held in pdb."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        debugger.wait_while_held()
+        return fn(*args, **kwargs)
     return wrapper
 
 
@@ -91,6 +105,9 @@ def _wrap(module, ops):
 def _patch(mpi_ops):
     # Patched in the module the framework's package imports them from, before it does.
     _wrap(mpi_ops, ("init", "synchronize", "join", "barrier"))
+    for name in [n for n in vars(mpi_ops) if n.endswith(("_async", "_async_"))]:
+        if callable(getattr(mpi_ops, name)):
+            setattr(mpi_ops, name, _held_first(getattr(mpi_ops, name)))
 
 
 def _patch_torch(c10d):

@@ -125,7 +125,9 @@ class DriverLink:
         elif kind == "stacks" and self.probe is not None:
             threading.Thread(target=self.probe.request, args=(msg.get("id"),),
                              name="hvd-magic-stacks", daemon=True).start()
-        elif kind in ("cell", "cell_part", "interrupt") and self.session is not None:
+        elif kind == "hold" and self.probe is not None:  # a peer is held in pdb, or let go
+            self.probe.tell("hold" if msg.get("on") else "release")
+        elif kind in ("cell", "cell_part", "interrupt", "debug") and self.session is not None:
             self.session.on_message(msg)
         elif kind in ("worker", "stop_worker", "slots_done") and self.on_order is not None:
             self.on_order(msg)

@@ -1,7 +1,9 @@
 """A task's part in a warm session: cells in from the driver, each rank's ending of a cell out.
 
 The task hands each ``cell`` message's job to its rank process (stdin) and turns ``interrupt``
-into SIGINT, which ends the running cell with a KeyboardInterrupt and keeps the rank. The rank
+into SIGINT, and a ``debug`` message for its rank into a command for the rank's pdb
+(`hvd_magic.rank.debugger`) on the same stdin. SIGINT ends the running cell with a
+KeyboardInterrupt and keeps the rank. The rank
 ignores SIGINT outside a cell's code, so the task repeats it until the cell ends: an interrupt
 that arrives before the rank started the cell still lands. When the
 rank says a cell is done, the task waits until every line the cell printed has been forwarded
@@ -18,6 +20,7 @@ import base64
 import hashlib
 import hmac
 import os
+import pickle
 import signal
 import threading
 
@@ -65,6 +68,13 @@ class SessionRank:
                     write_job(proc.stdin, job)
                 except (OSError, ValueError):
                     pass  # the rank died: its task reports how
+        elif msg["t"] == "debug" and msg.get("rank") == self.link.forward.rank:
+            # a command for the rank's pdb (rank/debugger.py), which reads it from stdin
+            with self.lock:
+                try:
+                    write_job(proc.stdin, pickle.dumps({"debug": str(msg.get("cmd", ""))}))
+                except (OSError, ValueError):
+                    pass
         elif msg["t"] == "interrupt":
             threading.Thread(target=self._interrupt, args=(proc, msg.get("cell")),
                              daemon=True).start()

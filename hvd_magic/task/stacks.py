@@ -61,6 +61,15 @@ class StackProbe:
                 os.close(self.probe_fd)
                 self.probe_fd = None
 
+    def tell(self, word):
+        """A word for the rank's helper thread: ``hold`` or ``release`` (rank/debugger.py)."""
+        with self._lock:
+            try:
+                if self.probe_fd is not None:
+                    os.write(self.probe_fd, word.encode() + b"\n")
+            except OSError:  # the rank has ended
+                pass
+
     def answer(self, event):
         """The rank's ``stacks`` event: to the driver, if its request is still waited on."""
         with self._lock:
