@@ -110,6 +110,31 @@ def test_a_rank_holding_the_gil_in_c_code_still_gives_its_stack(ip):
     assert stacks.how.get(0) == "python" and not stacks.missing
 
 
+def test_a_rank_not_yet_listening_is_named_not_killed(tmp_path):
+    """A rank process asked before it registered its handler (still starting): the signal's
+    default action would end it, so it is not sent; the rank is reported as not answering."""
+    import subprocess
+    import types
+
+    from hvd_magic.task.stacks import StackProbe
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    read_end, write_end = os.pipe()
+    sent = []
+    probe = StackProbe(proc, write_end, str(tmp_path / "stacks.dump"),
+                       types.SimpleNamespace(send=sent.append))
+    try:
+        probe.request(1)
+        assert [(e["id"], e["how"]) for e in sent] == [("1", None)], sent
+        assert "did not answer" in sent[0]["error"]
+        assert proc.poll() is None  # alive
+    finally:
+        proc.kill()
+        proc.wait()
+        probe.close()
+        os.close(read_end)
+
+
 def test_rank_ranges():
     assert rank_ranges([3]) == "rank 3"
     assert rank_ranges([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2, 4-7"
