@@ -133,6 +133,16 @@ def test_a_rank_not_yet_listening_is_named_not_killed(tmp_path):
         proc.wait()
         probe.close()
         os.close(read_end)
+    # ... and the driver names it among the missing, beside a rank that answered
+    from hvd_magic.driver.stacks import StackRequest
+
+    run = types.SimpleNamespace(id="r", ranks=[types.SimpleNamespace(rank=r, exit=None, pid=r + 1)
+                                               for r in (0, 1)])
+    request = StackRequest(run, 2.0)
+    request.add(0, {"threads": [{"name": "MainThread", "main": True, "frames": [], "locals": {}}],
+                    "how": "python"})
+    request.add(1, sent[0])
+    assert request.complete() and request.result().missing == {1: sent[0]["error"]}
 
 
 def test_rank_ranges():

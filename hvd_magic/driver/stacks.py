@@ -57,7 +57,7 @@ class StackRequest:
 
     def result(self):
         with self.answered:
-            missing = dict(self.missing, **self.errors)
+            missing = {**self.missing, **self.errors}  # (int keys: not dict(..., **errors))
             missing.update({r: f"no answer within {self.deadline - self.started:.1f} s"
                             for r in self.waiting})
             return Stacks(self.run_id, dict(self.threads), missing, dict(self.how),
