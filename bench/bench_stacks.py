@@ -9,7 +9,18 @@ times, once the ranks are in place:
 - ``gil-held``: the last rank is stuck in C code holding the GIL (a regular expression that
   backtracks), so its task falls back to faulthandler after its wait for the Python answer.
 
-    .venv/bin/python bench/bench_stacks.py [--np 2 8] [--reps 10] [--json PATH]
+``--sim-np``: the same at counts whose real ranks (torch and Horovod each) do not fit this
+machine: the ranks import neither; every rank but the last sleeps in ``wait_for_peer``, the last
+in ``last_rank_busy``. The rank processes, their tasks' probes, helper threads and faulthandler
+are real; only the collective is not (rows ``sim-python``, ``sim-gil-held``).
+
+``--training-reps``: the machinery's cost when unused: steps/s of bench_training.py's MLP under
+Horovod at np 2 on the driver launcher, with the ranks' helper thread and faulthandler
+registration (``probe``) and without (``no-probe``: ``HVD_MAGIC_NO_PROBE=1``, a bench switch
+only), interleaved; ratio probe / no-probe (goal >= 0.99).
+
+    .venv/bin/python bench/bench_stacks.py [--np 2 8] [--sim-np 16 64] [--reps 10]
+        [--training-reps 5] [--steps 500] [--json PATH]
 
 Not a test: timings live here only.
 """
@@ -17,6 +28,7 @@ Not a test: timings live here only.
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -24,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from rows import row  # noqa: E402
+from rows import row, rows_against  # noqa: E402
 
 
 def hang(gil):
@@ -46,17 +58,39 @@ def hang(gil):
     hvd.allreduce(torch.ones(2), name="grad")
 
 
-def measure(np, gil, reps):
+def simulated_hang(gil):
+    """`hang` without torch or Horovod: for rank counts whose real ranks do not fit."""
+    import os
+    import re
+    import time
+
+    def wait_for_peer():
+        time.sleep(600)
+
+    def last_rank_busy():
+        if gil:
+            re.match(r"(a+)+$", "a" * 64 + "b")
+        time.sleep(600)
+
+    rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
+    last_rank_busy() if rank == size - 1 else wait_for_peer()
+
+
+def measure(np, gil, reps, simulated=False):
     import hvd_magic
     from hvd_magic.view.text import TextView
 
-    run = hvd_magic.run(hang, np=-np, args=(gil,), background=True, view=TextView(quiet=True))
+    waiting = "wait_for_peer" if simulated else "→ allreduce"
+    run = hvd_magic.run(simulated_hang if simulated else hang, np=-np, args=(gil,),
+                        background=True, view=TextView(quiet=True))
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline:  # until every rank is in place
+            if run.state != "running":
+                raise RuntimeError(f"the run ended ({run.state}): {run.error}")
             stacks = run.stacks()
             text = stacks.text()
-            if "last_rank_busy" in text and (np == 1 or "→ allreduce" in text) \
+            if "last_rank_busy" in text and (np == 1 or waiting in text) \
                     and len(stacks) == np:
                 break
             time.sleep(0.5)
@@ -68,7 +102,7 @@ def measure(np, gil, reps):
             stacks = run.stacks()
             times.append(time.perf_counter() - started)
             assert len(stacks) == np, stacks.text()
-        print(f"np {np} {'gil-held' if gil else 'python'}: "
+        print(f"np {np} {'sim-' if simulated else ''}{'gil-held' if gil else 'python'}: "
               f"{', '.join(f'{t * 1000:.0f}' for t in times)} ms", flush=True)
         return times
     finally:
@@ -79,22 +113,65 @@ def measure(np, gil, reps):
             pass
 
 
+def training(reps, steps, warmup=50):
+    """Rank 0's steps/s at np 2 (driver launcher), with and without the probe, interleaved."""
+    import bench_training
+    import cloudpickle
+    import hvd_magic
+    from hvd_magic.view.text import TextView
+
+    cloudpickle.register_pickle_by_value(bench_training)  # the ranks cannot import bench/
+
+    table = {"probe": {2: []}, "no-probe": {2: []}}
+    for rep in range(reps):
+        # alternate which goes first: neither always meets the machine's load first
+        for name in (("probe", "no-probe") if rep % 2 == 0 else ("no-probe", "probe")):
+            if name == "no-probe":
+                os.environ["HVD_MAGIC_NO_PROBE"] = "1"  # inherited by the driver's ranks
+            try:
+                run = hvd_magic.run(bench_training.train, np=-2, args=(steps, warmup),
+                                    view=TextView(quiet=True))
+            finally:
+                os.environ.pop("HVD_MAGIC_NO_PROBE", None)
+            table[name][2].append(run.results[0]["steps_per_s"])
+            print(f"rep {rep} {name}: {table[name][2][-1]:.1f} steps/s", flush=True)
+    rows = rows_against("stacks-cost", table, "no-probe", unit="steps/s", better="higher",
+                        reps=reps, steps=steps)
+    # each repetition's pair ran back to back: their ratio's median shrugs off the load's drift
+    pairs = [a / b for a, b in zip(table["probe"][2], table["no-probe"][2])]
+    rows[0]["paired_ratio"] = statistics.median(pairs)
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--np", type=int, nargs="+", default=[2, 8])
+    p.add_argument("--np", type=int, nargs="*", default=[2, 8])
+    p.add_argument("--sim-np", type=int, nargs="*", default=[])
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--training-reps", type=int, default=0)
+    p.add_argument("--steps", type=int, default=500)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     os.chdir(os.environ.get("TMPDIR", "/tmp"))  # the run folders land there
     rows = []
-    for np in args.np:
-        for gil in (False, True):
-            times = measure(np, gil, args.reps)
-            rows.append(row("stacks", "gil-held" if gil else "python", np, times, unit="s",
-                            reps=args.reps))
+    for simulated, counts in ((False, args.np), (True, args.sim_np)):
+        for np in counts:
+            for gil in (False, True):
+                times = measure(np, gil, args.reps, simulated)
+                name = ("sim-" if simulated else "") + ("gil-held" if gil else "python")
+                note = "simulated ranks: no torch, no Horovod; real probes" if simulated else None
+                rows.append(row("stacks", name, np, times, unit="s", reps=args.reps,
+                                **({"note": note} if note else {})))
+    if args.training_reps:
+        rows += training(args.training_reps, args.steps)
     for r in rows:
-        print(f"{r['name']:>9} np {r['np']}: median {r['median'] * 1000:.0f} ms, "
-              f"best {r['best'] * 1000:.0f} ms")
+        if r["unit"] == "s":
+            print(f"{r['name']:>12} np {r['np']}: median {r['median'] * 1000:.0f} ms, "
+                  f"best {r['best'] * 1000:.0f} ms")
+        else:
+            print(f"{r['name']:>12} np {r['np']}: median {r['median']:.1f} steps/s, "
+                  f"best {r['best']:.1f}, ratio {r['ratio']:.3f}, "
+                  f"paired ratio {r.get('paired_ratio', 1):.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

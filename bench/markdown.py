@@ -34,8 +34,13 @@ TITLES = {
     "ddp-launch": "Launch of a trivial DDP cell (`init_process_group` + one all_reduce), wall "
                   "seconds of the call",
     "elastic-cost": "Elastic cost when nothing fails: rank 0's steps/s (np -3, and np 3 on Spark)",
+    "stacks": "Time to every rank's Python stack (`run.stacks()`), the last rank free or holding "
+              "the GIL; `sim-`: ranks without torch or Horovod, real probes",
+    "stacks-cost": "The stacks machinery unused: rank 0's steps/s (np -2), with it and without "
+                   "(HVD_MAGIC_NO_PROBE=1)",
 }
 REFERENCES = {
+    "stacks-cost": "the ranks without it",
     "launch": "the floor (N bare rank processes rendezvousing directly)",
     "launch-4hosts": "the floor (on one host)",
     "training": "`horovodrun` on the same script", "training-keras": "`horovodrun` on the same script",

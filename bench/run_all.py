@@ -67,8 +67,12 @@ BENCHMARKS = {
     "session": ("bench_session.py", ["--np", "2", "4", "--reps", "50", "--spark"],
                 ["--np", "2", "--reps", "10"]),
     "report": ("bench_report.py", [], ["--calls", "20000", "--reps", "2"]),
-    # time to every rank's Python stack, free and with a rank holding the GIL (issue #38)
-    "stacks": ("bench_stacks.py", ["--np", "2", "8", "--reps", "10"], ["--np", "2", "--reps", "3"]),
+    # time to every rank's Python stack, free and with a rank holding the GIL, real ranks and
+    # (np 16, 64) simulated ones; training steps/s with the stacks machinery and without (#38)
+    "stacks": ("bench_stacks.py", ["--np", "2", "8", "16", "--sim-np", "16", "64", "--reps", "5",
+                                   "--training-reps", "6"],
+               ["--np", "2", "--sim-np", "16", "--reps", "3", "--training-reps", "1",
+                "--steps", "200"]),
     "reinit": ("bench_reinit.py", [], ["--cycles", "20", "--loops", "1", "--skew-runs", "3",
                                        "--np", "2"]),
     "scripts": ("bench_scripts.py", ["--reps", "5", "--points", "1000"],

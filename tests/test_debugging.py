@@ -141,6 +141,41 @@ def test_horovod_debug_with_no_rank_held_says_how_to_hold_one(ip):
         ip.run_line_magic("horovod_debug", "")
 
 
+def test_a_rank_not_yet_listening_is_named_not_killed(tmp_path):
+    """A rank process asked before it registered its handler (still starting): the signal's
+    default action would end it, so it is not sent; the rank is reported as not answering."""
+    import subprocess
+    import types
+
+    from hvd_magic.task.stacks import StackProbe
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    read_end, write_end = os.pipe()
+    sent = []
+    probe = StackProbe(proc, write_end, str(tmp_path / "stacks.dump"),
+                       types.SimpleNamespace(send=sent.append))
+    try:
+        probe.request(1)
+        assert [(e["id"], e["how"]) for e in sent] == [("1", None)], sent
+        assert "did not answer" in sent[0]["error"]
+        assert proc.poll() is None  # alive
+    finally:
+        proc.kill()
+        proc.wait()
+        probe.close()
+        os.close(read_end)
+    # ... and the driver names it among the missing, beside a rank that answered
+    from hvd_magic.driver.stacks import StackRequest
+
+    run = types.SimpleNamespace(id="r", ranks=[types.SimpleNamespace(rank=r, exit=None, pid=r + 1)
+                                               for r in (0, 1)])
+    request = StackRequest(run, 2.0)
+    request.add(0, {"threads": [{"name": "MainThread", "main": True, "frames": [], "locals": {}}],
+                    "how": "python"})
+    request.add(1, sent[0])
+    assert request.complete() and request.result().missing == {1: sent[0]["error"]}
+
+
 def test_rank_ranges():
     assert rank_ranges([3]) == "rank 3"
     assert rank_ranges([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2, 4-7"

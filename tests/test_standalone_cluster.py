@@ -245,3 +245,32 @@ def test_elastic_ranks_have_local_ranks_per_worker_host(ip, standalone):
     for local_rank in (0, 1):  # a cross ring per local rank, one member on each host
         crosses = sorted(r[2] for ranks in by_host.values() for r in ranks if r[0] == local_rank)
         assert crosses == [0, 1], results
+
+
+def test_stacks_of_ranks_on_the_clusters_executors(ip, standalone):
+    """`run.stacks()` reaches ranks in the cluster's executors: rank 0 waits in an allreduce for
+    rank 1, which sleeps in a function of its own."""
+    import time
+
+    session = standalone.session()
+    cell = ("import time, torch, horovod.torch as hvd\nhvd.init()\n"
+            "def load_batch(batch_id):\n    time.sleep(300)\n"
+            "if hvd.rank() == 1:\n    load_batch(7)\nhvd.allreduce(torch.ones(2), name='grad')\n")
+    run = ip.run_cell_magic("horovod", "--np 2 --background --quiet", cell)
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # the ranks start slowly
+            stacks = run.stacks()
+            text = stacks.text()
+            if ("in load_batch" in text and "→ allreduce" in text) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert run.where == standalone.url
+        assert "rank 0: Cell In[" in text and "→ allreduce" in text, text
+        assert "rank 1: Cell In[" in text and "in load_batch" in text, text
+        assert "load_batch" in stacks[1] and "allreduce" in stacks[0] and not stacks.missing
+    finally:
+        run.cancel()
+        with pytest.raises(hvd_magic.RunCancelled):
+            run.wait(60)
+        session.stop()

@@ -78,16 +78,24 @@ def _serve(fd):
 
 
 def install(environ=None):
-    """Answer the task's requests (a helper thread), and `STACK_SIGNAL` (faulthandler)."""
+    """Answer the task's requests (a helper thread), and `STACK_SIGNAL` (faulthandler).
+
+    ``HVD_MAGIC_NO_PROBE=1`` leaves both out: a switch for bench/bench_stacks.py only (training
+    speed with and without them), not for users: such a rank's stacks are never there."""
     import faulthandler
 
     environ = os.environ if environ is None else environ
+    if environ.get("HVD_MAGIC_NO_PROBE") == "1":
+        return
     path = environ.get("HVD_MAGIC_STACKS_FILE")
     if path:
-        # appended to: the task reads what each signal adds after the size it saw before
-        dump_file = open(path, "a")
+        # appended to: the task reads what each signal adds after the size it saw before. Made
+        # under another name and renamed once registered: the task signals only a rank whose
+        # file exists (the signal's default action, before that, ends the process)
+        dump_file = open(path + ".part", "a")
         install.dump_file = dump_file  # kept open: faulthandler keeps only its descriptor
         faulthandler.register(STACK_SIGNAL, file=dump_file, all_threads=True, chain=False)
+        os.rename(path + ".part", path)
     fd = environ.get("HVD_MAGIC_PROBE_FD")
     if fd:
         threading.Thread(target=_serve, args=(int(fd),), name=THREAD_NAME, daemon=True).start()

@@ -106,10 +106,10 @@ class StackProbe:
     def _faulthandler(self, deadline):
         if self.proc.poll() is not None:
             return []
-        try:
+        try:  # the file appears once the rank's handler is registered (`rank.stacks.install`)
             before = os.path.getsize(self.dump_path)
-        except OSError:
-            before = 0
+        except OSError:  # not yet (a rank starting), or never: the signal would kill the rank
+            return []
         try:
             os.kill(self.proc.pid, STACK_SIGNAL)
         except OSError:
@@ -124,6 +124,6 @@ class StackProbe:
             if now > before and now == size:  # grown, then still for one poll: written
                 break
             size = now
-        with open(self.dump_path, "rb") as f:
+        with open(self.dump_path, "rb") as f:  # (renamed, never removed, while the rank runs)
             f.seek(before)
             return parse_faulthandler(f.read().decode("utf-8", "replace"))
