@@ -215,6 +215,22 @@ def test_min_np_on_code_without_horovod_says_what_to_do(ip, tmp_path):
     assert len(hvd_magic.runs()) == runs_before  # refused before anything started
 
 
+def test_rank_0_keeps_the_store_until_every_rank_is_done_with_it(ip):
+    """Rank 0's process hosts torch.distributed's store: a cell that ends with no collective
+    after making its group must not take the store away from a peer still using it (the peer
+    failed with "Connection reset by peer" when rank 0's process ended first)."""
+    cell = ("import time, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "if dist.get_rank() == 1:\n"
+            "    time.sleep(1)  # rank 0's cell has ended by now\n"
+            "    store = dist.distributed_c10d._get_default_store()\n"
+            "    store.set('late', 'still here')\n"
+            "    assert store.get('late') == b'still here'\n"
+            "dist.get_world_size()\n")
+    assert ip.run_cell_magic("distributed", "--np -2 --quiet", cell) == 2
+    assert hvd_magic.last_run().results == [2, 2]
+
+
 def test_distributed_is_horovod_under_another_name(ip):
     cell = "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.get_world_size()"
     assert ip.run_cell_magic("distributed", "--np -2 --quiet", cell) == 2

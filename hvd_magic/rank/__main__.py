@@ -15,6 +15,7 @@ import linecache
 import os
 import signal
 import sys
+import time
 import traceback
 
 from .. import payload
@@ -219,6 +220,31 @@ def _shutdown_horovod():
                 pass
 
 
+def _release_torch_store(timeout=30.0):
+    """Keep torch.distributed's store alive until every rank is done with it.
+
+    Rank 0's `init_process_group` hosts the store (`hvd_magic.frameworks.torch`: no agent's
+    store, as under torchrun, outlives the ranks). A cell that ends without a collective after
+    making its group (``dist.get_world_size()`` as its value) lets rank 0 exit while a peer still
+    reads the store to finish its own start: "Connection reset by peer" there. So each rank
+    says it is done on the store, and rank 0 waits (at most `timeout` s) until all have. A
+    group the cell destroyed, or torch never loaded, costs nothing."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        store = dist.distributed_c10d._get_default_store()
+        done = store.add("hvd_magic/ranks_done", 1)
+        if dist.get_rank() != 0:
+            return
+        deadline = time.monotonic() + timeout
+        while done < dist.get_world_size() and time.monotonic() < deadline:
+            time.sleep(0.02)
+            done = store.add("hvd_magic/ranks_done", 0)
+    except Exception:  # a peer already gone: nothing left to wait for
+        pass
+
+
 def main_session(workdir):
     """A rank of a warm session: cells one after another (see `hvd_magic.rank.session`)."""
     from . import session
@@ -237,6 +263,7 @@ if __name__ == "__main__":
     _stop_timeline()
     if code == 0:
         _shutdown_horovod()
+        _release_torch_store()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip the rest of interpreter teardown: library threads left running can crash it, and
