@@ -347,15 +347,29 @@ def test_a_breakpoint_stops_one_session_rank(ip, fresh_ns, capsys, monkeypatch):
         ip.run_line_magic("horovod_session", "stop")
 
 
-def test_while_a_rank_is_held_the_others_wait_on_our_channel_not_in_a_collective(ip, capsys,
-                                                                                 monkeypatch):
-    ip.run_line_magic("horovod_session", "start --np -2")
-    try:
-        cell = ("import time, hvd_magic, torch, horovod.torch as hvd\n"
+HELD_CELLS = {
+    "horovod": ("import time, hvd_magic, torch, horovod.torch as hvd\n"
                 "hvd.init()\n"
                 "hvd_magic.breakpoint()  # rank 0 stops; rank 1 goes on to the allreduce\n"
                 "time.sleep(3)  # (by then rank 1 was told)\n"
-                "hvd.allreduce(torch.ones(1), name='after', op=hvd.Sum).item()\n")
+                "hvd.allreduce(torch.ones(1), name='after', op=hvd.Sum).item()\n"),
+    "ddp": ("import time, hvd_magic, torch, torch.distributed as dist\n"
+            "if not dist.is_initialized():\n"
+            "    dist.init_process_group('gloo')\n"
+            "hvd_magic.breakpoint()  # rank 0 stops; rank 1 goes on to the all_reduce\n"
+            "time.sleep(3)\n"
+            "total = torch.ones(1)\n"
+            "dist.all_reduce(total)  # Gloo's own wait would count the debugging\n"
+            "total.item()\n"),
+}
+
+
+@pytest.mark.parametrize("framework", sorted(HELD_CELLS))
+def test_while_a_rank_is_held_the_others_wait_on_our_channel_not_in_a_collective(
+        ip, capsys, monkeypatch, framework):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        cell = HELD_CELLS[framework]
         run = ip.run_cell_magic("horovod", "--quiet --background", cell)
         deadline = time.monotonic() + 120
         while not run.held() and time.monotonic() < deadline:
@@ -364,7 +378,8 @@ def test_while_a_rank_is_held_the_others_wait_on_our_channel_not_in_a_collective
         while "in wait_while_held" not in run.stacks().get(1, "") and time.monotonic() < deadline:
             time.sleep(0.2)  # (rank 1's whole stack: the grouped view folds hvd_magic's frames)
         stacks = run.stacks()
-        assert "in wait_while_held" in stacks[1] and "in synchronize" not in stacks[1], stacks[1]
+        assert "in wait_while_held" in stacks[1], stacks[1]
+        assert "in synchronize" not in stacks[1] and "in all_reduce" not in stacks[1], stacks[1]
         monkeypatch.setattr(sys, "stdin", io.StringIO("c\n"))
         ip.run_line_magic("horovod_debug", "")
         assert run.wait(60) == [2.0, 2.0]  # let go: both met in the allreduce

@@ -14,7 +14,9 @@ seconds and ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`)
 Each module is patched right after it is imported (`hooks`): nothing is imported here.
 
 While a peer of a warm session is held in pdb (`hvd_magic.rank.debugger`), a collective waits
-before it starts (its enqueue, ``join``, ``barrier``): on our channel, not inside Horovod.
+before it starts (Horovod's enqueue, ``join``, ``barrier``; torch.distributed's and
+tf.distribute's calls above): on our channel, not inside the framework, whose timeouts would
+count a person's debugging.
 """
 
 import functools
@@ -40,7 +42,7 @@ TORCH_WAITS = ("init_process_group", "all_reduce", "broadcast", "all_gather",
 def _blocking(fn, op):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if op in ("join", "barrier"):
+        if op != "synchronize":  # (Horovod's waits for what its enqueue, held first, began)
             debugger.wait_while_held()
         with _lock:
             # a wait inside a wait (all_gather_object calls all_gather) is the outer one's;
