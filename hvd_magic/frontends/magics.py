@@ -132,8 +132,7 @@ class HorovodMagics(Magics):
                    "too).")
     @line_cell_magic
     def horovod(self, line, cell=None):
-        """Run the cell (or a script) on N ranks (Horovod, torch.distributed...) and show rank
-        0's last expression.
+        """Run the cell (or a script) on N ranks and show rank 0's last expression.
 
         ::
 
@@ -142,9 +141,10 @@ class HorovodMagics(Magics):
             hvd.init()
             hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
 
-        Every rank also has torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
-        LOCAL_RANK, GROUP_RANK...), so ``torch.distributed.init_process_group("gloo")`` with no
-        other argument, DistributedDataParallel and the collectives work in a cell too;
+        The ranks run Horovod's code, and every rank also has torchrun's variables
+        (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK...) and a TF_CONFIG,
+        so ``torch.distributed.init_process_group("gloo")`` with no other argument,
+        DistributedDataParallel, Lightning, accelerate and tf.distribute work in a cell too;
         ``%%distributed`` is this magic under a name for cells that use no Horovod.
 
         Each rank is a task of one Spark barrier stage (or, with ``--np -N``, a process of this
