@@ -173,8 +173,8 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     placement = Placement(np, spark=spark, master=master, spark_conf=spark_conf, min_np=min_np)
     launcher = make_launcher(placement, session=True)
     session = Session(launcher, placement, horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
-                      extra_env=dict(env or {}), idle_timeout=idle_timeout, fresh=fresh)
-    session.debug = debug
+                      extra_env=dict(env or {}), idle_timeout=idle_timeout, fresh=fresh,
+                      debug=debug)
     session.start(progress=progress)
     atexit.register(session.stop)  # the kernel's exit ends the ranks and frees the slots
     return session

@@ -37,10 +37,9 @@ READY_TIMEOUT = 300.0
 
 
 class Session:
-    debug = False                    # a rank whose cell raises is held in pdb (rank/debugger.py)
 
     def __init__(self, launcher, placement, *, horovod_env, extra_env, idle_timeout=None,
-                 run_root="hvd_runs", fresh=None):
+                 run_root="hvd_runs", fresh=None, debug=False):
         self.id = datetime.datetime.now().strftime("s%H%M%S-") + secrets.token_hex(2)
         self.launcher = launcher
         self.placement = placement   # `hvd_magic.config.Placement`: a cell's options meet it
@@ -50,6 +49,7 @@ class Session:
         self.idle_timeout = idle_timeout
         # ranks forked from the template (holding what earlier cells imported), or new interpreters
         self.fresh = fresh_by_default() if fresh is None else fresh
+        self.debug = debug           # a rank whose cell raises is held in pdb (rank/debugger.py)
         self.run_root = run_root
         self.server = None
         self.gathering = frameworks.Gathering(self.np)  # the tasks' rendezvous values
