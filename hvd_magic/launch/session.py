@@ -120,7 +120,9 @@ class SessionLauncher(Launcher):
         job["cell"] = self.channel.cell_id
         job["debug"] = self.session.debug  # an error holds the rank in pdb (rank/debugger.py)
         job["reset"] = self.session.reset_due  # a rank was lost: the survivors reset Horovod first
-        job["peers"] = self.session.survivors() if self.session.reset_due else []
+        # (host, pid) of the live ranks: for the reset, and for a survivor whose collective
+        # fails during the cell to close the old ring (`hvd_magic.rank.session.release_horovod`)
+        job["peers"] = self.session.survivors() if self.session.elastic is not None else []
         for event in self.session.rank_states():  # who the ranks are, for this run's view
             self.channel.deliver(event)
         *before, last = parts(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))

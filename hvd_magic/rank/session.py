@@ -144,18 +144,22 @@ def log_only_stderr():
                                 "log_only": True})
 
 
-def release_horovod(exc):
-    """A collective of an elastic session's cell failed (a peer was lost): shut Horovod down at
-    once. That closes this rank's connections, so a survivor still waiting on it inside a
-    collective fails now rather than after the Gloo timeout (60 s by default); `reset_horovod`
-    initialises it again before the next cell."""
+def release_horovod(exc, peers=()):
+    """A collective of an elastic session's cell failed (a peer was lost): close the old ring's
+    connections to the other survivors (`peers`, as for `reset_horovod`) and shut Horovod down at
+    once. Horovod's shutdown after its background loop failed leaves Gloo's connections open, and
+    a survivor waiting on this rank inside a collective would wait for them until the Gloo
+    timeout (60 s by default); closed, it fails now and its cell ends too. `reset_horovod`
+    initialises Horovod again before the next cell."""
     if type(exc).__name__ != "HorovodInternalError" or os.environ.get("HOROVOD_ELASTIC") != "1":
         return
-    for name in FRAMEWORKS:
-        module = sys.modules.get(name)
-        if module is not None and module.is_initialized():
-            module.shutdown()
-            _released.add(name)
+    with log_only_stderr():
+        close_old_ring(peers)
+        for name in FRAMEWORKS:
+            module = sys.modules.get(name)
+            if module is not None and module.is_initialized():
+                module.shutdown()
+                _released.add(name)
 
 
 def _ask_rank_and_size():
@@ -232,7 +236,7 @@ def serve(workdir, error_record, exports, register_source, install_modules):
             status, summary = "stopped", {"type": "KeyboardInterrupt",
                                           "message": "interrupted; the session keeps its state"}
         except BaseException as exc:  # the user's code may raise anything, SystemExit included
-            release_horovod(exc)
+            release_horovod(exc, job.get("peers"))
             if job.get("debug"):  # held at the exception until the notebook's `c` or `q`
                 debugger.hold(f"{type(exc).__name__}: {exc}", tb=exc.__traceback__)
             status = "error"
