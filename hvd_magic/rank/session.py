@@ -79,13 +79,7 @@ def reset_horovod(peers=()):
     are closed first (`close_old_ring`). What Horovod says meanwhile about the lost peer goes to
     this rank's log only (`log_only_stderr`): it is the reset working, not news for the cell."""
     done = False
-    with log_only_stderr():
-        close_old_ring(peers)
-        for name in FRAMEWORKS:
-            module = sys.modules.get(name)
-            if module is not None and module.is_initialized():
-                module.shutdown()
-                _released.add(name)
+    _leave_old_ring(peers)
     for name in FRAMEWORKS:
         module = sys.modules.get(name)
         if module is None or name not in _released:
@@ -151,8 +145,13 @@ def release_horovod(exc, peers=()):
     a survivor waiting on this rank inside a collective would wait for them until the Gloo
     timeout (60 s by default); closed, it fails now and its cell ends too. `reset_horovod`
     initialises Horovod again before the next cell."""
-    if type(exc).__name__ != "HorovodInternalError" or os.environ.get("HOROVOD_ELASTIC") != "1":
-        return
+    if type(exc).__name__ == "HorovodInternalError" and os.environ.get("HOROVOD_ELASTIC") == "1":
+        _leave_old_ring(peers)
+
+
+def _leave_old_ring(peers):
+    """Close the old ring's connections to `peers` of this machine, then shut down each
+    framework this process initialised (to be initialised again by `reset_horovod`)."""
     with log_only_stderr():
         close_old_ring(peers)
         for name in FRAMEWORKS:
