@@ -13,15 +13,25 @@
 # run installs in seconds. Without TensorFlow in the environment the wheel is for torch alone
 # (its key says tfnone). A wheel is tied to the torch and TensorFlow it was built against.
 #
-# Usage: scripts/build_horovod.sh PREFIX [stock]
+# Usage: scripts/build_horovod.sh PREFIX [stock] [--wheel-only]
 #   PREFIX: a venv or conda prefix (only PREFIX/bin/python is used)
 #   stock: apply only what it takes to compile against this torch and TensorFlow (C++17, no XLA
 #   ops), for the benchmark that compares against unpatched Horovod.
+#   --wheel-only: build the wheel into the cache (if it is not there) and stop; nothing is
+#   installed into PREFIX, so scripts/setup.sh can install other packages there meanwhile.
 # Also used by binder/postBuild: one recipe, not two.
 set -euo pipefail
 
-venv=${1:?usage: build_horovod.sh PREFIX [stock]}
-flavour=${2:-patched}
+venv=${1:?usage: build_horovod.sh PREFIX [stock] [--wheel-only]}
+flavour=patched
+wheel_only=0
+for arg in "${@:2}"; do
+    case $arg in
+        stock) flavour=stock ;;
+        --wheel-only) wheel_only=1 ;;
+        *) echo "build_horovod.sh: unknown argument $arg" >&2; exit 2 ;;
+    esac
+done
 here=$(cd "$(dirname "$0")/.." && pwd)
 py="$venv/bin/python"
 version=0.28.1
@@ -73,7 +83,8 @@ EOF
 }
 
 installed_key="$venv/.horovod-key"
-if [[ -f $installed_key && $(cat "$installed_key") == "$wheeldir" ]] && verify >/dev/null 2>&1; then
+if (( ! wheel_only )) && [[ -f $installed_key && $(cat "$installed_key") == "$wheeldir" ]] &&
+        verify >/dev/null 2>&1; then
     echo "horovod: already installed from $wheeldir"
     exit 0
 fi
@@ -93,9 +104,9 @@ if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
     printf '# Written by hvd_magic scripts/build_horovod.sh: the versions this build fits.\nBUILT_WITH = {"torch": "%s", "tensorflow": %s, "flavour": "%s"}\n' \
         "$torchver" "$tfrecord" "$flavour" > "$work/horovod-$version/horovod/_hvd_magic_build.py"
     cmake_major=$(cmake --version 2>/dev/null | sed -n 's/cmake version \([0-9]*\).*/\1/p')
-    if [[ -z $cmake_major ]]; then
-        "$py" -m pip install --quiet "cmake>=3.13,<4"
-        export PATH="$venv/bin:$PATH"
+    if [[ -z $cmake_major ]]; then  # (into the build's own folder: nothing goes into PREFIX)
+        "$py" -m pip install --quiet --target "$work/cmake" "cmake>=3.13,<4"
+        export PATH="$work/cmake/bin:$PATH" PYTHONPATH="$work/cmake${PYTHONPATH:+:$PYTHONPATH}"
     elif (( cmake_major >= 4 )); then
         export CMAKE_POLICY_VERSION_MINIMUM=3.5   # bundled Gloo asks for cmake 2.8.12
     fi
@@ -110,6 +121,10 @@ if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
         "$py" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/dist" "$work/horovod-$version"
     mkdir -p "$wheeldir"
     mv "$work"/dist/horovod-*.whl "$wheeldir/"
+fi
+if (( wheel_only )); then
+    echo "horovod: wheel in $wheeldir"
+    exit 0
 fi
 
 "$py" -m pip install --quiet --force-reinstall --no-deps "$wheeldir"/horovod-*.whl

@@ -28,11 +28,28 @@ key=$(cat pyproject.toml scripts/install_tensorflow.sh | sha256sum | cut -c1-16)
 if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
     echo "setup: installing Python packages into .venv"
     "$py" -m pip install --quiet --upgrade pip
-    # torch first, pinned: the CPU build this machine has; Horovod is built against it.
+    # torch, pinned (the CPU build this machine has), and TensorFlow first: Horovod is built
+    # against both, and nothing else.
     "$py" -m pip install --quiet "torch==$torch_version"
-    "$py" -m pip install --quiet -e ".[test,connect,bench,mlflow]"
-    # TensorFlow after torch and the project: Horovod is built against both.
     bash scripts/install_tensorflow.sh "$venv"
+    # Horovod's compile (minutes of CPU on a cold machine) runs while the project and its extras
+    # install. Those may add packages but change none already there (the constraints): the
+    # build imports torch and TensorFlow, which must stay as they are meanwhile.
+    log=$(mktemp)
+    echo "setup: building Horovod meanwhile (its output: $log)"
+    bash "$here/scripts/build_horovod.sh" "$venv" --wheel-only >"$log" 2>&1 &
+    build=$!
+    "$py" -m pip list --format=freeze >"$log.pins"
+    if ! "$py" -m pip install --quiet -c "$log.pins" -e ".[test,connect,bench,mlflow]"; then
+        kill "$build" 2>/dev/null || true
+        exit 1
+    fi
+    if ! wait "$build"; then
+        cat "$log" >&2
+        exit 1
+    fi
+    cat "$log"
+    rm -f "$log" "$log.pins"
     echo "$key" > "$stamp"
 fi
 bash "$here/scripts/build_horovod.sh" "$venv"
