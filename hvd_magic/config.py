@@ -26,7 +26,7 @@ DEFAULT_STALL_TIMEOUT = 60.0
 ON_STALL = ("warn", "fail")
 # Ranks forked from a template that has imported the frameworks (`hvd_magic.template`) unless a
 # run asks for --fresh; HVD_MAGIC_FRESH=1 (or 0) in the notebook's environment flips the default.
-FRESH_BY_DEFAULT = True
+FRESH_BY_DEFAULT = False
 
 
 def fresh_by_default():

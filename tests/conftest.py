@@ -70,6 +70,23 @@ def _stop_spark_at_exit():
     _stop_spark()
 
 
+def ancestry(pid):
+    """The processes process `pid` runs under, nearest first: its parents, and for a rank forked
+    from a template (`hvd_magic.template`, which lives outside the tree of the task that started
+    it) the template's owner, named in its command line, and that one's parents."""
+    import psutil
+
+    chain, process = [], psutil.Process(pid).parent()
+    while process is not None:
+        chain.append(process.pid)
+        args = process.cmdline()
+        if "hvd_magic.template.server" in args:
+            process = psutil.Process(int(args[args.index("hvd_magic.template.server") + 2]))
+        else:
+            process = process.parent()
+    return chain
+
+
 def logged(log, pattern, server, what, timeout=120):
     """The first match of `pattern` in the file `log`, which `server` (a Popen) writes: how the
     tests learn the port a server picked itself (port 0; a port picked by the tests could be

@@ -22,7 +22,9 @@ import horovod.torch as hvd
 hvd.init()
 jvm = psutil.Process()
 while "--executor-id" not in jvm.cmdline():
-    jvm = jvm.parent()
+    args = jvm.cmdline()  # (a forked rank's parent: its host's template, which names its owner)
+    jvm = (psutil.Process(int(args[args.index("hvd_magic.template.server") + 2]))
+           if "hvd_magic.template.server" in args else jvm.parent())
 args = jvm.cmdline()
 (os.environ.get("CUDA_VISIBLE_DEVICES"), args[args.index("--executor-id") + 1])
 """

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import hvd_magic
-from conftest import StandaloneCluster
+from conftest import StandaloneCluster, ancestry
 
 LONG_CELL = """\
 import time, torch, horovod.torch as hvd, hvd_magic
@@ -40,9 +40,9 @@ def rank_processes_left(pids, grace=15):
 
 
 def under(pid, ancestor):
-    """True when process `pid` descends from process `ancestor`."""
+    """True when process `pid` runs under process `ancestor` (`conftest.ancestry`)."""
     with contextlib.suppress(psutil.NoSuchProcess):
-        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
+        return ancestor in ancestry(pid)
     return False
 
 

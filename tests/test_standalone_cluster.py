@@ -5,7 +5,7 @@ import signal
 import pytest
 
 import hvd_magic
-from conftest import ALLREDUCE_CELL
+from conftest import ALLREDUCE_CELL, ancestry
 
 
 def test_allreduce_on_two_workers(ip, standalone):
@@ -138,9 +138,9 @@ train(state)
 """
 
 
-def _ranks_under(pid):
-    import psutil
-    return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+def _ranks_under(pid, ranks):
+    """The pids of those `ranks` (the run's) that run under process `pid` (`conftest.ancestry`)."""
+    return {r.pid for r in ranks if pid in ancestry(r.pid)}
 
 
 def test_elastic_run_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standalone, tmp_path):
@@ -165,7 +165,7 @@ def test_elastic_run_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standal
     try:
         wait_for(lambda: all((r.step or 0) >= 20 for r in run.ranks), "every rank at step 20")
         on_worker_1 = [r.rank for r in run.ranks
-                       if r.pid in _ranks_under(standalone.workers[1].pid)]
+                       if r.pid in _ranks_under(standalone.workers[1].pid, run.ranks)]
         assert len(on_worker_1) == 2, [(r.rank, r.pid) for r in run.ranks]
         seen = max(r.step for r in run.ranks)
         standalone.kill_worker(1)  # its executor, the Python workers and their ranks die with it

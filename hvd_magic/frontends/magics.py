@@ -111,8 +111,8 @@ class HorovodMagics(Magics):
                    "itself, not forked from the host's template (an interpreter that has "
                    "imported what the cells import of torch, horovod.torch, numpy and pandas; "
                    "never TensorFlow, which is not safe to fork after its import). Default: "
-                   "HorovodMagics.fresh, or HVD_MAGIC_FRESH (fresh for now; "
-                   "%%config HorovodMagics.fresh = False forks: docs/forking.md).")
+                   "HorovodMagics.fresh, or HVD_MAGIC_FRESH=1 in the notebook's environment; "
+                   "else forked: docs/forking.md).")
     @argument("--name", type=str, default=None, help="A label for the run.")
     @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
               help="Log the run to MLflow: params, rank 0's reported metrics, the cell (or "

@@ -1,8 +1,8 @@
 """How a task starts its rank process: forked from this host's template (`hvd_magic.template`),
 or the old way, a fresh ``python -m hvd_magic.rank`` (`subprocess.Popen`).
 
-A run that forks (`TaskSettings.fork`: ``--fresh`` off; off by default until the suite has run
-both ways, `hvd_magic.config.FRESH_BY_DEFAULT`) gets a forked rank where a template can serve;
+A run that forks (`TaskSettings.fork`: ``--fresh`` off, the default:
+`hvd_magic.config.FRESH_BY_DEFAULT`) gets a forked rank where a template can serve;
 otherwise, or when no template can be had, the rank starts fresh. Either way the task gets the same
 kind of handle (``pid``, ``poll``, ``wait``, ``send_signal``, the pipes), and the rank the same
 environment, folder, streams and process group of its own.

@@ -18,11 +18,14 @@ import sys
 import traceback
 
 
-def become_rank(request, fds, sockets, own_fds):
+def become_rank(request, fds, sockets, own_fds, ready):
+    """`ready`: a pipe's end, closed once this process leads a session of its own with default
+    signal handlers (the template replies to the task only then)."""
     code = 1
     try:
         os.setsid()
         _reset_signals()
+        os.close(ready)
         for sock in sockets:  # the template's: closed here, never later by a collected object
             try:
                 os.close(sock.detach())
@@ -81,8 +84,8 @@ def _apply_threads(env):
     libraries (with 1): give the loaded libraries the rank's own counts."""
     count = _count(env.get("OMP_NUM_THREADS"))
     torch = sys.modules.get("torch")
-    if count and torch is not None:
-        torch.set_num_threads(count)
+    if count and torch is not None:  # (no more than the cores it may run on, as a fresh torch)
+        torch.set_num_threads(min(count, len(os.sched_getaffinity(0))))
     blas = _count(env.get("OPENBLAS_NUM_THREADS")) or count
     if blas and "numpy" in sys.modules:
         setter = _openblas_setter()

@@ -139,9 +139,17 @@ class Template:
         self._hold(request.get("modules", ()))
         sys.stdout.flush()
         sys.stderr.flush()
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            child.become_rank(request, fds, self.sockets(), self.own_fds())  # never returns
+            os.close(ready_r)
+            child.become_rank(request, fds, self.sockets(), self.own_fds(), ready_w)  # never returns
+        os.close(ready_w)
+        # The task gets the pid once the rank is a session (a process group) of its own with
+        # default signal handlers: a stop sent at once (a Cancel while the ranks start) then
+        # reaches its group, and never runs the template's own handlers.
+        os.read(ready_r, 1)  # (end of file: it closed its end, or died)
+        os.close(ready_r)
         for fd in fds:  # the rank's copies only: its streams end when it (and its children) end
             os.close(fd)
         del self.pending[conn]
