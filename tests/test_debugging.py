@@ -97,7 +97,7 @@ def test_eight_ranks_read_as_two_groups(ip):
             "    wait_for_peers()\n")
     run = ip.run_cell_magic("horovod", "--np -8 --background --quiet", cell)
     try:
-        stacks = stacks_when(run, "ranks 0-4, 6-7: ", "rank 5: ")
+        stacks = stacks_when(run, "ranks 0-4, 6-7: Cell In[", "rank 5: Cell In[")
         # the dashboard's Stacks button shows the same groups
         from IPython.utils.capture import capture_output
         from hvd_magic.view.dashboard import Dashboard

@@ -85,7 +85,11 @@ def run_error(run, infos, retried):
 
 
 def _first_failure(run, failures, infos):
-    first = next((f for f in failures if not is_follow_on(f)), failures[0])
+    causes = [f for f in failures if not is_follow_on(f)]
+    # A rank that Horovod aborted (SIGABRT: Gloo lost a peer inside a collective) beside one
+    # whose code failed: the failing code is the cause, whichever end arrived first.
+    first = next((f for f in causes if f.get("signal") != "SIGABRT"), None) or \
+        (causes or failures)[0]
     first = dict(infos.get(first["rank"], {}), **first)
     if not first.get("traceback"):
         # died without a Python traceback (a signal, os._exit): its last words instead

@@ -11,6 +11,7 @@ Never returns: the process ends with the rank's exit code.
 """
 
 import ctypes
+import gc
 import os
 import runpy
 import signal
@@ -26,6 +27,7 @@ def become_rank(request, fds, sockets, own_fds, ready):
         os.setsid()
         _reset_signals()
         os.close(ready)
+        gc.enable()  # (of what this rank makes: the template's objects stay frozen, shared)
         for sock in sockets:  # the template's: closed here, never later by a collected object
             try:
                 os.close(sock.detach())

@@ -19,6 +19,7 @@ SIGTERM; its ranks go with it (each is told to die with its parent: rank/__main_
 stdout/stderr go to ``SOCKET.log``.
 """
 
+import gc
 import json
 import os
 import selectors
@@ -140,6 +141,7 @@ class Template:
         sys.stdout.flush()
         sys.stderr.flush()
         ready_r, ready_w = os.pipe()
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             os.close(ready_r)
@@ -228,6 +230,11 @@ class Template:
 
 
 def main(path, owner):
+    # No cyclic collection here, and every object frozen before each fork (`_fork`): a rank's
+    # first collection would otherwise walk, and so write to, every object the template holds
+    # (torch's are hundreds of MB), copying those pages into each rank at once. The children
+    # collect again (`child.become_rank`), only what they made themselves.
+    gc.disable()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
