@@ -1,6 +1,7 @@
 """Where a rank's environment and rendezvous are made, one module per framework behind one
 contract (`base.Framework`): Horovod (`horovod`), torch.distributed (`torch`), tf.distribute
-(`tensorflow`). Every rank gets every framework's variables, so a cell may use any of them; none is imported here.
+(`tensorflow`). Every rank gets every framework's variables, so a cell may use any of them;
+none is imported here.
 
 The task code asks this package, never a framework's module by name: the next framework
 (JAX, DeepSpeed) is one new module and one entry in `FRAMEWORKS`.

@@ -98,8 +98,8 @@ def _start_monitor():
 
 
 def _wrap(module, ops):
-    _replace(module, {op: _blocking(getattr(module, op), op) for op in ops
-                      if getattr(module, op, None) is not None})
+    found = {op: getattr(module, op, None) for op in ops}
+    _replace(module, {op: _blocking(fn, op) for op, fn in found.items() if fn is not None})
     _start_monitor()
 
 

@@ -144,8 +144,8 @@ class Template:
         gc.freeze()
         pid = os.fork()
         if pid == 0:
-            os.close(ready_r)
-            child.become_rank(request, fds, self.sockets(), self.own_fds(), ready_w)  # never returns
+            os.close(ready_r)  # (become_rank never returns)
+            child.become_rank(request, fds, self.sockets(), self.own_fds(), ready_w)
         os.close(ready_w)
         # The task gets the pid once the rank is a session (a process group) of its own with
         # default signal handlers: a stop sent at once (a Cancel while the ranks start) then
