@@ -14,7 +14,7 @@ demo: setup
 	$(PY) -m hvd_magic.demo notebooks/quickstart.ipynb
 
 test: setup
-	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py

@@ -22,6 +22,21 @@ total.item()
 """
 
 
+# `make test` runs two pytest-xdist workers, each given a whole file at a time in the order
+# collected. The slowest files (seconds in a serial run, 2026-11-26) go first, so the two workers
+# end together rather than one running a long file alone at the end.
+SLOW_FIRST = ("test_notebooks", "test_standalone_cluster", "test_failures", "test_elastic",
+              "test_browser", "test_first_cell", "test_sessions", "test_connect", "test_multihost",
+              "test_ddp", "test_four_hosts", "test_spark_python", "test_live_view")
+
+
+def pytest_collection_modifyitems(items):
+    def weight(item):
+        name = item.module.__name__.rsplit(".", 1)[-1]
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+    items.sort(key=weight)  # stable: a file's own tests keep their order
+
+
 @pytest.fixture(autouse=True)
 def _run_in_tmp(tmp_path, monkeypatch):
     """Each test's run folders land in its own temporary directory."""

@@ -85,9 +85,10 @@ def test_every_rank_raising_before_the_elastic_loop_is_their_error(np):
     _assert_the_ranks_error(caught.value, "before", [0, 1])
     run = hvd_magic.last_run()
     assert run.state == "failed" and not run.unended()
-    # the other rank's own error is its line, and no rank was lost
-    other = 1 - caught.value.rank
-    assert "ValueError: a typo before the loop on rank" in caught.value.others[other]
+    # the other rank's line is its own error, or "stopped" where the first error stopped it before
+    # it raised (a machine under load); never lost, and no rank was lost
+    other = caught.value.others[1 - caught.value.rank]
+    assert other == "stopped" or "ValueError: a typo before the loop on rank" in other, other
     assert not [c for c in run.membership if c["t"] in ("lost", "joined")]
 
 
