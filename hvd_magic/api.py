@@ -17,7 +17,7 @@ from .capture import pickle_values
 from .capture.modules import local_sources, names_in_code, names_in_imports, names_in_pickle
 from .driver.history import last_run, runs
 from .driver.tracking import tracked
-from .driver.run import DEFAULT_HOROVOD_ENV, Run
+from .driver.run import DEFAULT_HOROVOD_ENV, DEFAULT_RANK_ENV, Run
 from .launch import make_launcher
 from .config import (DEFAULT_BROADCAST_BYTES, DEFAULT_STALL_TIMEOUT, Placement, RunOptions,
                       check_np, check_together, split)
@@ -172,9 +172,10 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
 
     placement = Placement(np, spark=spark, master=master, spark_conf=spark_conf, min_np=min_np)
     launcher = make_launcher(placement, session=True)
-    session = Session(launcher, placement, horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
-                      extra_env=dict(env or {}), idle_timeout=idle_timeout, fresh=fresh,
-                      debug=debug)
+    session = Session(launcher, placement,
+                      horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
+                      extra_env={**DEFAULT_RANK_ENV, **(env or {})},  # as a run's ranks get
+                      idle_timeout=idle_timeout, fresh=fresh, debug=debug)
     session.start(progress=progress)
     atexit.register(session.stop)  # the kernel's exit ends the ranks and frees the slots
     return session

@@ -79,6 +79,13 @@ def test_a_ddp_cell_through_connect(ip, connect):
     assert hvd_magic.last_run().results == [3.0, 3.0]
 
 
+def test_a_tf_distribute_cell_through_connect(ip, connect):
+    pytest.importorskip("tensorflow", reason="make setup installs TensorFlow")
+    from test_tf_distribute import MIRRORED_FIT, assert_fitted_in_step
+    ip.run_cell_magic("distributed", "--np 2 --quiet", MIRRORED_FIT)
+    assert_fitted_in_step(hvd_magic.last_run().results, "tf_keras")
+
+
 def test_a_notebook_module_travels_with_the_job(ip, connect, tmp_path, monkeypatch):
     (tmp_path / "connmod.py").write_text("def triple(x):\n    return 3 * x\n")
     monkeypatch.syspath_prepend(str(tmp_path))

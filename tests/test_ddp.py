@@ -182,6 +182,9 @@ def test_a_sigkilled_rank_ends_the_run_and_is_named(ip):
 STALLS = {
     "all_reduce": "for step in range(3 if dist.get_rank() == 0 else 2):\n"
                   "    dist.all_reduce(torch.ones(2))\n",
+    # an asynchronous collective returns at once: rank 0 waits in its work's wait()
+    "Work.wait": "for step in range(3 if dist.get_rank() == 0 else 2):\n"
+                 "    dist.all_reduce(torch.ones(2), async_op=True).wait()\n",
     "backward": "from torch.nn.parallel import DistributedDataParallel\n"
                 "ddp = DistributedDataParallel(torch.nn.Linear(2, 1))\n"
                 "for step in range(3 if dist.get_rank() == 0 else 2):\n"

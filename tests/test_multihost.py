@@ -109,6 +109,17 @@ def _veth_bytes(name):
         return int(rx.read()) + int(tx.read())
 
 
+LIGHTNING_FIT = """\
+model = Tiny()
+trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, num_nodes=2, max_epochs=1,
+                    enable_checkpointing=False, logger=False, enable_model_summary=False,
+                    enable_progress_bar=False)
+trainer.fit(model, data)
+(os.environ["HOROVOD_HOSTNAME"], trainer.node_rank, trainer.local_rank, trainer.world_size,
+ model.layer.weight.detach().tolist())
+"""
+
+
 @pytest.fixture
 def netns():
     """A network namespace joined to this one by a veth pair: ROOT_IP here, NS_IP there."""
@@ -196,4 +207,14 @@ def test_ranks_on_two_hosts_across_a_veth(ip, netns, two_host_cluster):
     assert not report.mismatches, report.text()
     if report.executors[0].values["hostname_address"].startswith("127."):
         assert "hostname resolves to 127." in report.text()
+
+    # Lightning's Trainer on the same four ranks: two nodes of two devices, as the hosts are
+    from test_lightning import MODULE
+    ip.run_cell_magic("horovod", "--np 4 --quiet", MODULE + LIGHTNING_FIT)
+    results, nodes = hvd_magic.last_run().results, {}
+    for host, node_rank, local_rank, world, weights in results:
+        assert world == 4 and weights == results[0][4]  # DDP averaged every rank's gradients
+        nodes.setdefault(host, set()).add((node_rank, local_rank))
+    assert nodes.keys() == {ROOT_IP, NS_IP}
+    assert sorted(nodes.values(), key=min) == [{(0, 0), (0, 1)}, {(1, 0), (1, 1)}]
     session.stop()

@@ -76,6 +76,47 @@ def test_keras_3_fit_under_multi_worker_mirrored_strategy(ip):
     assert_fitted_in_step(hvd_magic.last_run().results, "keras")
 
 
+# The same fit split over a warm session's cells: the strategy and the model made once in the
+# first cell (the session's ranks keep them), trained in each later one.
+SETUP, FIT = MIRRORED_FIT.split("options = tf.data.Options()\n")
+FIT = "options = tf.data.Options()\n" + FIT
+
+
+def test_a_warm_session_keeps_its_strategy_across_cells(ip, fresh_ns):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        ip.run_cell_magic("horovod", "--quiet", SETUP)
+        first = ip.run_cell_magic("horovod", "--quiet", FIT)
+        assert_fitted_in_step(hvd_magic.last_run().results, "tf_keras")
+        ip.run_cell_magic("horovod", "--quiet", FIT)
+        second = hvd_magic.last_run().results
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+    assert_fitted_in_step(second, "tf_keras")
+    assert second[0][2] != first[2]  # the same model, trained on: its weights moved again
+
+
+def test_a_script_through_the_terminal_command(tmp_path):
+    """`hvd-run` (here `python -m hvd_magic`) gives a script's ranks their TF_CONFIG too."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    (tmp_path / "train.py").write_text(
+        MIRRORED_FIT.rsplit("(strategy.num_replicas_in_sync", 1)[0]
+        + "json.dump((strategy.num_replicas_in_sync, rank, [w.tolist() for w in "
+          "model.get_weights()], keras.__name__), open(f'out{rank}.json', 'w'))\n")
+    done = subprocess.run([sys.executable, "-m", "hvd_magic", "--np", "-2", "train.py"],
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT), text=True,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads((tmp_path / f"out{rank}.json").read_text()) for rank in (0, 1)]
+    assert_fitted_in_step(results, "tf_keras")
+
+
 def test_every_rank_gets_its_own_worker_and_no_tensorflow_import(ip):
     cell = ("import json, os, sys\n"
             "(json.loads(os.environ['TF_CONFIG']), 'tensorflow' in sys.modules)\n")

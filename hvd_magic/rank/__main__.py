@@ -255,6 +255,7 @@ def main_session(workdir):
     reporting.install_tqdm_hook()
     stall.install()
     trainers.install()
+    keras_alias.install()  # `import keras` as in a cell that is not a session's
     return session.serve(workdir, error_record, _exports, _register_source, install_modules)
 
 

@@ -5,7 +5,8 @@ will never join (they finished their loop early, or are busy elsewhere) waits fo
 in ``hvd.init()`` waits for every peer to call it too, up to several times Gloo's timeout.
 torch.distributed's Gloo waits 30 minutes by default. Each wait in Horovod's `init`,
 `synchronize`, `join` or `barrier`, and in torch.distributed's `init_process_group`, collectives
-(`TORCH_WAITS`) and, once a `DistributedDataParallel` exists, `backward` (where DDP's reducer
+(`TORCH_WAITS`), an asynchronous collective's ``Work.wait()`` and, once a
+`DistributedDataParallel` exists, `backward` (where DDP's reducer
 waits for the gradients' all-reduce), and, once a tf.distribute `MultiWorkerMirroredStrategy`
 exists, the calls its collectives run under, sets a flag (a time check, no syscall); a monitor
 thread sends a ``blocked`` event (with the operation) once a wait has lasted `REPORT_AFTER`
@@ -43,7 +44,7 @@ TORCH_WAITS = ("init_process_group", "all_reduce", "broadcast", "all_gather",
 def _blocking(fn, op):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if op != "synchronize":  # (Horovod's waits for what its enqueue, held first, began)
+        if op not in ("synchronize", "Work.wait"):  # (these wait for what a call held first began)
             debugger.wait_while_held()
         with _lock:
             # a wait inside a wait (all_gather_object calls all_gather) is the outer one's;
@@ -129,6 +130,11 @@ def _patch(mpi_ops):
 def _patch_torch(c10d):
     # torch.distributed takes these names from distributed_c10d (``import *``) once it is run
     _wrap(c10d, TORCH_WAITS)
+    # a call with async_op=True returns its Work at once; the wait is in Work.wait()
+    work = c10d.Work
+    if not getattr(work.wait, "_hvd_magic_wait", False):
+        work.wait = _blocking(work.wait, "Work.wait")
+        work.wait._hvd_magic_wait = True
 
 
 def _patch_ddp(module):
