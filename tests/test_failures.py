@@ -311,3 +311,31 @@ def test_a_bug_in_the_driver_loop_fails_the_run_and_stops_every_rank():
     assert rank_processes_left(run) == [] and our_children() == []
     with open(os.path.join(run.run_dir, "events.jsonl")) as f:
         assert '"t": "internal"' in f.read()  # its traceback, where the message says
+
+
+def test_a_task_that_fails_before_its_rank_starts_ends_the_run(monkeypatch):
+    """Task 0 cannot start its rank (here: no process could be made); rank 1, already waiting in
+    its rendezvous for rank 0, is stopped at once and the run ends with task 0's error, rather
+    than rank 1 waiting for a peer that never comes. (Seen: a cell hung for 10 minutes.)"""
+    from hvd_magic.task import runner
+
+    real = runner.start_rank
+
+    def start_rank(settings, argv, *args, **kwargs):
+        if "-rank0-" in argv[1]:  # the rank's work folder: hvd_magic-RUN-rank0-...
+            raise OSError(11, "Resource temporarily unavailable (a fork failed)")
+        return real(settings, argv, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "start_rank", start_rank)
+
+    def waits_for_rank_0():
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+
+    started = time.monotonic()
+    with pytest.raises(OSError, match="a fork failed"):
+        hvd_magic.run(waits_for_rank_0, np=-2, view=TextView(quiet=True), timeout=300)
+    assert time.monotonic() - started < 60  # not the run's timeout, nor the store's 30 minutes
+    run = hvd_magic.last_run()
+    assert run.state == "failed" and run.ranks[1].state == "stopped"
+    assert rank_processes_left(run) == []

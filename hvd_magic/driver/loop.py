@@ -60,7 +60,9 @@ class Driver:
                 elif held_since is not None:
                     paused, held_since = pause(run, held_since), None
                     deadline = deadline and deadline + paused
-                if run.failures and run.stop_reason is None:
+                # a rank failed, or a task ended in an error before its rank could say anything
+                # (its peers would wait for it in their rendezvous)
+                if (run.failures or run.launcher.error is not None) and run.stop_reason is None:
                     self.request_stop("failed")
                 if deadline is not None and time.time() > deadline and run.stop_reason is None \
                         and held_since is None:
