@@ -88,6 +88,23 @@ def test_fresh_starts_ranks_the_old_way():
     assert not results[0]["torch_before"]
 
 
+def test_something_else_at_the_templates_socket_path_means_a_fresh_rank(tmp_path):
+    """Whatever stands at the socket's path (here a stream socket, where ours is a
+    SOCK_SEQPACKET one: "Protocol wrong type"), the task gets no template, not an error."""
+    import socket
+    env = {"HVD_MAGIC_TEMPLATE_IDLE": "an env of this test's own"}  # its own socket path
+    path = client.socket_path(env)
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        other.bind(path)
+        other.listen()
+        assert client.connect(env) is None
+        assert client.fork_rank(["hvd_magic.rank", str(tmp_path)], env, str(tmp_path)) is None
+    finally:
+        other.close()
+        os.unlink(path)
+
+
 def test_no_state_passes_from_one_cell_to_the_next(ip):
     ip.run_cell_magic("horovod", "--np -2 --quiet",
                       "import numpy, torch\nnumpy.marked = 'by the first cell'\nnumpy.random.rand()")

@@ -104,12 +104,16 @@ def connect(env, start=True):
     except (FileNotFoundError, ConnectionRefusedError):
         if not start:
             return None
+    except OSError:  # anything else at that path (not our socket): the rank starts fresh
+        return None
     with open(path + ".lock", "w") as lock:  # one starter among this host's tasks
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return _connect(path)
         except (FileNotFoundError, ConnectionRefusedError):
             pass
+        except OSError:
+            return None
         try:
             os.unlink(path)  # a template killed outright left its socket
         except FileNotFoundError:
