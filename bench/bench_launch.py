@@ -382,7 +382,7 @@ def launchers(run_root, max_np):
         "hvd_magic-spark": on_spark(lambda np: hvd_magic_run(np, run_root)[0]),
         "hvd_magic-driver": lambda np: hvd_magic_run(-np, run_root)[0],
         # ranks forked from the host's template (hvd_magic.template), which the warm-up filled
-        "hvd_magic-spark-fork": spark_then(lambda np: hvd_magic_run(np, run_root, fresh=False)[0]),
+        "hvd_magic-spark-fork": on_spark(lambda np: hvd_magic_run(np, run_root, fresh=False)[0]),
         "hvd_magic-driver-fork": lambda np: hvd_magic_run(-np, run_root, fresh=False)[0],
         "horovodrun": lambda np: horovodrun(np),
         "horovodrun-H": lambda np: horovodrun(np, "-H", f"localhost:{np}"),
