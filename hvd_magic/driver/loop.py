@@ -2,7 +2,8 @@
 
 It reads the run's `EventServer` queue until the launcher says every task ended, and:
 - applies each event to the run (`hvd_magic.driver.apply`: logs, rank state, relays);
-- stops every rank as soon as one fails, on interrupt, timeout or a stall (``--on-stall fail``),
+- stops every rank as soon as one fails (or a task fails before its rank starts), on interrupt,
+  timeout or a stall (``--on-stall fail``),
   and cancels the launcher's tasks if they do not end after the stop request;
 - at the end, gathers the values or the error (`hvd_magic.driver.ending`) and tells the view.
 
