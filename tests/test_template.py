@@ -63,6 +63,20 @@ def test_what_a_template_holds_comes_from_the_jobs_imports():
     assert wanted({"sources": {"train.py": script}}) == ["numpy", "torch", "horovod.torch"]
 
 
+def test_a_source_that_cannot_be_parsed_now_leaves_the_captured_imports(monkeypatch):
+    """CPython 3.11's parser can fail with a SystemError when another thread parses at the same
+    time (python/cpython#106905: a fresh clone's run hit it in a task thread). The task then
+    goes on with what the capture found, rather than failing before its rank starts."""
+    import ast
+
+    def parse(source, *args, **kwargs):
+        raise SystemError("AST constructor recursion depth mismatch (before=30, after=26)")
+
+    monkeypatch.setattr(ast, "parse", parse)
+    job = {"imports": ["torch"], "sources": {"cell": "import horovod.torch\n"}}
+    assert wanted(job) == ["numpy", "torch"]
+
+
 def test_a_forked_rank_has_its_own_environment_folder_threads_and_session(tmp_path):
     runs = [hvd_magic.run(make_who(), np=-2, view=None, env={"MARK": str(i)}, fresh=False).results
             for i in range(2)]

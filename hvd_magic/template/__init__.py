@@ -20,6 +20,7 @@ TensorFlow cell's ranks import it themselves (still forked, from a template hold
 """
 
 import ast
+import threading
 
 # A module a job imports -> what the template imports for it, in this order. Nothing here starts
 # a thread at import with the template's environment (one thread per library: `server.py`),
@@ -32,14 +33,22 @@ FORKABLE = {
 }
 
 
+# CPython 3.11 keeps the AST builder's recursion depth per interpreter, not per thread: two
+# threads parsing at once (the tasks of a --np -N run are threads of the notebook) can fail with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). Seen in a
+# fresh clone's run: task 0 failed there and its rank never started.
+_parsing = threading.Lock()
+
+
 def imported_names(job):
     """Every module name a job imports: the names the capture found (``job["imports"]``) and the
     import statements of its sources (a script's text, a cell's)."""
     names = set(job.get("imports", ()))
     for source in (job.get("sources") or {}).values():
         try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
+            with _parsing:
+                tree = ast.parse(source)
+        except (SyntaxError, ValueError, SystemError):  # (another thread's parse: see above)
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
