@@ -123,6 +123,15 @@ def test_a_warm_session_keeps_a_process_group_and_makes_it_again(ip, fresh_ns):
         assert cell("del os.environ['WORLD_SIZE']\n" + reduce) == 3.0
         assert cell("dist.destroy_process_group()\ndist.init_process_group('gloo')\n"
                     + reduce + "\n(x.item(), os.environ['WORLD_SIZE'])") == (3.0, "2")
+        # Made again twice in one cell, rank 0 the last to destroy its group each time: rank 1
+        # must not find rank 0's old store, still up there (it would read the old group's
+        # addresses, and rank 0's new store would wait for it for 30 minutes)
+        seen = cell("import time\nseen = []\nfor _ in range(2):\n"
+                    "    time.sleep(1.5 if dist.get_rank() == 0 else 0)\n"
+                    "    dist.destroy_process_group()\n    dist.init_process_group('gloo')\n"
+                    "    x = torch.tensor([dist.get_rank() + 1.0])\n    dist.all_reduce(x)\n"
+                    "    seen.append((os.environ['MASTER_PORT'], x.item()))\nseen")
+        assert [value for _, value in seen] == [3.0, 3.0] and seen[0][0] != seen[1][0], seen
     finally:
         ip.run_line_magic("horovod_session", "stop")
 

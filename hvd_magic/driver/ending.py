@@ -125,7 +125,7 @@ def _first_failure(run, failures, infos):
 def _lost_task_error(run):
     """A LaunchError naming the rank whose Spark task died without a word, if one did."""
     error = run.launcher.error
-    if error is None:
+    if error is None or not run.launcher.error_loses_ranks:
         return None
     if not isinstance(error, LaunchError):  # the job cancelled by the driver's last resort
         # (the other ranks were slow to stop): its first line, never a Java stack trace

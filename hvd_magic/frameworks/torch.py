@@ -4,32 +4,40 @@ accelerate find the launched world; and Gloo's interface (``GLOO_SOCKET_IFNAME``
 torchrun leaves to Gloo's guess from the host's name.
 
 Rank 0's own ``init_process_group`` hosts the store (a `TCPStore` on ``MASTER_PORT``), as under
-torchrun without an agent store: it is made afresh with each process group, so a group destroyed
-and made again in a warm session starts from an empty store. No port race: task 0 binds the port
-first (`serve`) and keeps it bound, not listening, for the whole launch, with ``SO_REUSEADDR``;
-no other process can take it (a plain bind is refused, and the kernel never hands a bound port
-out as an ephemeral one), while the store, which binds with ``SO_REUSEADDR`` too, can. Nothing
-here imports torch: a cell that never imports it pays one socket.
+torchrun without an agent store: it is made afresh with each process group. No port race: task 0
+binds the port first (`serve`) and keeps it bound, not listening, for the whole launch, with
+``SO_REUSEADDR``; no other process can take it (a plain bind is refused, and the kernel never
+hands a bound port out as an ephemeral one), while the store, which binds with ``SO_REUSEADDR``
+too, can. Nothing here imports torch: a cell that never imports it pays two sockets.
+
+Two ports are held, named in `PORTS`: a group destroyed and made again in one cell (``dist.
+destroy_process_group(); dist.init_process_group("gloo")``) would otherwise let a fast rank find
+rank 0's old store, not yet destroyed, and read the old group's addresses there (its Gloo
+fails; rank 0's new store waits for it until its timeout). Each destroy of the default group
+moves ``MASTER_PORT`` to the other port (`hvd_magic.rank.torch_store`), so every new group's
+store is on a port where the old one never was.
 """
 
 import socket
 
 from .base import Framework, Served, iface_towards
 
+PORTS = "HVD_MAGIC_TORCH_PORTS"  # the two store ports a rank's groups take in turn
+
 
 class TorchDistributed(Framework):
     name = "torch"
 
     def serve(self):
-        reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        reserved.bind(("", 0))
-        return Served({"port": reserved.getsockname()[1]}, reserved.close)
+        reserved = [_reserve(), _reserve()]
+        return Served({"ports": [s.getsockname()[1] for s in reserved]},
+                      lambda: [s.close() for s in reserved])
 
     def rank_env(self, slot, world, relayed):
         return {
             "MASTER_ADDR": world.address,
-            "MASTER_PORT": relayed["port"],
+            "MASTER_PORT": relayed["ports"][0],
+            PORTS: ",".join(map(str, relayed["ports"])),
             "RANK": slot.rank,
             "WORLD_SIZE": world.size,
             "LOCAL_RANK": slot.local_rank,
@@ -51,3 +59,10 @@ class TorchDistributed(Framework):
     def here(self, env):
         address = env.get("MASTER_ADDR")
         return {"GLOO_SOCKET_IFNAME": iface_towards(address)} if address else {}
+
+
+def _reserve():
+    reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reserved.bind(("", 0))
+    return reserved

@@ -39,6 +39,8 @@ class Launcher:
     driver_host = "127.0.0.1"     # the address tasks connect to for the event channel
     data = None                   # the plan the ranks read a --data DataFrame by (`use_data`)
     executor_cores = None         # cores an executor has for ranks; None: its host's usable cores
+    error_loses_ranks = True      # an `error` means tasks died under their ranks (not so in a
+    # session, whose ranks outlive a cell: there it says which ranks ignored the interrupt)
 
     def __init__(self):
         self.phase = None         # what prepare() waits on now, in words; None: nothing slow

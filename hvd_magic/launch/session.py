@@ -92,6 +92,8 @@ class CellChannel:
 
 
 class SessionLauncher(Launcher):
+    error_loses_ranks = False
+
     def __init__(self, session):
         super().__init__()
         self.session = session

@@ -15,12 +15,11 @@ import linecache
 import os
 import signal
 import sys
-import time
 import traceback
 
 from .. import payload
 from ..errors import name_cells
-from . import keras_alias, reporting, script, stacks, stall, stream, trainers
+from . import keras_alias, reporting, script, stacks, stall, stream, torch_store, trainers
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -135,6 +134,7 @@ def main(workdir):
     signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
+    torch_store.install()
     trainers.install()
     keras_alias.install()  # before unpickling: the job may refer to `keras` by name
     import cloudpickle  # noqa: F401  (needed to unpickle the job)
@@ -220,31 +220,6 @@ def _shutdown_horovod():
                 pass
 
 
-def _release_torch_store(timeout=30.0):
-    """Keep torch.distributed's store alive until every rank is done with it.
-
-    Rank 0's `init_process_group` hosts the store (`hvd_magic.frameworks.torch`: no agent's
-    store, as under torchrun, outlives the ranks). A cell that ends without a collective after
-    making its group (``dist.get_world_size()`` as its value) lets rank 0 exit while a peer still
-    reads the store to finish its own start: "Connection reset by peer" there. So each rank
-    says it is done on the store, and rank 0 waits (at most `timeout` s) until all have. A
-    group the cell destroyed, or torch never loaded, costs nothing."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return
-        store = dist.distributed_c10d._get_default_store()
-        done = store.add("hvd_magic/ranks_done", 1)
-        if dist.get_rank() != 0:
-            return
-        deadline = time.monotonic() + timeout
-        while done < dist.get_world_size() and time.monotonic() < deadline:
-            time.sleep(0.02)
-            done = store.add("hvd_magic/ranks_done", 0)
-    except Exception:  # a peer already gone: nothing left to wait for
-        pass
-
-
 def main_session(workdir):
     """A rank of a warm session: cells one after another (see `hvd_magic.rank.session`)."""
     from . import session
@@ -254,6 +229,7 @@ def main_session(workdir):
     signal.signal(signal.SIGTERM, _on_stop)
     reporting.install_tqdm_hook()
     stall.install()
+    torch_store.install()
     trainers.install()
     keras_alias.install()  # `import keras` as in a cell that is not a session's
     return session.serve(workdir, error_record, _exports, _register_source, install_modules)
@@ -264,7 +240,7 @@ if __name__ == "__main__":
     _stop_timeline()
     if code == 0:
         _shutdown_horovod()
-        _release_torch_store()
+        torch_store.release()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip the rest of interpreter teardown: library threads left running can crash it, and

@@ -21,7 +21,6 @@ count a person's debugging.
 """
 
 import functools
-import sys
 import threading
 import time
 
@@ -100,30 +99,14 @@ def _start_monitor():
 
 def _wrap(module, ops):
     found = {op: getattr(module, op, None) for op in ops}
-    _replace(module, {op: _blocking(fn, op) for op, fn in found.items() if fn is not None})
+    hooks.replace(module, {op: _blocking(fn, op) for op, fn in found.items() if fn is not None})
     _start_monitor()
-
-
-def _replace(module, wrapped):
-    """Put the `wrapped` functions ({name: wrapper}) in `module`, and in every module of its
-    package that already took the originals by name (``from .mpi_ops import *``): in a fresh
-    rank none has (each module is patched right after it loads, before its package imports
-    from it), in a rank forked from a template that had loaded the framework (`hvd_magic.template`)
-    all have."""
-    originals = {id(getattr(module, name)): fn for name, fn in wrapped.items()}
-    package = module.__name__.rpartition(".")[0] + "."  # (torch.distributed., horovod.torch.)
-    for name, other in list(sys.modules.items()):
-        if other is module or (name + ".").startswith(package):
-            names = getattr(other, "__dict__", {})
-            for attr, value in list(names.items()):
-                if id(value) in originals and getattr(value, "__name__", None) == attr:
-                    names[attr] = originals[id(value)]
 
 
 def _patch(mpi_ops):
     # Patched in the module the framework's package imports them from, before it does.
     _wrap(mpi_ops, ("init", "synchronize", "join", "barrier"))
-    _replace(mpi_ops, {name: _held_first(fn) for name, fn in list(vars(mpi_ops).items())
+    hooks.replace(mpi_ops, {name: _held_first(fn) for name, fn in list(vars(mpi_ops).items())
                        if name.endswith(("_async", "_async_")) and callable(fn)})
 
 

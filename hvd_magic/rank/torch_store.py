@@ -1,0 +1,75 @@
+"""torch.distributed's store on a rank: where each new default group finds it, and how long
+rank 0 keeps it at the end.
+
+Rank 0's ``init_process_group`` hosts the store, on ``MASTER_PORT`` (`hvd_magic.frameworks.torch`
+holds two ports for it, named in ``HVD_MAGIC_TORCH_PORTS``). `install` makes a destroy of the
+default group move ``MASTER_PORT`` to the other port: in a cell that destroys its group and
+makes it again, a rank that gets there first must not find rank 0's old store, still up until
+rank 0 destroys its own group. There it would read the old group's keys (the same names: torch
+numbers groups from 0 again) and connect its Gloo to addresses that are gone, while rank 0's
+new store waits for it. On the other port it waits until rank 0's new store listens (torch's
+client retries). A ``MASTER_PORT`` the cell set itself is left as it is.
+
+Not for: the variables themselves (`hvd_magic.frameworks.torch`), or anything before the cell
+imports torch (`hooks.when_imported`).
+"""
+
+import functools
+import os
+import sys
+import time
+
+from . import hooks
+
+PORTS = "HVD_MAGIC_TORCH_PORTS"  # (hvd_magic.frameworks.torch.PORTS; not imported on a rank)
+
+
+def _next_port():
+    """The port the next default group's store takes, or None where the cell set its own."""
+    ports = os.environ.get(PORTS, "").split(",")
+    current = os.environ.get("MASTER_PORT")
+    if len(ports) != 2 or current not in ports:
+        return None
+    return ports[1 - ports.index(current)]
+
+
+def _patch(c10d):
+    destroy = c10d.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        world = group is None or group is c10d.GroupMember.WORLD
+        destroy(group)
+        port = _next_port() if world else None
+        if port is not None:
+            os.environ["MASTER_PORT"] = port
+
+    hooks.replace(c10d, {"destroy_process_group": destroy_process_group})
+
+
+def install():
+    hooks.when_imported("torch.distributed.distributed_c10d", _patch)
+
+
+def release(timeout=30.0):
+    """Keep torch.distributed's store alive until every rank is done with it.
+
+    A cell that ends without a collective after making its group (``dist.get_world_size()`` as
+    its value) lets rank 0 exit while a peer still reads the store to finish its own start:
+    "Connection reset by peer" there. So each rank says it is done on the store, and rank 0
+    waits (at most `timeout` s) until all have. A group the cell destroyed, or torch never
+    loaded, costs nothing."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        store = dist.distributed_c10d._get_default_store()
+        done = store.add("hvd_magic/ranks_done", 1)
+        if dist.get_rank() != 0:
+            return
+        deadline = time.monotonic() + timeout
+        while done < dist.get_world_size() and time.monotonic() < deadline:
+            time.sleep(0.02)
+            done = store.add("hvd_magic/ranks_done", 0)
+    except Exception:  # a peer already gone: nothing left to wait for
+        pass
