@@ -40,10 +40,11 @@ TORCH_WAITS = ("init_process_group", "all_reduce", "broadcast", "all_gather",
                "all_to_all_single", "recv")
 
 
-def _blocking(fn, op):
+def _blocking(fn, op, hold=True):
+    """`fn` as a wait named `op`; with `hold`, it waits first while a session peer is in pdb."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if op not in ("synchronize", "Work.wait"):  # (these wait for what a call held first began)
+        if hold:
             debugger.wait_while_held()
         with _lock:
             # a wait inside a wait (all_gather_object calls all_gather) is the outer one's;
@@ -97,17 +98,19 @@ def _start_monitor():
         threading.Thread(target=_monitor, name="hvd-magic-stall", daemon=True).start()
 
 
-def _wrap(module, ops):
+def _wrap(module, ops, hold=True):
     found = {op: getattr(module, op, None) for op in ops}
-    hooks.replace(module, {op: _blocking(fn, op) for op, fn in found.items() if fn is not None})
+    hooks.replace(module, {op: _blocking(fn, op, hold) for op, fn in found.items()
+                           if fn is not None})
     _start_monitor()
 
 
 def _patch(mpi_ops):
     # Patched in the module the framework's package imports them from, before it does.
-    _wrap(mpi_ops, ("init", "synchronize", "join", "barrier"))
+    _wrap(mpi_ops, ("init", "join", "barrier"))
+    _wrap(mpi_ops, ("synchronize",), hold=False)  # it waits for what an enqueue, held first, began
     hooks.replace(mpi_ops, {name: _held_first(fn) for name, fn in list(vars(mpi_ops).items())
-                       if name.endswith(("_async", "_async_")) and callable(fn)})
+                            if name.endswith(("_async", "_async_")) and callable(fn)})
 
 
 def _patch_torch(c10d):
@@ -116,7 +119,7 @@ def _patch_torch(c10d):
     # a call with async_op=True returns its Work at once; the wait is in Work.wait()
     work = c10d.Work
     if not getattr(work.wait, "_hvd_magic_wait", False):
-        work.wait = _blocking(work.wait, "Work.wait")
+        work.wait = _blocking(work.wait, "Work.wait", hold=False)  # (as synchronize)
         work.wait._hvd_magic_wait = True
 
 
