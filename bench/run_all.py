@@ -11,7 +11,7 @@ The section of BENCHMARKS.md between ``<!-- reading -->`` and ``<!-- /reading --
 a person, from a run's numbers: it is kept as it is when the file is regenerated, so say in it
 which run it reads.
 
-    .venv/bin/python bench/run_all.py            # the full set, ~30 minutes on 2 cores
+    .venv/bin/python bench/run_all.py            # the full set, ~80 minutes on 2 cores
     .venv/bin/python bench/run_all.py --quick    # fewer repetitions and sizes, ~10 minutes
     .venv/bin/python bench/run_all.py --only launch training --out /tmp/B.md
     .venv/bin/python bench/run_all.py --from-json BENCHMARKS.json   # the .md again, no runs
