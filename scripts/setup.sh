@@ -26,6 +26,15 @@ py="$venv/bin/python"
 stamp="$venv/.deps-key"
 key=$(cat pyproject.toml scripts/install_tensorflow.sh | sha256sum | cut -c1-16)
 if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
+    # The packages take ~4.2 GB in .venv and pip unpacks wheels beside them: say so before a
+    # long install ends in pip's "No space left on device".
+    free_gb=$(( $(df -Pk "$venv" | awk 'NR == 2 {print $4}') / 1024 / 1024 ))
+    if (( free_gb < 6 )); then
+        echo "setup: .venv needs about 6 GB free on $(df -P "$venv" | awk 'NR == 2 {print $6}')," \
+             "and it has ${free_gb} GB. Free some space (old clones' .venv folders, /tmp)," \
+             "then run it again." >&2
+        exit 1
+    fi
     echo "setup: installing Python packages into .venv"
     "$py" -m pip install --quiet --upgrade pip
     # torch, pinned (the CPU build this machine has), and TensorFlow first: Horovod is built

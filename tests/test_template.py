@@ -238,3 +238,31 @@ def test_a_warm_session_starts_from_the_template_and_keeps_its_state(ip, fresh_n
         assert value == (2.0, client.status()["pid"])
     finally:
         ip.run_line_magic("horovod_session", "stop")
+
+
+def make_leaver():
+    """A file in the temporary folder left as TensorFlow's autograph leaves one: removed only by
+    an atexit hook, which a rank (skipping interpreter teardown) never runs."""
+    def leave():
+        import atexit
+        import os
+        import tempfile
+        fd, path = tempfile.mkstemp(suffix=".py")
+        os.close(fd)
+        atexit.register(os.remove, path)
+        return path
+    return leave
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["forked", "fresh"])
+def test_what_a_rank_leaves_in_its_temporary_folder_goes_with_it(tmp_path, fresh):
+    paths = hvd_magic.run(make_leaver(), np=-2, view=None, fresh=fresh).results
+    assert len(set(paths)) == 2
+    for path in paths:
+        assert not path.startswith(str(tmp_path))
+        assert "hvd_magic-" in path  # in the rank's own folder
+        assert not os.path.exists(path)
+    # a TMPDIR given with the run is the user's: what is left there stays
+    kept = hvd_magic.run(make_leaver(), np=-1, view=None, fresh=fresh,
+                         env={"TMPDIR": str(tmp_path)}).value
+    assert os.path.dirname(kept) == str(tmp_path) and os.path.exists(kept)

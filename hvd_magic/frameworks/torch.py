@@ -10,19 +10,18 @@ binds the port first (`serve`) and keeps it bound, not listening, for the whole 
 hands a bound port out as an ephemeral one), while the store, which binds with ``SO_REUSEADDR``
 too, can. Nothing here imports torch: a cell that never imports it pays two sockets.
 
-Two ports are held, named in `PORTS`: a group destroyed and made again in one cell (``dist.
-destroy_process_group(); dist.init_process_group("gloo")``) would otherwise let a fast rank find
-rank 0's old store, not yet destroyed, and read the old group's addresses there (its Gloo
-fails; rank 0's new store waits for it until its timeout). Each destroy of the default group
-moves ``MASTER_PORT`` to the other port (`hvd_magic.rank.torch_store`), so every new group's
-store is on a port where the old one never was.
+Two ports are held, named in ``HVD_MAGIC_TORCH_PORTS``: a group destroyed and made again in
+one cell (``dist.destroy_process_group(); dist.init_process_group("gloo")``) would otherwise let
+a fast rank find rank 0's old store, not yet destroyed, and read the old group's addresses there
+(its Gloo fails; rank 0's new store waits for it until its timeout). Each destroy of the
+default group moves ``MASTER_PORT`` to the other port (`hvd_magic.rank.torch_store`), so every
+new group's store is on a port where the old one never was.
 """
 
 import socket
 
+from ..rank.torch_store import PORTS
 from .base import Framework, Served, iface_towards
-
-PORTS = "HVD_MAGIC_TORCH_PORTS"  # the two store ports a rank's groups take in turn
 
 
 class TorchDistributed(Framework):

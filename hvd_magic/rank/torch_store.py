@@ -21,7 +21,7 @@ import time
 
 from . import hooks
 
-PORTS = "HVD_MAGIC_TORCH_PORTS"  # (hvd_magic.frameworks.torch.PORTS; not imported on a rank)
+PORTS = "HVD_MAGIC_TORCH_PORTS"  # the two store ports a rank's groups take in turn
 
 
 def _next_port():
