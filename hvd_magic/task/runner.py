@@ -165,10 +165,13 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         env.setdefault("TORCHELASTIC_ERROR_FILE", os.path.join(torch_errors, "error.json"))
         # The rank's temporary files go with its folder: a rank skips interpreter teardown, so the
         # atexit clean-ups of what libraries leave in /tmp (TensorFlow's autograph writes a file
-        # per converted function) never run. `--env TMPDIR=...` wins.
-        if "TMPDIR" not in settings.extra_env:
-            env["TMPDIR"] = os.path.join(workdir, "tmp")
-            os.makedirs(env["TMPDIR"])
+        # per converted function) never run. `--env TMPDIR=...` wins, and so does a deep task
+        # folder: multiprocessing's sockets go under TMPDIR (torch's DataLoader workers pass
+        # tensors through them), and a socket's path is at most 107 bytes.
+        tmp = os.path.join(workdir, "tmp")
+        if "TMPDIR" not in settings.extra_env and len(tmp) <= 70:
+            os.makedirs(tmp)
+            env["TMPDIR"] = tmp
         # A full timeline when asked for; DYNAMIC when the job may record a window with
         # `hvd_magic.timeline()` (it costs every rank each cycle: driver/run.py).
         if settings.timeline or settings.timeline_window:
