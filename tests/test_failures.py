@@ -138,6 +138,23 @@ def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):
     assert rank_processes_left(run) == []
 
 
+def test_a_rank_failing_only_because_the_timeout_stopped_its_peer_is_no_cause(ip):
+    """Rank 1 goes at the timeout's stop; rank 0, in a collective with it, ignores that stop
+    (as a rank whose stop comes a moment later on a busy cluster) and fails with Horovod's
+    follow-on error. The run still ends with its timeout, rank 0 stopped."""
+    cell = ("import signal, time, torch, horovod.torch as hvd\nhvd.init()\n"
+            "if hvd.rank() == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "else:\n    time.sleep(600)\n"
+            "hvd.allreduce(torch.ones(1), name='never')\n")
+    with pytest.raises(hvd_magic.RunTimeout):
+        ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 6", cell)
+    run = hvd_magic.last_run()
+    assert run.state == "timeout"
+    assert [f["type"] for f in run.failures] == ["HorovodInternalError"]  # what it failed with
+    assert [r.state for r in run.ranks] == ["stopped", "stopped"]
+    assert rank_processes_left(run) == []
+
+
 def test_interrupt_cancels_spark_job_and_the_next_cell_works(ip):
     """SIGINT reaches the driver as Jupyter delivers an interrupt (a KeyboardInterrupt in the
     main thread), during a Spark run."""

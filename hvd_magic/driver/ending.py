@@ -64,6 +64,10 @@ def run_error(run, infos, retried):
                          {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state
                           for r in run.ranks}, run_id=run.id,
                          note=f"Every rank's stack: {run.run_dir}/stacks.txt")
+    if run.stop_reason in ("timeout", "cancelled") and all(is_follow_on(f) for f in failures):
+        # ranks that failed only because the stop took their peers first (a rank in a
+        # collective when its peer was stopped): the stop is the cause, as their rows say
+        failures = []
     lost_task = _lost_task_error(run)
     if failures and lost_task is not None and all(is_follow_on(f) for f in failures):
         # a task died with its executor, and the others only failed because its rank was
