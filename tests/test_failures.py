@@ -182,6 +182,36 @@ def test_interrupt_cancels_spark_job_and_the_next_cell_works(ip):
     assert ip.run_cell_magic("horovod", "--np 2 --quiet", "6 * 7") == 42
 
 
+@pytest.mark.parametrize("left", [signal.SIG_IGN, signal.SIG_DFL], ids=["ignored", "default"])
+def test_an_interrupt_cancels_a_run_whatever_handler_a_library_left(ip, left):
+    """Lightning's Trainer leaves SIGINT ignored after a KeyboardInterrupt (and at the default,
+    which would end the process, in its _destroy_dist_connection). A run still stops at an
+    interrupt, and the handler is put back after it."""
+    cell = "import time\nfor _ in range(600):\n    time.sleep(0.1)\n"
+    previous = hvd_magic.last_run()
+
+    def interrupt_once_running():  # (not sooner: the handler is the library's until the launch)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            run = hvd_magic.last_run()
+            if run is not previous and run.ranks and all(r.state == "running" for r in run.ranks):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    before = signal.signal(signal.SIGINT, left)
+    try:
+        threading.Thread(target=interrupt_once_running, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(hvd_magic.RunCancelled):
+            ip.run_cell_magic("horovod", "--np -2 --quiet", cell)
+        assert time.monotonic() - started < 30
+        assert signal.getsignal(signal.SIGINT) == left
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert hvd_magic.last_run().state == "cancelled"
+
+
 def test_repeated_cancels_leave_nothing_behind():
     """20 runs cancelled mid-way (driver-only and Spark): a census of the processes and threads
     of ours before and after."""

@@ -9,10 +9,12 @@ A run, from the driver's side:
 3. at the end `hvd_magic.driver.ending` gathers the ranks' values in rank order, or the error.
 """
 
+import contextlib
 import datetime
 import os
 import pickle
 import secrets
+import signal
 import threading
 import time
 
@@ -73,6 +75,25 @@ def may_record_window(job):
         return True
     texts = [*(job.get("sources") or {}).values(), *(job.get("modules") or {}).values()]
     return any(WINDOW_NAMES & identifiers(text) for text in texts)
+
+
+@contextlib.contextmanager
+def interruptible():
+    """While a run is launched and driven from the main thread: an interrupt (the notebook's
+    Interrupt, Ctrl-C) raises KeyboardInterrupt there, and so cancels the run, whatever a library
+    left as SIGINT's handler. Lightning's Trainer leaves it ignored after a KeyboardInterrupt
+    (and its ``_destroy_dist_connection`` at the default, which would end the kernel). The
+    handler is put back after."""
+    before = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or \
+            before not in (signal.SIG_IGN, signal.SIG_DFL):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _relay_notes(run):
@@ -219,41 +240,41 @@ class Run(StackRequests, Debugging):
     def launch(self, job, kwargs_pickled, background=False):
         """Start the ranks. `job` is {"fn", "args", "sources", ...} with args already pickled."""
         self.background = background  # a view shows a background run at once (its cell ends now)
-        self._prepare()
-        self.data = None  # the launcher holds its plan now
-        plan = self._data_plan()
-        self.folder.create(self.np)
-        small = {n: payload.inband(d) for n, d in kwargs_pickled.items()
-                 if len(d) <= self.broadcast_bytes}
-        # Large values travel once per executor, not inside every task; the pickled bytes are
-        # dropped here as soon as they are shared, to spare driver memory.
-        shared = {}
-        for name in [n for n in kwargs_pickled if n not in small]:
-            shared[name] = self.launcher.share(kwargs_pickled.pop(name))
-        self.broadcast_names = sorted(shared)
-        self._shared = shared  # released when the run ends (driver/loop.py)
-        job = dict(job, kwargs=small, data=plan)
-        self._server = self.launcher.open_channel()
-        settings = TaskSettings(
-            run_id=self.id, np=self.np, fork=not self.options.fresh,  # (hvd_magic.template)
-            events_address=f"{self.launcher.driver_host}:{self._server.port}",
-            token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
-            horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
-            broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
-            timeline_window=may_record_window(job), executor_cores=self.launcher.executor_cores)
-        self.started = time.time()
-        self.state = "running"
-        self.write_meta()
-        history.add(self)
-        if self.elastic is not None:
-            self.elastic.log_horovod(self.run_dir)  # until the driver loop ends (loop.py)
-        self.launcher.start(settings, self.np)
-        if background:
-            self._thread = threading.Thread(target=self._drive_quietly,
-                                            name=f"hvd-magic-run-{self.id}", daemon=True)
-            self._thread.start()
-            return self
-        self._driver.drive()
+        with interruptible():  # (an interrupt cancels the run, whatever SIGINT's handler)
+            self._prepare()
+            self.data = None  # the launcher holds its plan now
+            plan = self._data_plan()
+            self.folder.create(self.np)
+            small = {n: payload.inband(d) for n, d in kwargs_pickled.items()
+                     if len(d) <= self.broadcast_bytes}
+            # large values go once per executor, not in every task; their bytes dropped once shared
+            shared = {}
+            for name in [n for n in kwargs_pickled if n not in small]:
+                shared[name] = self.launcher.share(kwargs_pickled.pop(name))
+            self.broadcast_names = sorted(shared)
+            self._shared = shared  # released when the run ends (driver/loop.py)
+            job = dict(job, kwargs=small, data=plan)
+            self._server = self.launcher.open_channel()
+            settings = TaskSettings(
+                run_id=self.id, np=self.np, fork=not self.options.fresh,  # (hvd_magic.template)
+                events_address=f"{self.launcher.driver_host}:{self._server.port}",
+                token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
+                horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
+                broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
+                timeline_window=may_record_window(job), executor_cores=self.launcher.executor_cores)
+            self.started = time.time()
+            self.state = "running"
+            self.write_meta()
+            history.add(self)
+            if self.elastic is not None:
+                self.elastic.log_horovod(self.run_dir)  # until the driver loop ends (loop.py)
+            self.launcher.start(settings, self.np)
+            if background:
+                self._thread = threading.Thread(target=self._drive_quietly,
+                                                name=f"hvd-magic-run-{self.id}", daemon=True)
+                self._thread.start()
+                return self
+            self._driver.drive()
         return self
 
     def _data_plan(self):
