@@ -237,44 +237,44 @@ class Run(StackRequests, Debugging):
         return f"<Run {self.id} np={self.np} {self.state}>"
 
     # -- launching ----------------------------------------------------------------------------
+    @interruptible()  # (an interrupt cancels the run, whatever SIGINT's handler)
     def launch(self, job, kwargs_pickled, background=False):
         """Start the ranks. `job` is {"fn", "args", "sources", ...} with args already pickled."""
         self.background = background  # a view shows a background run at once (its cell ends now)
-        with interruptible():  # (an interrupt cancels the run, whatever SIGINT's handler)
-            self._prepare()
-            self.data = None  # the launcher holds its plan now
-            plan = self._data_plan()
-            self.folder.create(self.np)
-            small = {n: payload.inband(d) for n, d in kwargs_pickled.items()
-                     if len(d) <= self.broadcast_bytes}
-            # large values go once per executor, not in every task; their bytes dropped once shared
-            shared = {}
-            for name in [n for n in kwargs_pickled if n not in small]:
-                shared[name] = self.launcher.share(kwargs_pickled.pop(name))
-            self.broadcast_names = sorted(shared)
-            self._shared = shared  # released when the run ends (driver/loop.py)
-            job = dict(job, kwargs=small, data=plan)
-            self._server = self.launcher.open_channel()
-            settings = TaskSettings(
-                run_id=self.id, np=self.np, fork=not self.options.fresh,  # (hvd_magic.template)
-                events_address=f"{self.launcher.driver_host}:{self._server.port}",
-                token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
-                horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
-                broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
-                timeline_window=may_record_window(job), executor_cores=self.launcher.executor_cores)
-            self.started = time.time()
-            self.state = "running"
-            self.write_meta()
-            history.add(self)
-            if self.elastic is not None:
-                self.elastic.log_horovod(self.run_dir)  # until the driver loop ends (loop.py)
-            self.launcher.start(settings, self.np)
-            if background:
-                self._thread = threading.Thread(target=self._drive_quietly,
-                                                name=f"hvd-magic-run-{self.id}", daemon=True)
-                self._thread.start()
-                return self
-            self._driver.drive()
+        self._prepare()
+        self.data = None  # the launcher holds its plan now
+        plan = self._data_plan()
+        self.folder.create(self.np)
+        small = {n: payload.inband(d) for n, d in kwargs_pickled.items()
+                 if len(d) <= self.broadcast_bytes}
+        # large values go once per executor, not in every task; their bytes dropped once shared
+        shared = {}
+        for name in [n for n in kwargs_pickled if n not in small]:
+            shared[name] = self.launcher.share(kwargs_pickled.pop(name))
+        self.broadcast_names = sorted(shared)
+        self._shared = shared  # released when the run ends (driver/loop.py)
+        job = dict(job, kwargs=small, data=plan)
+        self._server = self.launcher.open_channel()
+        settings = TaskSettings(
+            run_id=self.id, np=self.np, fork=not self.options.fresh,  # (hvd_magic.template)
+            events_address=f"{self.launcher.driver_host}:{self._server.port}",
+            token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
+            horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
+            broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
+            timeline_window=may_record_window(job), executor_cores=self.launcher.executor_cores)
+        self.started = time.time()
+        self.state = "running"
+        self.write_meta()
+        history.add(self)
+        if self.elastic is not None:
+            self.elastic.log_horovod(self.run_dir)  # until the driver loop ends (loop.py)
+        self.launcher.start(settings, self.np)
+        if background:
+            self._thread = threading.Thread(target=self._drive_quietly,
+                                            name=f"hvd-magic-run-{self.id}", daemon=True)
+            self._thread.start()
+            return self
+        self._driver.drive()
         return self
 
     def _data_plan(self):

@@ -55,7 +55,7 @@ def become_rank(request, fds, sockets, own_fds, ready):
         env["HVD_MAGIC_PARENT_PID"] = str(os.getppid())
         os.environ.clear()
         os.environ.update(env)
-        tempfile.tempdir = None  # (were it cached by a module the template loaded: TMPDIR is the rank's)
+        tempfile.tempdir = None  # (in case the template cached its own: TMPDIR is the rank's)
         os.chdir(request["cwd"])
         _apply_threads(env)
         _reseed()
