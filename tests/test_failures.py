@@ -155,6 +155,34 @@ def test_a_rank_failing_only_because_the_timeout_stopped_its_peer_is_no_cause(ip
     assert rank_processes_left(run) == []
 
 
+def test_a_rank_failing_only_because_a_cancel_stopped_its_peer_is_cancelled_too():
+    """The same order under a user's cancel: both rows say "cancelled", the error RunCancelled
+    (a fresh clone's browser test once showed one row "cancelled" and the other "stopped")."""
+    def cell():
+        import signal
+        import time
+        import torch
+        import horovod.torch as hvd
+        hvd.init()
+        if hvd.rank() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            time.sleep(600)
+        hvd.allreduce(torch.ones(1), name="never")
+
+    run = hvd_magic.run(cell, np=-2, background=True, view=TextView(quiet=True))
+    deadline = time.monotonic() + 60
+    while not all(r.state == "running" for r in run.ranks):
+        assert time.monotonic() < deadline, [r.state for r in run.ranks]
+        time.sleep(0.05)
+    time.sleep(1)  # (both in the cell: rank 0 in the allreduce)
+    run.cancel()
+    with pytest.raises(hvd_magic.RunCancelled):
+        run.wait(timeout=60)
+    assert [f["type"] for f in run.failures] == ["HorovodInternalError"]
+    assert [r.state for r in run.ranks] == ["cancelled", "cancelled"]
+
+
 def test_interrupt_cancels_spark_job_and_the_next_cell_works(ip):
     """SIGINT reaches the driver as Jupyter delivers an interrupt (a KeyboardInterrupt in the
     main thread), during a Spark run."""

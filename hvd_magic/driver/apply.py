@@ -104,11 +104,13 @@ def ended_state(run, status, summary=None):
     too; "cancelled" is for a run the user cancelled."""
     if status in ("ok", "lost"):
         return {"ok": "done", "lost": "lost"}[status]
+    stopped = "cancelled" if run.stop_reason == "cancelled" else "stopped"
     if status == "stopped":
-        return "cancelled" if run.stop_reason == "cancelled" else "stopped"
+        return stopped
     caused = any(not is_follow_on(f) for f in run.failures) or \
         run.stop_reason in ("cancelled", "timeout", "stalled")
-    return "stopped" if caused and is_follow_on(summary or {}) else "failed"
+    # (a rank in a collective when a cancel took its peer first is cancelled as its peer is)
+    return stopped if caused and is_follow_on(summary or {}) else "failed"
 
 
 def _retried(run, rank, request_stop):
