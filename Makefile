@@ -1,6 +1,7 @@
 # The two commands of the README: `make demo` and `make test`. Both set everything up first.
 PY := .venv/bin/python
-SETUP_INPUTS := pyproject.toml scripts/setup.sh scripts/build_horovod.sh scripts/install_tensorflow.sh $(wildcard patches/*.patch)
+SETUP_INPUTS := pyproject.toml scripts/setup.sh scripts/build_horovod.sh scripts/install_tensorflow.sh \
+	hvd_magic/horovod_build/build.sh $(wildcard hvd_magic/horovod_build/patches/*.patch)
 
 .PHONY: setup demo test bench clean
 

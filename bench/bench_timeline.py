@@ -17,7 +17,7 @@ whatever else the machine is doing). Medians over `--reps` runs; steps/s also as
 
 The interpreter decides which Horovod is measured (the ranks are started with it too):
 
-    .venv/bin/python bench/bench_timeline.py                 # patched (patches/*no-spin*)
+    .venv/bin/python bench/bench_timeline.py                 # patched (*no-spin*.patch)
     /tmp/stock-venv/bin/python bench/bench_timeline.py       # stock Horovod, built by
                                                              # scripts/build_horovod.sh VENV stock
 

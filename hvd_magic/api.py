@@ -10,6 +10,7 @@ job starts), picks a launcher (`hvd_magic.launch.make_launcher`) and starts a `R
 
 import marshal
 import re
+import sys
 
 from IPython.core.error import UsageError
 
@@ -21,7 +22,10 @@ from .driver.run import DEFAULT_HOROVOD_ENV, DEFAULT_RANK_ENV, Run
 from .launch import make_launcher
 from .config import (DEFAULT_BROADCAST_BYTES, DEFAULT_STALL_TIMEOUT, Placement, RunOptions,
                       check_np, check_together, split)
+from .needs import installed, missing_message
 from .payload import cloud_dumps, inband
+from .template import imported_names
+from .words import plural
 
 __all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run", "start_session",
            "run_in_session", "spark_session"]
@@ -127,6 +131,8 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     placement, options = check_together(placement, options)
     if placement.elastic is not None:
         refuse_elastic_without_horovod(job)
+    refuse_without_horovod(job, placement, options)
+    refuse_nccl_beyond_gpus(job, placement)
     view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
     launcher = make_launcher(placement)
     run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
@@ -141,8 +147,7 @@ def refuse_elastic_without_horovod(job):
     saying what to do. (A function given to `run` has no text to read: it is not checked.)"""
     if not job.get("sources"):
         return
-    texts = [*job["sources"].values(), *(job.get("modules") or {}).values()]
-    if any(re.search(r"\bhorovod\b", text) for text in texts):
+    if any(re.search(r"\bhorovod\b", text) for text in _texts(job)):
         return
     what = "script" if job.get("script") else "cell"
     raise UsageError(
@@ -151,6 +156,67 @@ def refuse_elastic_without_horovod(job):
         f"a torch.distributed process group cannot be re-formed that way. Drop --min-np: a lost "
         f"rank then ends the run with its error, and you rerun it from your last checkpoint. "
         f"Or train with Horovod's elastic API (hvd.elastic.run and a State: docs/elastic.md).")
+
+
+def refuse_without_horovod(job, placement, options):
+    """What needs Horovod where it is not installed, said before anything starts: an elastic run
+    (Horovod's elastic driver runs here), and where the ranks run on this very Python (``--np
+    -N``, a local Spark session), a job that imports Horovod or records its timeline. Elsewhere
+    the executors' Python decides, and a rank that lacks it says so (`driver.ending`)."""
+    if installed("horovod"):
+        return
+    if placement.elastic is not None:
+        raise UsageError(missing_message(
+            "horovod", "--min-np (an elastic run: Horovod's elastic driver runs in this notebook)"))
+    if not _ranks_run_here(placement):
+        return
+    uses = sorted(n for n in imported_names(job) if n.split(".")[0] == "horovod")
+    what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
+    if uses:
+        raise UsageError(missing_message(
+            "horovod", f"This {what} imports {uses[0]}: it", where="this notebook's Python, which the ranks run"))
+    if options.timeline:
+        raise UsageError(missing_message(
+            "horovod", "--timeline (Horovod's timeline, recorded by the ranks)",
+            where="this notebook's Python, which the ranks run"))
+
+
+def refuse_nccl_beyond_gpus(job, placement):
+    """More driver-only ranks than this machine's GPUs, for code that asks for NCCL: each rank
+    would get a GPU another rank has too (`launch.local`), and NCCL refuses two ranks of one
+    communicator on one GPU, minutes later, inside init. Said before anything starts."""
+    if placement.np >= 0 or not any(re.search(r"""["']nccl["']""", text, re.I)
+                                    for text in _texts(job)):
+        return
+    from .launch.local import visible_gpus
+    gpus = visible_gpus()
+    if 0 < len(gpus) < -placement.np:
+        raise UsageError(
+            f"This code asks for NCCL, which needs a GPU of its own for every rank, and this "
+            f"machine has {plural(len(gpus), 'GPU')} for {-placement.np} ranks. Run "
+            f"--np -{len(gpus)}, or share the GPUs with the \"gloo\" backend (slower).")
+
+
+def _texts(job):
+    """The job's code as text: a cell's or a script's, and the modules it ships."""
+    return [*(job.get("sources") or {}).values(), *(job.get("modules") or {}).values()]
+
+
+def _ranks_run_here(placement):
+    """Whether the ranks run this very interpreter: on the driver, or in a local Spark session
+    (ours sets its Python workers to this one)."""
+    if placement.np < 0:
+        return True
+    if placement.spark is not None:
+        return False
+    master = placement.master
+    if master is None:  # the active session's, if any (none unless pyspark was imported)
+        context = None
+        if "pyspark" in sys.modules:
+            from .launch.spark import _active_context
+            context = _active_context()
+        master = context.master if context is not None else "local"
+    return master.startswith("local")
 
 
 def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,
@@ -171,6 +237,8 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     from .driver.session import Session
 
     placement = Placement(np, spark=spark, master=master, spark_conf=spark_conf, min_np=min_np)
+    if placement.elastic is not None and not installed("horovod"):
+        raise UsageError(missing_message("horovod", "An elastic session (--min-np)"))
     launcher = make_launcher(placement, session=True)
     session = Session(launcher, placement,
                       horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
@@ -194,6 +262,7 @@ def run_in_session(session, cell, *, view=None, background=False, options=None, 
     job = {"code": cell.code, "assigns": list(cell.assigns), "sources": cell.sources,
            "export": list(cell.export),
            **_shipped(pickled.values(), cell.imports, marshal.loads(cell.code))}
+    refuse_without_horovod(job, session.placement, options)
     # (the session's ranks started without MLFLOW_* variables: only the driver logs)
     view, _ = tracked(options.mlflow, view, None, job, cell, options.tracked())
     run_ = Run(session.np, options, launcher=SessionLauncher(session), view=view, cell=cell,

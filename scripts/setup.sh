@@ -49,7 +49,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
     bash "$here/scripts/build_horovod.sh" "$venv" --wheel-only >"$log" 2>&1 &
     build=$!
     "$py" -m pip list --format=freeze >"$log.pins"
-    if ! "$py" -m pip install --quiet -c "$log.pins" -e ".[test,connect,bench,mlflow]"; then
+    if ! "$py" -m pip install --quiet -c "$log.pins" -e ".[spark,test,connect,bench,mlflow]"; then
         kill "$build" 2>/dev/null || true
         exit 1
     fi

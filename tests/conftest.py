@@ -287,6 +287,28 @@ class StandaloneCluster:
                 proc.wait()
 
 
+@pytest.fixture(scope="session")
+def project_wheel(tmp_path_factory):
+    """The project's wheel, built from this checkout as `pip wheel .` builds it."""
+    from own_env import build_wheel
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def env_without_horovod(tmp_path_factory, project_wheel):
+    """The python of a user's own environment (tests/own_env.py): the wheel, no Horovod."""
+    from own_env import make_env
+    return make_env(tmp_path_factory.mktemp("env") / "no-horovod", project_wheel)
+
+
+@pytest.fixture(scope="session")
+def env_without_pyspark(tmp_path_factory, project_wheel):
+    """The same, and no pyspark either (one GPU node's notebook: no Spark, no Java)."""
+    from own_env import make_env
+    return make_env(tmp_path_factory.mktemp("env") / "no-pyspark", project_wheel,
+                    without=("horovod", "pyspark", "py4j"))
+
+
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     cluster = StandaloneCluster(str(tmp_path_factory.mktemp("spark-standalone"))).start()

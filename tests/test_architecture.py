@@ -181,3 +181,34 @@ def test_no_room_too_big():
                     node.end_lineno - node.lineno + 1 > 250:
                 too_big.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert too_big == []
+
+
+# What `%load_ext hvd_magic` and a driver-only run (cells, `run`, scripts, sessions, the
+# TorchDistributor's local mode) load before anything asks for Spark.
+DRIVER_ONLY_PATH = ("hvd_magic", "hvd_magic.frontends.magics", "hvd_magic.frontends.terminal",
+                    "hvd_magic.frontends.distributors", "hvd_magic.frontends.session_magic",
+                    "hvd_magic.api", "hvd_magic.launch", "hvd_magic.launch.local",
+                    "hvd_magic.driver.run", "hvd_magic.driver.session", "hvd_magic.task.runner")
+
+
+def test_the_driver_only_path_imports_nothing_of_spark_at_its_top():
+    """A --np -N run needs neither pyspark nor Java (tests/test_anywhere.py runs one where
+    pyspark is not installed): no module on its path imports pyspark or py4j at its top; what
+    needs them imports them where it is used."""
+    mods = modules()
+    top = internal_edges(top_level_only=True)
+    loaded = set()
+    for start in DRIVER_ONLY_PATH:
+        loaded |= reachable(start, top)
+    assert {"hvd_magic.launch.local", "hvd_magic.task.runner", "hvd_magic.capture.cell"} <= loaded
+    bad = {m: n for m in loaded for n in imports(m, mods[m], top_level_only=True)
+           if n.split(".")[0] in ("pyspark", "py4j")}
+    assert bad == {}
+
+
+def test_no_module_imports_horovod_at_its_top():
+    """Horovod is optional (hvd_magic.needs): only what uses it imports it, where it is used."""
+    mods = modules()
+    bad = {m: n for m, rel in mods.items() for n in imports(m, rel, top_level_only=True)
+           if n.split(".")[0] == "horovod"}
+    assert bad == {}

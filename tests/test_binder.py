@@ -1,8 +1,8 @@
 """binder/ (what mybinder.org builds the notebooks' image from) stays in step with the project.
 
 binder/requirements.txt is a second list of packages, so it is checked against the first:
-pyproject.toml's dependencies with the same specifiers, torch pinned as scripts/setup.sh pins it,
-plus every package the notebooks import, with the specifier the test extras give it.
+pyproject.toml's dependencies and its spark and torch extras with the same specifiers, torch
+pinned as scripts/setup.sh pins it, plus every package the notebooks import, with the specifier the test extras give it.
 """
 
 import ast
@@ -66,10 +66,17 @@ def notebook_imports():
     return names
 
 
+def sandbox_requirements():
+    """What binder's image, like `make setup`'s sandbox, installs of the project: its
+    dependencies and the extras that run its notebooks (Spark, torch: Horovod is built there)."""
+    extras = pyproject()["optional-dependencies"]
+    return by_name([*pyproject()["dependencies"], *extras["spark"], *extras["torch"]])
+
+
 def test_binder_lists_the_project_dependencies_with_the_same_specifiers():
     binder = binder_requirements()
     torch_version = setup_torch_version()
-    for req in by_name(pyproject()["dependencies"]).values():
+    for req in sandbox_requirements().values():
         name = canonicalize_name(req.name)
         assert name in binder, f"binder/requirements.txt lacks {req}"
         if name == "torch":
@@ -84,7 +91,7 @@ def test_binder_lists_the_project_dependencies_with_the_same_specifiers():
 def test_binder_installs_what_the_notebooks_import():
     from importlib.metadata import packages_distributions
     binder = binder_requirements()
-    dependencies = by_name(pyproject()["dependencies"])
+    dependencies = sandbox_requirements()
     extras = by_name(pyproject()["optional-dependencies"]["test"])
     distributions = packages_distributions()
     needed = set()

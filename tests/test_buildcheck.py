@@ -3,7 +3,8 @@
 The stale build is a real one in miniature: a `horovod` package whose `horovod.torch` extension
 is a real shared library needing a symbol the installed torch does not have, so importing it
 fails the way a stale Horovod does (`ImportError: ...so: undefined symbol: ...`), and whose
-`_hvd_magic_build.py` says what it was built against, as scripts/build_horovod.sh writes it.
+`_hvd_magic_build.py` says what it was built against, as our recipe
+(hvd_magic/horovod_build/build.sh) writes it.
 """
 
 import json
@@ -25,7 +26,7 @@ def stale_horovod(tmp_path):
     (root / "horovod" / "torch").mkdir(parents=True)
     (root / "horovod" / "__init__.py").write_text("__version__ = '0.28.1'\n")
     (root / "horovod" / "_hvd_magic_build.py").write_text(
-        '# Written by hvd_magic scripts/build_horovod.sh: the versions this build fits.\n'
+        '# Written by hvd_magic/horovod_build/build.sh: the versions this build fits.\n'
         'BUILT_WITH = {"torch": "2.1.0", "tensorflow": "2.15.0", "flavour": "patched"}\n')
     (root / "horovod" / "torch" / "__init__.py").write_text(
         "from horovod.torch import mpi_lib_v2  # noqa: F401\n")
@@ -51,7 +52,7 @@ def test_a_rank_with_a_stale_horovod_says_which_versions_and_how_to_rebuild(ip, 
     import torch
     assert f"built against torch 2.1.0, but this rank has torch {torch.__version__}" in headline
     assert "tensorflow 2.15.0" in headline  # both frameworks differ, both are named
-    assert "make setup" in headline
+    assert "python -m hvd_magic.build_horovod" in headline  # what a pip user can run
     assert "undefined symbol" in text  # the original error is still below, for the curious
 
 
@@ -66,7 +67,8 @@ def test_an_undefined_symbol_without_a_record_still_says_rebuild(stale_horovod):
         """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(stale_horovod))).stdout
-    assert "does not fit the frameworks on this rank (torch " in out and "make setup" in out
+    assert "does not fit the frameworks on this rank (torch " in out
+    assert "python -m hvd_magic.build_horovod" in out
 
 
 def test_other_errors_are_left_alone():
@@ -75,7 +77,7 @@ def test_other_errors_are_left_alone():
 
 
 def test_horovod_env_shows_what_horovod_was_built_with(stale_horovod):
-    # This interpreter's Horovod, built by scripts/build_horovod.sh, records its frameworks.
+    # This interpreter's Horovod, built by our recipe, records its frameworks.
     import torch
     built = buildcheck.built_with()
     assert built["torch"] == torch.__version__ and built["tensorflow"] == buildcheck.installed(
@@ -88,4 +90,4 @@ def test_horovod_env_shows_what_horovod_was_built_with(stale_horovod):
     assert row["horovod_gloo"].startswith("horovod.torch fails (ImportError")
     notes = buildcheck.stale_build(row)
     assert len(notes) == 2 and "built against torch 2.1.0 but torch" in notes[0]
-    assert "make setup" in notes[0]
+    assert "python -m hvd_magic.build_horovod" in notes[0]

@@ -10,6 +10,8 @@ import stat
 
 import pytest
 
+from IPython.core.error import UsageError
+
 import hvd_magic
 from conftest import StandaloneCluster
 from hvd_magic.task.plan import visible_devices
@@ -52,6 +54,25 @@ def test_driver_only_ranks_get_gpus_by_local_rank(ip, monkeypatch):
     assert value == "4"
     assert run.results == ["4", "6", "4"]  # three ranks, two GPUs: round robin
     assert [r.gpus for r in run.ranks] == [["4"], ["6"], ["4"]]
+
+
+NCCL_CELL = """\
+import torch.distributed as dist
+dist.init_process_group({backend!r})
+dist.get_world_size()
+"""
+
+
+def test_nccl_on_more_driver_only_ranks_than_gpus_is_refused_before_they_start(ip, monkeypatch):
+    """NCCL puts one rank on a GPU: three ranks for two GPUs would meet minutes later inside
+    init_process_group. Code that shares the GPUs over Gloo still runs, round robin."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    before = len(hvd_magic.runs())
+    with pytest.raises(UsageError, match=r"NCCL.* has 2 GPUs for 3 ranks\. Run --np -2"):
+        ip.run_cell_magic("distributed", "--np -3 --quiet", NCCL_CELL.format(backend="nccl"))
+    assert len(hvd_magic.runs()) == before  # nothing started
+    assert ip.run_cell_magic("distributed", "--np -3 --quiet",
+                             NCCL_CELL.format(backend="gloo")) == 3
 
 
 def test_tensorflow_on_a_rank_sees_only_that_ranks_gpu(ip, monkeypatch):

@@ -179,8 +179,9 @@ def test_ranks_on_two_hosts_across_a_veth(ip, netns, two_host_cluster):
     except hvd_magic.RankError as exc:
         if "connect [127." in str(exc):  # this machine's hostname resolves to 127.0.0.1
             pytest.fail("Horovod's process-set Gloo context bound to the hostname's loopback "
-                        "address: this venv's Horovod lacks patches/horovod-0.28.1-process-set-"
-                        f"iface.patch (run `make setup`).\n{exc}")
+                        "address: this venv's Horovod lacks hvd_magic/horovod_build/patches/"
+                        "horovod-0.28.1-process-set-iface.patch (run `make setup`, or "
+                        f"`python -m hvd_magic.build_horovod`).\n{exc}")
         raise
     run = hvd_magic.last_run()
     assert run.where == f"spark://{ROOT_IP}:{two_host_cluster.port}"

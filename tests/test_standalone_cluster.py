@@ -274,3 +274,24 @@ def test_stacks_of_ranks_on_the_clusters_executors(ip, standalone):
         with pytest.raises(hvd_magic.RunCancelled):
             run.wait(60)
         session.stop()
+
+
+def test_executors_without_horovod_run_ddp_and_say_what_horovod_needs(ip, standalone,
+                                                                      env_without_horovod):
+    """A cluster whose executors run a user's own environment (the project's wheel, no Horovod)
+    while the notebook has Horovod: a DDP cell runs there; a Horovod cell fails on its ranks
+    with a message naming the executors' Python, not this notebook's."""
+    session = standalone.session(python=env_without_horovod)
+    try:
+        ddp = ("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+               "x = torch.ones(1)\ndist.all_reduce(x)\nx.item()")
+        assert ip.run_cell_magic("distributed", "--np 2 --quiet", ddp) == 2.0
+        with pytest.raises(hvd_magic.RankError) as failed:
+            ip.run_cell_magic("horovod", "--np 2 --quiet", ALLREDUCE_CELL)
+    finally:
+        session.stop()
+    message = str(failed.value)
+    assert "No module named 'horovod'" in message
+    assert "needs Horovod, which is not installed in the Python of the executor on" in message
+    assert f"({env_without_horovod})" in message
+    assert "python -m hvd_magic.build_horovod" in message

@@ -10,6 +10,7 @@ import pickle
 import re
 
 from .postmortem import attach
+from ..needs import missing_message, missing_module
 from ..errors import LaunchError, RankError, RunCancelled, RunTimeout, describe_end, is_follow_on
 
 
@@ -107,6 +108,14 @@ def _first_failure(run, failures, infos):
             f"calls hvd.init(), that the executors can reach that address and each other "
             f"on interface {first.get('iface', '?')} (HOROVOD_GLOO_IFACE), and that "
             f"HOROVOD_GLOO_TIMEOUT_SECONDS covers the ranks' start-up.")
+    elif first.get("type") in ("ModuleNotFoundError", "ImportError") and \
+            missing_module(first.get("message")):
+        # an optional package (Horovod, a framework) the rank's Python lacks: which, and how
+        where = ("this notebook's Python, which the ranks run" if run.where == "driver only"
+                 else f"the Python of the executor on {first.get('host') or '?'}")
+        first["hint"] = missing_message(missing_module(first.get("message")),
+                                        f"Rank {first['rank']}'s code", where=where,
+                                        python=first.get("python") or None)
     elif first.get("type") in ("ModuleNotFoundError", "ImportError") and run.where != "driver only":
         # The commonest first failure on a real cluster: a package the driver has and the
         # executors lack (or have in another version).

@@ -9,6 +9,8 @@
 The driver side of ``--data`` (its DataFrame checked and planned) is `hvd_magic.data`.
 """
 
+from ..needs import installed, missing_message
+
 
 def make_launcher(placement, session=False):
     """The launcher for a `hvd_magic.config.Placement`: Spark for N > 0, the driver alone for
@@ -24,6 +26,11 @@ def make_launcher(placement, session=False):
                     else ElasticLocalLauncher)(*elastic)
         from .local import LocalLauncher
         return LocalLauncher()
+    if not installed("pyspark"):
+        from IPython.core.error import UsageError
+        raise UsageError(
+            missing_message("pyspark", f"Running {np} ranks as Spark tasks (--np {np})")
+            + f" Or run them on this machine alone, without Spark or Java: --np -{np}.")
     from .connect import ConnectLauncher, connect_session
     connect = connect_session(spark)
     if connect is not None:

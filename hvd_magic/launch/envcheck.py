@@ -49,7 +49,7 @@ def probe(_partition=()):
     tf = [d.version for d in metadata.distributions()
           if d.metadata["Name"].lower().replace("_", "-") in ("tensorflow-cpu", "tensorflow")]
     values["tensorflow"] = tf[0] if tf else "missing"  # metadata: importing TF takes seconds
-    # What Horovod's compiled parts fit (scripts/build_horovod.sh records it): those versions only.
+    # What Horovod's compiled parts fit (hvd_magic.build_horovod records it): those versions only.
     values["horovod_built"] = ""
     for folder in getattr(sys.modules.get("horovod"), "__path__", ()):
         try:

@@ -191,8 +191,8 @@ def compare(driver, executors):
                 f"{row.values['hostname_address']}. Stock Horovod 0.28.1 binds one of its Gloo "
                 f"contexts (the process set's) to that address whatever HOROVOD_GLOO_IFACE says, "
                 f"so ranks on other hosts cannot connect to it: hvd.init() aborts. Use a Horovod "
-                f"built by scripts/build_horovod.sh (it carries the fix) or make the hostname "
-                f"resolve to a routable address.")
+                f"built by `python -m hvd_magic.build_horovod` (it carries the fix) or make the "
+                f"hostname resolve to a routable address.")
         if row.values.get("spark_gpus") and row.values.get("cuda_device_count") == "0":
             notes.append(f"{row.where}: Spark assigns its tasks GPUs {row.values['spark_gpus']} "
                          f"but torch sees no GPU there (a CPU-only torch, or no driver).")

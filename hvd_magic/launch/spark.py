@@ -25,6 +25,7 @@ from IPython.core.error import UsageError
 
 from .. import payload
 from ..errors import LaunchError, RunCancelled
+from ..needs import missing_message, missing_module
 from ..task import spark_task
 from ..task.threads import executor_cores
 from .base import Launcher
@@ -135,8 +136,18 @@ def java_message(exc, workers_python=None):
 
 
 def wrong_python_message(error, workers_python):
-    """Spark's Python workers ran another interpreter than this notebook's, without our packages."""
+    """Spark's Python workers lacked a module: another interpreter than this notebook's (without
+    our packages), or this very one on executors that lack what the driver has."""
     here = sys.executable
+    if _same_interpreter(workers_python):
+        package = missing_module(error)
+        where = f"the executors' Python ({workers_python}, the notebook's own path)"
+        if package is not None:
+            return (f"Spark's Python workers could not start the ranks ({error}): "
+                    + missing_message(package, "this run", where=where, python=workers_python))
+        return (f"Spark's Python workers could not start the ranks ({error}) with "
+                f"{workers_python}: the executors' copy of that environment lacks what the "
+                f"driver's has. Install the same packages there; %horovod_env compares them.")
     found = shutil.which(workers_python)
     ran = workers_python + (f" (here: {os.path.realpath(found)})"
                             if found and found != workers_python else "")

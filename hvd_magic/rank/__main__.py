@@ -76,6 +76,8 @@ def error_record(exc):
 
     record = {"type": type(exc).__name__, "module": type(exc).__module__,
               "message": str(exc), "traceback": _user_traceback(exc)}
+    if isinstance(exc, ImportError):  # which Python lacked it: the driver's hint names it
+        record["python"] = sys.executable
     try:
         record["postmortem"] = frames.capture(_users_tb(exc))
     except Exception:  # noqa: BLE001  (the traceback text is enough to go on)

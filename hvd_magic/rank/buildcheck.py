@@ -2,9 +2,10 @@
 
 Horovod's compiled parts are tied to the exact torch and TensorFlow they were built against: with
 another version, ``import horovod.torch`` (or ``horovod.tensorflow``) fails with an ``undefined
-symbol`` from a ``.so`` deep in site-packages, which tells a user nothing. scripts/build_horovod.sh
-records what it built against in ``horovod/_hvd_magic_build.py``; `explain` turns such an import
-failure into which versions differ and how to rebuild.
+symbol`` from a ``.so`` deep in site-packages, which tells a user nothing. Our Horovod build
+(``python -m hvd_magic.build_horovod``) records what it built against in
+``horovod/_hvd_magic_build.py``; `explain` turns such an import failure into which versions
+differ and how to rebuild.
 
 Read without importing Horovod (and so usable where importing it is what fails), and standard
 library only: `hvd_magic.launch.envcheck` reads the same file on every executor.
@@ -18,14 +19,14 @@ from importlib.metadata import PackageNotFoundError, version
 BUILD_FILE = "_hvd_magic_build.py"
 # The distributions a framework may be installed as, in the order they are looked for.
 DISTRIBUTIONS = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow")}
-REBUILD = ("Rebuild Horovod for the versions installed here: `make setup` in the hvd_magic "
-           "checkout (or scripts/build_horovod.sh PREFIX for another environment).")
+REBUILD = ("Rebuild Horovod for the versions installed here: `python -m hvd_magic.build_horovod` "
+           "with that environment's Python (`make setup` in an hvd_magic checkout).")
 
 
 def built_with():
     """{"torch": "2.13.0+cpu", "tensorflow": "2.21.0" or None} as recorded at build time.
 
-    None where Horovod is not installed or was not built by scripts/build_horovod.sh.
+    None where Horovod is not installed or was not built by hvd_magic's recipe.
     """
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:

@@ -1,28 +1,54 @@
-"""Horovod's plan for a launch, derived by every task from the executors' addresses alone:
-each task's slot (rank, local rank, cross rank), the rank's Horovod environment, its network
-interface and its GPUs. No task needs to hear from another to compute it."""
+"""The slots of a launch, derived by every task from the executors' addresses alone: each task's
+rank, local rank and cross rank, numbered as Horovod numbers them (`tests/test_plan.py` checks
+the two agree where Horovod is installed), so the same plan serves Horovod, torch.distributed and
+tf.distribute without Horovod installed. No task needs to hear from another to compute it; also
+the network helpers a task needs to reach the others."""
 
 import socket
+from dataclasses import dataclass
 
 
-def host_plan(hosts, np):
-    """Horovod slots for tasks whose hosts are `hosts` (one entry per partition, in order).
+@dataclass(frozen=True)
+class Slot:
+    """One rank's place: ranks run host by host (a host's ranks consecutive), `local_rank`
+    counts within the host, `cross_rank` counts the hosts that have a rank at this local rank."""
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
 
-    Returns one slot per partition. Tasks on the same host get consecutive local ranks in
-    partition order; hosts are ordered by their first partition.
+
+def assign_slots(counts):
+    """The slots for `counts`, ``[(host, slots there), ...]`` in host order."""
+    size = sum(n for _, n in counts)
+    # at local rank i: the hosts that have one, in host order
+    across = {}
+    for host, n in counts:
+        for local_rank in range(n):
+            across.setdefault(local_rank, []).append(host)
+    slots, rank = [], 0
+    for host, n in counts:
+        for local_rank in range(n):
+            slots.append(Slot(host, rank, local_rank, across[local_rank].index(host), size, n,
+                              len(across[local_rank])))
+            rank += 1
+    return slots
+
+
+def host_plan(hosts):
+    """The slots for tasks whose hosts are `hosts` (one entry per partition, in order).
+
+    Returns ``(plan, slots)``: the plan in rank order, and one slot per partition. Tasks on the
+    same host get consecutive local ranks in partition order; hosts are ordered by their first
+    partition.
     """
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-
     order = list(dict.fromkeys(hosts))
-    counts = {h: hosts.count(h) for h in order}
-    plan = get_host_assignments(parse_hosts(",".join(f"{h}:{counts[h]}" for h in order)), np)
-    by_host = {h: [s for s in plan if s.hostname == h] for h in order}
-    taken = {h: 0 for h in order}
-    slots = []
-    for h in hosts:
-        slots.append(by_host[h][taken[h]])
-        taken[h] += 1
-    return plan, slots
+    plan = assign_slots([(h, hosts.count(h)) for h in order])
+    by_host = {h: iter([s for s in plan if s.hostname == h]) for h in order}
+    return plan, [next(by_host[h]) for h in hosts]
 
 
 def machine_name():

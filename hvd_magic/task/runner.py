@@ -1,7 +1,7 @@
 """What one task does: the same code runs inside a Spark barrier task and in a driver-only thread.
 
 1. Hosts are the executors' addresses as the cluster knows them (`Coordinator.task_address`);
-   every task derives the same Horovod plan from them, and its own slot (rank, local rank...).
+   every task derives the same slot plan from them, and its own slot (rank, local rank...).
 2. Task 0 serves what each framework's rendezvous needs (`hvd_magic.frameworks`: Horovod's Gloo
    rendezvous server...), every task reserves what its own rank needs (TensorFlow's port); the
    driver gathers them and relays them to every task over the event channel (no Spark barrier
@@ -57,7 +57,7 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
     # Hosts as the cluster knows the executors: tasks of one executor host share local ranks.
     # Every task computes the same plan from them, so no task needs to hear from another.
     hosts = [coord.task_address(i) for i in range(settings.np)]
-    _, slots = host_plan(hosts, settings.np)
+    _, slots = host_plan(hosts)
     slot = slots[coord.partition_id]
     host = socket.gethostname()
     link = make_link(slot.rank) if make_link is not None else DriverLink(settings, slot.rank)
@@ -227,9 +227,10 @@ def _outcome(workdir, code, rank, host, stopped, env):
     if code == 0 and os.path.exists(result_path):
         with open(result_path, "rb") as f:
             return (rank, "ok", f.read())
-    info = {"rank": rank, "host": host, "code": code,
-            "rendezvous": "{HOROVOD_GLOO_RENDEZVOUS_ADDR}:{HOROVOD_GLOO_RENDEZVOUS_PORT}".format(**env),
-            "iface": env["HOROVOD_GLOO_IFACE"]}
+    info = {"rank": rank, "host": host, "code": code}
+    if "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env:  # (Horovod's, where it is installed: frameworks/)
+        info.update(rendezvous="{HOROVOD_GLOO_RENDEZVOUS_ADDR}:{HOROVOD_GLOO_RENDEZVOUS_PORT}"
+                    .format(**env), iface=env["HOROVOD_GLOO_IFACE"])
     if os.path.exists(error_path):
         with open(error_path) as f:
             info.update(json.load(f))

@@ -22,6 +22,8 @@ TensorFlow cell's ranks import it themselves (still forked, from a template hold
 import ast
 import threading
 
+from ..needs import installed
+
 # A module a job imports -> what the template imports for it, in this order. Nothing here starts
 # a thread at import with the template's environment (one thread per library: `server.py`),
 # initialises Horovod or touches a GPU.
@@ -64,7 +66,8 @@ def wanted(job):
     found = []
     for name in sorted(imported_names(job)):
         for module, needs in FORKABLE.items():
-            if name == module or name.startswith(module + "."):
+            if (name == module or name.startswith(module + ".")) and \
+                    all(installed(n) for n in needs):  # (a rank that imports one says so)
                 found.extend(n for n in needs if n not in found)
     order = [n for needs in FORKABLE.values() for n in needs]
     return sorted(set(found), key=order.index)

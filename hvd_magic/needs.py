@@ -1,0 +1,54 @@
+"""The optional packages: which of them a Python has, and what to say when a run needs one that
+is missing (which package, for what, in which Python, and how to get it).
+
+hvd_magic needs no framework: Horovod, pyspark, torch and TensorFlow are each needed only by what
+uses them (a Horovod cell, ``--np N`` on Spark...). Looked up with `importlib.util.find_spec`,
+never imported here: asking must not cost a framework's import. Standard library only: the
+tasks and ranks use it too.
+
+Not for: raising (the caller picks the error: a `UsageError` before a run, a rank's hint after).
+"""
+
+import importlib.util
+import os
+import re
+import sys
+
+# a package -> (what it is called, how to get it)
+HOW = {
+    "horovod": ("Horovod",
+                "`python -m hvd_magic.build_horovod` with that Python (Horovod 0.28.1 with our "
+                "patches, built against its torch and TensorFlow: 6-10 minutes). Code without "
+                "Horovod needs none of it: torch.distributed (DDP), Lightning, accelerate and "
+                "tf.distribute run as they are (%%distributed)"),
+    "pyspark": ("pyspark", "`pip install pyspark` there (a local session also needs Java 17)"),
+    "torch": ("PyTorch", "`pip install torch` there (or `pip install hvd_magic[torch]`)"),
+    "tensorflow": ("TensorFlow", "`pip install tensorflow` there"),
+    "lightning": ("Lightning", "`pip install lightning` there"),
+    "pytorch_lightning": ("Lightning", "`pip install lightning` there"),
+    "accelerate": ("accelerate", "`pip install accelerate` there"),
+}
+
+
+def installed(module):
+    """Whether `module`'s top-level package can be imported by this Python."""
+    try:
+        return importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_module(error_text):
+    """The optional package an ``ImportError``'s message is about (``No module named
+    'horovod.torch'`` -> ``"horovod"``), or None."""
+    found = re.search(r"No module named '([\w.]+)'", error_text or "")
+    top = found.group(1).split(".")[0] if found else None
+    return top if top in HOW else None
+
+
+def missing_message(package, needed_by, where="this notebook's Python", python=None):
+    """One message: `needed_by` needs `package`, which `where` (`python`) lacks; how to get it."""
+    name, how = HOW[package]
+    python = os.path.normpath(python or sys.executable)
+    return (f"{needed_by} needs {name}, which is not installed in {where} ({python}). "
+            f"To get it: {how}.")
