@@ -87,6 +87,8 @@ BENCHMARKS = {
     # rows (bench "shards": shard throughput, ratio to toPandas()) and takes --json PATH and
     # --quick; until then the file notes it as not run, and make bench does not fail for it.
     "shards": ("bench_shards.py", ["--reps", "3"], ["--quick"]),
+    # pip install of the wheel into a user's environment that has torch and pyspark (#49)
+    "install": ("bench_install.py", ["--reps", "3", "--fresh"], ["--reps", "1"]),
     # the driver side at np 64-1024 simulated ranks (issue #29)
     "scale": ("bench_scale.py", ["--np", "64", "256", "1024"], ["--quick"]),
     # that dashboard's updates replayed in Chromium: frame time, DOM size (issue #29)

@@ -74,6 +74,12 @@ def total(offset):
     return t.item()
 
 
+def horovod_size():
+    import horovod.torch as hvd
+    hvd.init()
+    return hvd.size()
+
+
 def steps(ip):
     import hvd_magic
 
@@ -97,6 +103,7 @@ def steps(ip):
         "horovod_driver": lambda: cell("--np -2", HOROVOD, magic="horovod"),
         "horovod_spark": lambda: cell("--np 2", HOROVOD, magic="horovod"),
         "timeline": lambda: cell("--np -2 --timeline", DDP),
+        "horovod_runner": lambda: hvd_magic.HorovodRunner(np=-2).run(horovod_size),
         "elastic": lambda: cell("--np -2 --min-np 1", HOROVOD, magic="horovod"),
         "pyspark_loaded": lambda: sorted(m for m in sys.modules
                                          if m.split(".")[0] in ("pyspark", "py4j")),

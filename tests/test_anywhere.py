@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 
 STEPS_WITHOUT_HOROVOD = ["where", "ddp_driver", "ddp_spark", "data", "run_function", "lightning",
                          "torch_distributor", "torch_distributor_local", "session",
-                         "horovod_driver", "horovod_spark", "timeline", "elastic"]
+                         "horovod_driver", "horovod_spark", "horovod_runner", "timeline",
+                         "elastic"]
 STEPS_WITHOUT_PYSPARK = ["where", "ddp_driver", "torch_distributor_local", "session", "ddp_spark",
                          "pyspark_loaded"]
 
@@ -103,6 +104,7 @@ def test_the_other_ways_in_without_horovod(without_horovod):
 @pytest.mark.parametrize("step, needed_by", [
     ("horovod_driver", "This cell imports horovod.torch"),
     ("horovod_spark", "This cell imports horovod.torch"),   # a local session: this Python
+    ("horovod_runner", "This function imports horovod.torch"),  # HorovodRunner(np=-2).run(f)
     ("timeline", "--timeline"),
     ("elastic", "--min-np")])
 def test_what_needs_horovod_says_so_before_anything_starts(env_without_horovod, without_horovod,
@@ -148,3 +150,32 @@ def test_a_script_runs_from_the_wheels_hvd_run(env_without_pyspark, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "[rank 0] sum 3.0 on rank 0" in out.stdout
     assert "[rank 1] sum 3.0 on rank 1" in out.stdout
+
+
+def test_the_template_holds_only_what_is_installed(env_without_horovod):
+    """A job that imports Horovod where it is not installed: the host's template holds torch for
+    it, not a Horovod import that would fail there (the rank's own import says what is wrong)."""
+    asked = subprocess.run(
+        [env_without_horovod, "-c", "from hvd_magic.template import wanted\n"
+         "print(wanted({'imports': ['horovod.torch', 'torch', 'pandas']}))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert asked == "['numpy', 'pandas', 'torch']"
+
+
+def test_executors_lacking_a_module_with_the_notebooks_own_path_are_not_told_to_change_it():
+    """Spark's workers ran this very interpreter's path (on executors whose copy of the
+    environment lacks Horovod): the message names the module and that Python, not
+    PYSPARK_PYTHON, which would change nothing."""
+    import sys
+
+    from hvd_magic.launch.spark import java_message
+
+    failure = RuntimeError("org.apache.spark.api.python.PythonException: Traceback (most recent "
+                           "call last):\nModuleNotFoundError: No module named 'horovod'\n")
+    message = java_message(failure, workers_python=sys.executable)
+    assert "PYSPARK_PYTHON" not in message
+    assert f"needs Horovod, which is not installed in the executors' Python ({sys.executable}" \
+        in message
+    assert "python -m hvd_magic.build_horovod" in message
+    other = java_message(failure, workers_python="/usr/bin/python3")  # another interpreter
+    assert f"Set PYSPARK_PYTHON={sys.executable}" in other
