@@ -3,7 +3,9 @@
 `RankError` shows the first failing rank's own traceback (its rank and host in the header), then
 one line per other rank saying how it ended. IPython calls `_render_traceback_`, so the driver-side
 stack (Spark, threads, this package) is never shown. A cell's frames are named as IPython names
-a plain cell's (`name_cells`: ``Cell In[5], line 6``).
+a plain cell's (`name_cells`: ``Cell In[5], line 6``), in a debugger too (`debugger_filename`),
+and what a cell defines by the name the user gave it (`unwrap_names`: ``Model``, not
+``__cell__.<locals>.Model``).
 """
 
 import re
@@ -15,6 +17,7 @@ FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken 
 
 
 _CELL_FRAME = re.compile(r'File "<hvd_magic cell ([^>]+)>", line (\d+)(, in <(?:cell|module)>)?')
+_CELL_FILE = re.compile(r"<hvd_magic cell ([^>]+)>")
 
 
 def cell_filename(count):
@@ -22,11 +25,30 @@ def cell_filename(count):
     return f"<hvd_magic cell {count}>"
 
 
+def debugger_filename(filename):
+    """The file name a debugger shows for a frame: a cell's is ``<Cell In[5]>``, as IPython names
+    the cell (pdb keeps a name in angle brackets as it is, and takes any other for a path)."""
+    cell = _CELL_FILE.fullmatch(str(filename))
+    return f"<Cell In[{cell[1]}]>" if cell else filename
+
+
+# A cell runs as the body of a function (`hvd_magic.capture.cell`), so what it defines is named
+# after that function: ``<function __cell__.<locals>.step>``, ``hvd_magic_cell.__cell__.<locals>.
+# ShapeError: ...``. In a plain cell the same reads ``step``, ``ShapeError``.
+_WRAPPER = re.compile(r"\b(?:hvd_magic_cell\.)?__cell__\.<locals>\.")
+
+
+def unwrap_names(text):
+    """`text` with the cell's wrapper function left out of the names in it."""
+    return _WRAPPER.sub("", text)
+
+
 def name_cells(traceback_text):
     """A formatted traceback with each cell frame named as IPython names a cell's frames:
     ``File "<hvd_magic cell 5>", line 6, in <cell>`` becomes ``Cell In[5], line 6`` (the
-    function's name stays where it is one the user wrote: ``Cell In[5], line 3, in train``)."""
-    return _CELL_FRAME.sub(lambda m: f"Cell In[{m[1]}], line {m[2]}", traceback_text)
+    function's name stays where it is one the user wrote: ``Cell In[5], line 3, in train``),
+    and what the cell defines by its own name (`unwrap_names`)."""
+    return unwrap_names(_CELL_FRAME.sub(lambda m: f"Cell In[{m[1]}], line {m[2]}", traceback_text))
 
 
 # What Horovod's C++ side and Gloo print when a peer went away (a rank died, the run was stopped):
@@ -56,7 +78,7 @@ def describe_end(info):
     if info.get("type") == "Stall":
         return info.get("message", "stalled")
     if info.get("type"):
-        message = info.get("message", "").strip().splitlines()
+        message = unwrap_names(info.get("message", "")).strip().splitlines()
         return f"{info['type']}: {message[0] if message else ''}".rstrip(": ")
     if info.get("signal"):
         return f"killed by {info['signal']}"

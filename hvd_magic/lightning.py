@@ -13,6 +13,9 @@ for a Trainer made outside a rank (where they report nothing) or built by hand.
   as they were: alone, its ``save_dir`` is the Trainer's ``default_root_dir`` and its name and
   version are empty, so checkpoints still go to ``<default_root_dir>/checkpoints``; beside other
   loggers it comes last and takes the first one's version (the bar's ``v_num`` stays theirs).
+  The ``epoch`` Lightning adds to every log is left out (charts are of what the module logged;
+  the progress column says where the fit is), and at the fit's end (``finalize``) its last
+  values are sent at once.
 - `ProgressCallback` reports the optimizer steps done against the fit's total
   (``Trainer.estimated_stepping_batches``) before every training batch and at the end: one bar
   over the whole fit, at the steps the metrics are charted against. Lightning's own bar is left
@@ -53,6 +56,7 @@ def _make(pl):
             self._save_dir = save_dir
             self._beside = list(beside)  # the Trainer's other loggers
             self.total = None            # the fit's steps, set by ProgressCallback
+            self.trainer = None          # set by ProgressCallback: what the module logged
 
         @property
         def name(self):
@@ -74,9 +78,24 @@ def _make(pl):
             values.pop("step", None)  # a logged "step" is Lightning's name for `step` itself
             if "total" in values:     # (report's own argument)
                 values["total (logged)"] = values.pop("total")
-            report(step=step, total=self.total, **values)
+            # Lightning adds the epoch to what the module logged, "for convenience": charted, it
+            # took half the charts of every fit. Kept only where the module logged it itself
+            # (Lightning's `logged_metrics` has the module's values, without its addition).
+            logged = getattr(self.trainer, "logged_metrics", {})
+            if "epoch" in values and "epoch" not in logged:
+                del values["epoch"]
+            if values:
+                report(step=step, total=self.total, **values)
+
+        def finalize(self, status):
+            flush()  # the fit's last values go now, not after the throttle's interval
 
     class _ProgressCallback(pl.callbacks.Callback):
+        def setup(self, trainer, pl_module, stage):
+            for logger in trainer.loggers:
+                if isinstance(logger, _MetricsLogger):
+                    logger.trainer = trainer
+
         def on_train_start(self, trainer, pl_module):
             total = trainer.estimated_stepping_batches
             self.total = int(total) if math.isfinite(total) else None

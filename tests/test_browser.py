@@ -444,3 +444,102 @@ def test_a_hang_in_chromium(tmp_path, chromium):
         cancel.click()
         expect(cell.locator("tr[data-rank][data-state='cancelled']")).to_have_count(2)
         expect(cell.locator(".jp-OutputArea-output", has_text="RunCancelled")).to_have_count(1)
+
+
+BACKGROUND_CELL = """\
+%%horovod --np -2 --background
+import os, sys, time, hvd_magic
+rank = int(os.environ["RANK"])
+for step in range(1, 31):
+    hvd_magic.report(step=step, total=30, loss=round(1 / step, 4))
+    time.sleep(0.1)
+print(f"\\x1b[?25h\\x1b[1mrank {rank} trained\\x1b[0m", file=sys.stderr)  # as Lightning prints
+"""
+
+
+def test_a_background_run_saved_after_it_ended_keeps_its_end_in_chromium(tmp_path, chromium):
+    """A background run ends long after its cell: its dashboard becomes the static rendition
+    there all the same (final values in the rows, no terminal codes), its cell's value says
+    how it ended, and a notebook saved then and reopened (no kernel of that run, untrusted)
+    shows both, not "Error displaying widget"."""
+    from playwright.sync_api import expect
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
+                                          "hvd_magic.view.dashboard.SHOW_AFTER = 0"),
+                nbformat.v4.new_code_cell(BACKGROUND_CELL),
+                nbformat.v4.new_code_cell("hvd_magic.last_run().wait(120)\n"
+                                          "print('ended:', hvd_magic.last_run().state)")]
+    nbformat.write(nb, str(tmp_path / "background.ipynb"))
+
+    def shows_its_end(page):
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        # (rows by their text: an untrusted notebook's HTML is sanitized of data- attributes)
+        expect(cell.locator("table tr", has_text="done")).to_have_count(2)
+        for rank in range(2):
+            row = cell.locator("table tr", has_text=f"rank {rank} trained")
+            expect(row).to_contain_text("done")
+            expect(row).to_contain_text("0.0333")          # loss at step 30, the last value
+            expect(row).to_contain_text(f"rank {rank} trained")
+        expect(cell.locator(".jp-OutputArea-output", has_text=re.compile(r"<Run \S+ np=2 done>"))
+               ).to_have_count(1)
+        text = cell.locator(".jp-OutputArea").inner_text()
+        assert "running>" not in text and "[?25h" not in text and "[1m" not in text, text
+        return cell
+
+    with notebook_page(tmp_path, chromium, "background.ipynb",
+                       "browser-background-failed.png") as page:
+        run_all_cells(page)
+        expect(page.get_by_text("ended: done")).to_be_visible()
+        shows_its_end(page)
+        save(page, tmp_path / "background.ipynb")
+    (tmp_path / ".jupyter-home" / "data" / "nbsignatures.db").unlink(missing_ok=True)
+    with notebook_page(tmp_path, chromium, "background.ipynb",
+                       "browser-background-reopened-failed.png") as page:
+        cell = shows_its_end(page)
+        expect(cell.get_by_role("link", name="rank-1.log")).to_have_count(1)
+        assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+        cell.scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, "browser-background-reopened.png"))
+
+
+DEBUG_CELLS = [
+    "%%distributed --np -2\nimport os, torch\n"
+    "x = torch.arange(12.0).reshape(3, 4)\nbatch = {'w': x, 'step': 5}\n"
+    "if os.environ['RANK'] == '1':\n    x @ torch.ones(5)",
+    "%debug",
+]
+
+
+def test_debug_answers_what_a_person_asks_of_a_ranks_values_in_chromium(tmp_path, chromium):
+    """A rank's shape error, then %debug in JupyterLab's own input box: the locals answer
+    `p x.shape`, `p x.dtype`, `p list(batch)`, and the frame is named as the cell."""
+    from playwright.sync_api import expect
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic")] + \
+        [nbformat.v4.new_code_cell(source) for source in DEBUG_CELLS]
+    nbformat.write(nb, str(tmp_path / "debug.ipynb"))
+    with notebook_page(tmp_path, chromium, "debug.ipynb", "browser-debug-failed.png") as page:
+        run_all_cells(page)  # (which stops at the error: the %debug cell is run by hand)
+        expect(page.get_by_text("RankError: rank 1 on")).to_be_visible()
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
+        cell.click()
+        page.keyboard.press("Shift+Enter")
+        box = cell.locator(".jp-Stdin-input").last  # (each answered prompt stays, greyed)
+        for command, answer in [("p x.shape", "torch.Size([3, 4])"),
+                                ("p x.dtype", "torch.float32"),
+                                ("p list(batch)", "['w', 'step']"),
+                                ("p batch['w'][0]", "[0.0, 1.0, 2.0, 3.0]"),
+                                ("where", "<Cell In[2]>")]:
+            expect(box).to_be_visible()
+            box.fill(command)
+            box.press("Enter")
+            expect(cell.locator(".jp-OutputArea")).to_contain_text(answer)
+        expect(box).to_be_visible()
+        box.fill("q")
+        box.press("Enter")
+        text = cell.locator(".jp-OutputArea").inner_text()
+        assert "Shown" not in text and "__cell__" not in text, text
+        cell.scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, "browser-debug.png"))

@@ -207,6 +207,28 @@ def test_locals_travel_as_themselves_or_as_bounded_reprs():
     assert bounded(OnAGpu()) == ["r", "OnAGpu(shape=(2,), dtype=float32, device=cuda:0)"]
 
 
+def test_what_debug_may_ask_of_a_local_is_bounded():
+    import json
+
+    import numpy as np
+    from hvd_magic.driver.rank_locals import standin
+    from hvd_magic.rank.frames import described
+
+    huge = described(np.zeros((10**4, 10**3)))  # its first values only: 32 of 10**7
+    assert huge[2]["shape"] == [10**4, 10**3] and len(huge[2]["first"]) == 32
+    nested = described({f"k{i}": list(range(10**5)) for i in range(1000)})
+    assert nested[2]["len"] == 1000 and len(nested[2]["items"]) == 20
+    assert len(json.dumps(nested)) < 20_000  # items one level down, with fewer of their own
+
+    class OnAGpu:  # shape, dtype and device; its values would wait for a CUDA stream
+        shape, dtype, device = (2,), "float32", "cuda:0"
+
+    x = standin(described(OnAGpu()), "x", 3)
+    assert x.shape == (2,) and x.device == "cuda:0"
+    with pytest.raises(IndexError, match=r"x\[0\] was not sent from rank 3 .*only its shape"):
+        x[0]
+
+
 FAILING = """
 import numpy as np
 def scale_batch(batch, factor):
@@ -247,6 +269,101 @@ def test_debug_after_a_rank_failed_opens_its_frames_with_their_locals(ip, capsys
     error = hvd_magic.last_run().error
     assert [f.name for f in error.frames] == ["<cell>", "train_step", "scale_batch"]
     assert error.frames[-1].locals["factor"] == 2
+
+
+SHAPES = """
+import os, torch, numpy as np
+def forward(rank):
+    x = torch.arange(12.0).reshape(3, 4)
+    a = np.zeros((2, 5))
+    d = {"lr": 0.1, "w": torch.ones(2)}
+    batch = list(range(100))
+    big = torch.zeros(100, 100)
+    if rank == 1:
+        raise RuntimeError(f"shapes cannot be multiplied: {tuple(x.shape)} and (5, 2)")
+forward(int(os.environ['HOROVOD_RANK']))
+"""
+
+SHAPE_QUESTIONS = {  # what a person debugging a shape error asks, and what the rank's value says
+    "p x.shape": "torch.Size([3, 4])", "p x.dtype": "torch.float32", "p x.ndim": "2",
+    "p len(x)": "3", "p x.size()": "torch.Size([3, 4])", "p x.size(1)": "4",
+    "p x[0]": "Tensor(shape=(4,), dtype=torch.float32, [0.0, 1.0, 2.0, 3.0])",
+    "p x[:2].shape": "torch.Size([2, 4])", "p x[1, 2]": "6.0", "p x[:, 0].tolist()": "[0.0, 4.0, 8.0]",
+    "p a.shape": "(2, 5)", "p a.dtype": "float64", "p a.size": "10",
+    "p len(d)": "2", "p list(d)": "['lr', 'w']", "p d['lr']": "0.1", "p d['w'].shape": "torch.Size([2])",
+    "p len(batch)": "100", "p batch[:3]": "[0, 1, 2]", "p big.shape": "torch.Size([100, 100])",
+    "p x.foo": "*** AttributeError: x.foo was not sent from rank 1 (x is a torch.Tensor there: "
+               "only its shape, dtype, device and all 12 of its values came back)",
+    "p big[7]": "*** IndexError: big[7] was not sent from rank 1 (big is a torch.Tensor there: "
+                "only its shape, dtype, device and first 32 values came back)",
+    "p batch[50]": "*** IndexError: batch[50] was not sent from rank 1 (batch is a list there: "
+                   "only its length (100) and its first 20 items came back)",
+    "p d['nope']": "*** KeyError: 'nope'",   # every key came: it is not there
+    "p x + 1": "*** TypeError: x + ... is not computed in %debug: x is a torch.Tensor on rank 1",
+}
+
+
+def test_debug_answers_shapes_dtypes_lengths_and_items_of_the_ranks_values(
+        ip, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    ip.run_cell("%%horovod --np -2 --quiet\n" + SHAPES)
+    capsys.readouterr()
+    ip.InteractiveTB.pdb = None  # made anew: it reads the stdin given below
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(SHAPE_QUESTIONS) + "\nq\n"))
+    ip.run_line_magic("debug", "")
+    out = capsys.readouterr().out
+    answers = [a.strip() for a in out.split("ipdb> ")[1:len(SHAPE_QUESTIONS) + 1]]
+    for (question, expected), answer in zip(SHAPE_QUESTIONS.items(), answers):
+        assert answer.startswith(expected), (question, answer, out)
+    assert "Shown" not in out and "rank_locals" not in out, out
+
+    x = hvd_magic.last_run().error.frames[-1].locals["x"]  # the same stand-ins, for code
+    assert x.shape == (3, 4) and x[2].tolist() == [8.0, 9.0, 10.0, 11.0]
+
+
+NAMED = """
+import os, time
+class ShapeError(Exception):
+    pass
+class Model:
+    def __init__(self):
+        self.width = 4
+def check(model):
+    if os.environ['HOROVOD_RANK'] == '1':
+        raise ShapeError(f"width {model.width}")
+check(Model())
+"""
+
+
+def test_a_cell_has_one_name_and_its_wrapper_none_in_what_a_person_reads(ip, capsys, monkeypatch):
+    # the traceback and the error's headline
+    ip.run_cell("%%horovod --np -2 --quiet\n" + NAMED)
+    shown = capsys.readouterr().out  # as the notebook shows it
+    assert "ShapeError: width 4" in shown and "Cell In[" in shown, shown
+    assert "__cell__" not in shown and "hvd_magic_cell" not in shown, shown
+    # the debugger's frame lines, `where`, and the values' reprs
+    error = hvd_magic.last_run().error
+    cell = error.frames[0].filename
+    assert cell.startswith("<Cell In[") and all(f.filename == cell for f in error.frames)
+    ip.InteractiveTB.pdb = None
+    monkeypatch.setattr(sys, "stdin", io.StringIO("where\np model\np model.width\nup\np check\nq\n"))
+    ip.run_line_magic("debug", "")
+    out = capsys.readouterr().out
+    assert f"{cell}(10)check()" in out and f"{cell}(11)<cell>()" in out, out
+    assert "<Model object at" in out and "<function check at" in out, out
+    assert "\n4\n" in out.replace("ipdb> ", "\n"), out  # model.width
+    assert "hvd_magic cell" not in out and "__cell__" not in out, out
+    # the stacks of a running cell, and their locals (the dashboard's Stacks panel)
+    run = ip.run_cell_magic("horovod", "--np -2 --background --quiet",
+                            NAMED.replace("raise ShapeError", "time.sleep(120); raise ShapeError"))
+    try:
+        stacks = stacks_when(run, "in check")
+    finally:
+        cancel(run)
+    text, panel = stacks.text(), stacks._repr_html_()
+    assert "rank 1: Cell In[" in text and ", in check" in text, text
+    assert "hvd_magic cell" not in text + panel and "__cell__" not in text + panel, panel
+    assert "&lt;Model object at" in panel, panel
 
 
 def test_a_warm_sessions_cell_gives_its_stacks_and_its_failing_frames(ip, fresh_ns):
@@ -306,6 +423,7 @@ def test_a_session_rank_held_at_its_exception_is_inspected_and_released(ip, caps
         out = capsys.readouterr().out
         assert "rank 1 stopped: ZeroDivisionError" in out, out
         assert "scale_batch()" in out, out
+        assert "<Cell In[" in out and "hvd_magic cell" not in out, out  # as %debug names it
         values = out.replace("(Pdb) ", "\n").splitlines()
         assert "2" in values and "[5, 6, 7]" in values and "36" in values, out  # live values
         assert info.value.rank == 1 and "ZeroDivisionError" in str(info.value)

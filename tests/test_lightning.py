@@ -4,10 +4,13 @@ LightningModule's self.log values and the fit's progress reach the dashboard and
 
 import json
 import os
+import re
 
 import pytest
 
 import hvd_magic
+from hvd_magic.view.charts import series
+from hvd_magic.view.table import table_html
 
 pytest.importorskip("lightning")
 
@@ -68,10 +71,18 @@ def test_lightning_fits_on_the_ranks_with_equal_weights_metrics_and_progress(ip,
     assert (env, world, children) == ("TorchElasticEnvironment", 2, [])  # no process of its own
     assert weights[0] == weights[1]  # DDP averaged the two ranks' gradients
     run = hvd_magic.last_run()
-    assert set(run.metrics.name) == {"loss", "epoch"}  # self.log's, and the epoch Lightning adds
+    # self.log's only: not the epoch Lightning adds to each log (no chart of it either)
+    assert set(run.metrics.name) == {"loss"} and set(series(run.ranks)) == {"loss"}
     loss = run.metrics[run.metrics.name == "loss"]
+    table = table_html(run, [[], []])  # the rows of the dashboard, and of its static rendition
     for rank in (0, 1):  # 16 rows a rank, batches of 8, 2 epochs: 4 steps logged, from 0
-        assert sorted(loss[loss["rank"] == rank].step) == [0, 1, 2, 3]
+        logged = loss[loss["rank"] == rank].sort_values("step")
+        assert list(logged.step) == [0, 1, 2, 3]
+        # The row ends with the fit's last values (its last event said only the step)
+        last = logged.value.iloc[-1]
+        assert run.ranks[rank].metrics == {"loss": pytest.approx(last)}
+        row = re.search(f"<tr data-rank='{rank}'.*?</tr>", table).group(0)
+        assert f">loss={last:.4g}<" in row
         progress = _progress(run)[rank]
         assert progress[-1] == (4, 4)  # the fit's 4 steps, done
         assert {total for _, total in progress} == {4}  # the fit's steps, from the start

@@ -14,6 +14,7 @@ import pytest
 
 import hvd_magic
 from test_charts import static_charts
+from test_text_view import TERMINAL_CELL
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ROW = re.compile(r"<tr data-rank='(\d+)' data-state='([^']*)' data-step='([^']*)' "
@@ -479,6 +480,21 @@ def test_report_is_throttled_and_its_latest_value_follows_soon():
     assert step_2 < after
 
 
+def test_a_value_reported_again_without_a_step_is_not_kept_back():
+    """The same values again, after the throttle's interval and with nothing reported after
+    them, are a point of their own that reaches the driver (the last values are never left
+    unsent on the rank)."""
+    def work():
+        import time
+        import hvd_magic
+        hvd_magic.report(loss=0.25)
+        time.sleep(0.3)
+        hvd_magic.report(loss=0.25)
+
+    run = hvd_magic.run(work, np=-1, view=Recorder())
+    assert list(run.ranks[0].history) == [[1, {"loss": 0.25}], [2, {"loss": 0.25}]]
+
+
 TIMELINE_CELL = """\
 %%horovod --np -2 --timeline
 import time, torch, horovod.torch as hvd
@@ -669,3 +685,42 @@ def test_a_hang_keeps_the_dashboard_readable_and_the_end_leaves_html(ip, tmp_pat
     assert final["text/html"].count("<details>") == 2 and "rank-1.log" in final["text/html"]
     assert "rank 1 on h: done" in final["text/plain"]
     assert not shown.outputs  # nothing else after the rendition
+
+
+def test_rows_end_with_the_last_values_and_show_what_a_terminal_shows(ip, monkeypatch):
+    """Real ranks, the real Dashboard (its widgets read back): each row ends with the values the
+    rank reported last, though its last event said only the step (a Lightning fit's end); what
+    the ranks wrote for a terminal shows as a terminal shows it, in the row, the log panels and
+    the static rendition: no escape code, a redrawn line's last state, a nested bar written
+    over, stderr not red, a warning and an advert never the last line."""
+    from IPython.utils.capture import capture_output
+    from hvd_magic import view as views
+    from hvd_magic.view.table import log_html
+    monkeypatch.setattr(views, "widgets_available", lambda: True)
+    with capture_output() as shown:
+        ip.run_cell_magic("horovod", "--np -2", TERMINAL_CELL)
+    run = hvd_magic.last_run()
+    view = run.view
+    assert type(view).__name__ == "Dashboard" and view.box is not None
+    table = view.table.value
+    assert re.findall(r"<code dir='ltr'[^>]*>([^<]*)</code>", table) == [
+        "rank 0: done", "rank 1: done"]
+    assert table.count(">loss=0.05<") == 2
+    final = [o.data["text/html"] for o in shown.outputs
+             if "hvd-magic-run" in o.data.get("text/html", "")][-1]
+    assert final.count(">loss=0.05<") == 2
+    for rank in range(2):
+        assert run.ranks[rank].metrics == {"loss": 0.05}
+        panel = view.panels[rank].value
+        assert "Total FLOPs: 0" in panel and "bar 100%" in panel and "Epoch 0 100%" in panel
+        for gone in ("bar 50%", "check 1/2", "check 2/2", "Epoch 0 50%"):
+            assert gone not in panel and gone not in final
+        assert "#c62828" not in panel  # stderr is the rank's output, not an error
+        assert "<span style='color:#757575'>\U0001f4a1 Tip: try our cloud</span>" in panel
+    for html in (table, final, *(p.value for p in view.panels)):
+        assert "\x1b" not in html and "[?25" not in html and "[1m" not in html
+    # A traceback a rank prints still stands out, to its exception's line
+    printed = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+               "ValueError: no", "after it"]
+    panel = log_html(run, 0, [("stderr", line) for line in printed])
+    assert panel.count("<span style='color:#c62828'>") == 3 and "\nafter it</pre>" in panel

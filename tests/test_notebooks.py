@@ -315,6 +315,14 @@ def test_debugging(tmp_path):
     nb = execute("debugging.ipynb", tmp_path)
     _, hang, found, magic, cancel, failing, frames = code_cells(nb)
     assert not errors(hang)
+    # Its dashboard was shown, Stacks button and all (the text points at it), and once the run
+    # was cancelled it became the static rendition, its value saying so (no stale "running").
+    state = nb.metadata["widgets"][WIDGET_STATE]["state"]
+    assert "Stacks" in [m["state"].get("description") for m in state.values()
+                        if m["model_name"] == "ButtonModel"]
+    shown = view(nb, hang)
+    assert "hvd-magic-run" in shown and "cancelled" in shown, shown
+    assert re.search(r"<Run \S+ np=2 cancelled>", shown) and "running>" not in shown, shown
     for shown in (view(nb, found), view(nb, magic)):  # run.stacks(), then %horovod_stacks
         assert "rank 0: Cell In[" in shown and "→ allreduce" in shown, shown
         assert "rank 1: Cell In[" in shown and "in load_batch" in shown, shown

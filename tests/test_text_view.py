@@ -6,6 +6,7 @@ import re
 import pytest
 
 import hvd_magic
+from hvd_magic.lines import last_said, screen
 from hvd_magic.view import TextView, make_view, visible_text, widgets_available
 
 PRINTING_CELL = r"""
@@ -18,6 +19,33 @@ sys.stdout.write(f"windows line {rank}\r\n")
 sys.stdout.flush()
 os.write(1, b"bad \xff\xfe bytes\n")
 int(rank) * 10
+"""
+
+
+# What a rank writes for a terminal (Lightning's and rich's ways, all on stderr as Lightning
+# writes), after values it reported and then a step without them (as a Lightning fit reports:
+# the values reach the driver only in the points of events that carry no metrics): colours, a
+# line redrawn with \r and erased, a nested bar written over with the cursor moved up, a warning
+# and a library's advert after the rank's last word, the cursor shown again at the very end.
+TERMINAL_CELL = r"""
+import os, sys, time, warnings
+import hvd_magic
+rank = os.environ["HOROVOD_RANK"]
+for i in range(20):
+    time.sleep(0.15)                                        # (the throttle's interval is over)
+    hvd_magic.report(step=i, total=20)                      # a bar's step: sent at once
+    hvd_magic.report(step=i, total=20, loss=1.0 / (i + 1))  # values logged just after it, and
+    hvd_magic.report(step=i + 1, total=20)                  # the next step, sent in their place
+print("\x1b[1mTotal FLOPs\x1b[0m: 0", file=sys.stderr)
+sys.stderr.write("".join(f"\r\x1b[2Kbar {p}%" for p in (10, 50, 100)) + "\n")
+sys.stderr.write("\rEpoch 0 50%")
+sys.stderr.write("\n\rcheck 1/2\x1b[A")
+sys.stderr.write("\n\rcheck 2/2\x1b[A")
+sys.stderr.write("\n\r         \x1b[A\rEpoch 0 100%\n")
+print(f"rank {rank}: done", file=sys.stderr)
+warnings.warn("this API is old", UserWarning)
+print("\U0001f4a1 Tip: try our cloud", file=sys.stderr)
+print("\x1b[?25h", file=sys.stderr)
 """
 
 
@@ -43,6 +71,23 @@ def test_lines_are_labelled_by_rank_and_summarised(ip, capsys):
     run = hvd_magic.last_run()
     assert f"hvd_magic run {run.id}: done in" in captured.out
     assert "on driver only" in captured.out
+
+
+def test_terminal_output_is_printed_as_a_terminal_shows_it(ip, capsys):
+    """No escape code printed, a redrawn line as its last state, a nested bar's lines written
+    over not printed; the metrics' last values are the ones reported last."""
+    ip.run_cell_magic("horovod", "--np -2", TERMINAL_CELL)
+    captured = capsys.readouterr()
+    assert "\x1b" not in captured.out + captured.err
+    for rank in range(2):
+        for line in ("Total FLOPs: 0", "bar 100%", "Epoch 0 100%", f"rank {rank}: done"):
+            assert f"[rank {rank}] {line}\n" in captured.err
+    for line in ("bar 50%", "check 1/2", "check 2/2", "[?25h"):
+        assert line not in captured.err
+    assert "  loss: last (min..max): rank 0 0.05 (0.05..1); rank 1 0.05" in captured.out
+    for rank in range(2):
+        assert hvd_magic.last_run().ranks[rank].metrics == {"loss": 0.05}
+        assert hvd_magic.last_run().ranks[rank].last_line == f"rank {rank}: done"
 
 
 def test_summary_shows_progress_from_tqdm(ip, capsys):
@@ -106,6 +151,49 @@ def test_one_line_is_a_line(ip, capsys):
 ])
 def test_visible_text_is_what_a_terminal_shows(line, shown):
     assert visible_text(line) == shown
+
+
+def test_a_log_is_shown_as_the_rows_a_terminal_shows():
+    # tqdm's nested bar (down a line, redrawn, back up), cleared, then the main bar redrawn
+    lines = ["\rEpoch 0 50%", "\rcheck 1/2\x1b[A", "\rcheck 2/2\x1b[A",
+             "\r         \x1b[A\rEpoch 0 100%", "done"]
+    assert screen(lines) == ["Epoch 0 100%", "done"]
+    # rich's live display: erased and redrawn, colours, the cursor hidden and shown
+    rich = ["\x1b[?25l", "\r\x1b[2K\x1b[35mEpoch 0\x1b[0m 1/2\r\x1b[2K\x1b[35mEpoch 0\x1b[0m 2/2",
+            "\x1b[?25h"]
+    assert screen(rich) == ["", "Epoch 0 2/2", ""]
+
+
+WARNING = ["/site-packages/lightning/pytorch/utilities/_pytree.py:21: `isinstance(treespec, "
+           "LeafSpec)` is deprecated", "<hvd_magic cell 3>:4: UserWarning: this API is old",
+           '  warnings.warn("this API is old", UserWarning)']
+
+
+@pytest.mark.parametrize("lines, shown", [
+    (["epoch 3: loss 0.25", *WARNING], ("epoch 3: loss 0.25", False)),
+    (["epoch 3: loss 0.25", "\U0001f4a1 Tip: try our cloud", "\x1b[?25h"],
+     ("epoch 3: loss 0.25", False)),
+    (["  indented, the rank's own"], ("  indented, the rank's own", False)),
+    (WARNING, ("<hvd_magic cell 3>:4: UserWarning: this API is old", True)),  # nothing else
+    (["\x1b[?25l", "\r\x1b[2KEpoch 0 1/2\r\x1b[2KEpoch 0 2/2", "\x1b[?25h"],
+     ("Epoch 0 2/2", False)),
+])
+def test_a_warning_or_an_advert_is_a_last_line_only_when_nothing_else_is(lines, shown):
+    assert last_said(reversed(lines)) == shown
+
+
+def test_the_drivers_last_line_is_not_taken_by_a_later_warning():
+    import types
+    from hvd_magic.driver.apply import apply_event
+    from hvd_magic.driver.ranks import RankState
+
+    folder = types.SimpleNamespace(write_lines=lambda rank, lines: None, record=lambda e: None)
+    run = types.SimpleNamespace(np=1, ranks=[RankState(0)], folder=folder, view=None,
+                                elastic=None)
+    for lines in ([WARNING[0]], ["\x1b[1mepoch 3\x1b[0m: loss 0.25"], WARNING[1:], ["\x1b[?25h"]):
+        apply_event(run, {"t": "lines", "rank": 0, "lines": lines}, None)
+        assert run.ranks[0].last_line == (WARNING[0] if lines == [WARNING[0]]
+                                          else "epoch 3: loss 0.25")
 
 
 def test_a_wait_is_said_once_even_if_the_run_still_waits_after_an_event(capsys):

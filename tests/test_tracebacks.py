@@ -46,6 +46,30 @@ def test_a_one_off_cells_traceback_names_its_prompt_and_the_editors_line(kernel)
     assert "<hvd_magic cell" not in text
 
 
+def test_what_a_cell_defines_is_named_as_the_user_named_it(kernel):
+    # a cell's code runs as the body of a function: its classes and functions are not named
+    # after it (``hvd_magic_cell.__cell__.<locals>.ShapeError``), as in a plain cell
+    n, text = failure(kernel, "%%horovod --np -2 --text\n"
+                              "import os\n"
+                              "class ShapeError(Exception):\n"
+                              "    pass\n"
+                              "def check(rank, width):\n"
+                              "    if rank == '1':\n"
+                              "        raise ShapeError(f'width {width}')\n"
+                              "check(os.environ['HOROVOD_RANK'])\n")
+    assert "TypeError: check() missing 1 required positional argument: 'width'" in text, text
+    assert f"Cell In[{n}], line 8" in text, text
+    assert "__cell__" not in text and "hvd_magic_cell" not in text, text
+    n, text = failure(kernel, "%%horovod --np -2 --text\n"
+                              "import os\n"
+                              "class ShapeError(Exception):\n"
+                              "    pass\n"
+                              "if os.environ['HOROVOD_RANK'] == '1':\n"
+                              "    raise ShapeError('width 4')\n")
+    assert "\nShapeError: width 4" in text and "failed: ShapeError: width 4" in text, text
+    assert "__cell__" not in text and "hvd_magic_cell" not in text, text
+
+
 def test_a_syntax_error_names_the_prompt_and_the_editors_line(kernel):
     n, text = failure(kernel, "%%horovod --np -2\nx = 1\ny = (2 +\n")
     assert f"Cell In[{n}], line 3" in text, text

@@ -13,6 +13,7 @@ Not for: when to stop or how (`hvd_magic.driver.loop`); `request_stop` is handed
 import time
 
 from ..errors import is_follow_on, is_peer_gone
+from ..lines import is_aside, last_said
 from .folder import FILE_KINDS, FOLDER_KINDS
 
 
@@ -38,11 +39,7 @@ def apply_event(run, event, request_stop):
         if event.get("log_only"):  # (a warm session's reset: Horovod on the lost peer)
             return False
         r.lines += len(lines)
-        # the last line that is not a peer's going: only as many looked at as it takes (at np
-        # 1024 this loop sees ~100,000 lines a second)
-        shown = next((line for line in reversed(lines) if not is_peer_gone(line)), None)
-        if shown is not None:
-            r.last_line = shown.rsplit("\r", 1)[-1]
+        _last_line(r, lines)
     elif kind == "state":
         if event.get("state") == "starting" and r.pid is not None and event.get("pid") != r.pid:
             if run.elastic is not None:
@@ -57,11 +54,18 @@ def apply_event(run, event, request_stop):
         if run.elastic is not None:
             run.elastic.progressed(run)
         r.step, r.total = event.get("step"), event.get("total")
-        if isinstance(event.get("metrics"), dict):
-            r.metrics.update(event["metrics"])
         points = event.get("points")
         if isinstance(points, list):
             r.history.extend(points)  # (MetricHistory skips what is not [step, {...}])
+            # The row's values are the latest of each metric: the rank's throttle sends only
+            # its newest event, whose own metrics may be empty (a bar's step after the values
+            # logged), so the points it carries are what the rank last reported.
+            for point in points:
+                if isinstance(point, (list, tuple)) and len(point) == 2 \
+                        and isinstance(point[1], dict):
+                    r.metrics.update(point[1])
+        if isinstance(event.get("metrics"), dict):
+            r.metrics.update(event["metrics"])
     elif kind == "rendezvous":
         # task 0 serves the frameworks' rendezvous, every task reserves its own: all to every task
         relayed = run.gathering.add(rank, event)
@@ -95,6 +99,15 @@ def apply_event(run, event, request_stop):
     if run.view is not None:
         run.view.event(run, rank, event)
     return recorded
+
+
+def _last_line(r, lines):
+    """The rank's last line after `lines`: the last that shows something and is not a peer's
+    going (`hvd_magic.lines.last_said`: only as many looked at as it takes; at np 1024 this
+    sees ~100,000 lines a second). A warning or an advert replaces only a line of its kind."""
+    text, aside = last_said(line for line in reversed(lines) if not is_peer_gone(line))
+    if text and (not aside or not r.last_line or is_aside(r.last_line)):
+        r.last_line = text
 
 
 def ended_state(run, status, summary=None):

@@ -95,6 +95,7 @@ class Driver:
                     run.elastic.end()
                 run.held().clear()  # (every rank ended: none is held, whatever it last said)
                 run._done.set()
+                run.show_end()
         if run.error is not None:
             raise run.error
 

@@ -6,14 +6,18 @@ and Python 3.11 builds a traceback (`types.TracebackType`) only over a real fram
 here is a small stub code object compiled with the rank's file name, its function's name and its
 line, run once with the rank's locals as its namespace until it raises. Its frame then reads, to
 pdb, as the rank's: ``where``, ``up``, ``p loss``, ``list`` (the cells' and scripts' sources go
-into `linecache`). Nothing is unpickled: a value that came as a repr is a `Shown`, whose repr is
-the rank's text.
+into `linecache`). A cell's frames are in ``<Cell In[5]>``, as IPython names the cell. Nothing is
+unpickled: a value that came as a repr is a stand-in that shows the rank's text and answers
+what was sent of it (`hvd_magic.driver.rank_locals`: ``p x.shape``).
 """
 
 import builtins
 import collections
 import linecache
 import types
+
+from ..errors import debugger_filename
+from .rank_locals import standin
 
 RankFrame = collections.namedtuple("RankFrame", "filename lineno name line locals")
 
@@ -22,28 +26,6 @@ _HERE = "__hvd_magic_frame__"
 
 class _Here(Exception):
     """Raised by a stub at its frame's line: it keeps the frame alive in its traceback."""
-
-
-class Shown:
-    """A local the rank sent as text (not a small JSON value): its repr is the rank's."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
-
-    __str__ = __repr__
-
-
-def value(sent):
-    """A local as it came: ["v", x] is x; ["t", [...]] a tuple; ["r", text] a `Shown`."""
-    kind, data = sent
-    if kind == "v":
-        return data
-    if kind == "t":
-        return tuple(data)
-    return Shown(str(data))
 
 
 def _stub_frame(filename, lineno, name, scope):
@@ -61,17 +43,19 @@ def _stub_frame(filename, lineno, name, scope):
 def register_sources(sources):
     """The rank's cells and scripts, for pdb's ``list`` and the traceback's lines."""
     for filename, text in (sources or {}).items():
+        filename = debugger_filename(filename)
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
 
 
-def rebuild(record):
-    """(traceback, [RankFrame]) from a rank's `capture` record: the traceback's first entry is
-    the outermost frame (the cell's or the script's), its last the one that raised."""
+def rebuild(record, rank=None):
+    """(traceback, [RankFrame]) from a rank's `capture` record (of rank `rank`): the traceback's
+    first entry is the outermost frame (the cell's or the script's), its last the one that
+    raised."""
     register_sources(record.get("sources"))
     frames, tb = [], None
     for filename, lineno, name, line, _users, sent in record.get("frames", []):
-        frames.append(RankFrame(filename, lineno, name, line,
-                                {k: value(v) for k, v in sent.items()}))
+        frames.append(RankFrame(debugger_filename(filename), lineno, name, line,
+                                {k: standin(v, k, rank) for k, v in sent.items()}))
     for f in reversed(frames):
         frame = _stub_frame(f.filename, f.lineno, f.name, dict(f.locals))
         tb = types.TracebackType(tb, frame, frame.f_lasti, max(int(f.lineno), 1))
@@ -85,7 +69,7 @@ def attach(error):
     if not isinstance(record, dict) or not record.get("frames"):
         return error
     try:
-        error.rank_traceback, error.frames = rebuild(record)
+        error.rank_traceback, error.frames = rebuild(record, error.rank)
     except (SyntaxError, ValueError, TypeError, AttributeError, KeyError):
         return error  # a record we cannot read: the traceback's text is still there
     return error.with_traceback(error.rank_traceback)

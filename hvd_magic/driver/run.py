@@ -29,6 +29,7 @@ from .loop import Driver
 from .membership import Membership
 from .debugger import Debugging
 from .stacks import StackRequests
+from .shown import ShownValue
 from ..words import plural
 from .ranks import RankState
 
@@ -118,7 +119,7 @@ def new_run_id():
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-class Run(StackRequests, Debugging):
+class Run(StackRequests, Debugging, ShownValue):
     """One launch of a function on N ranks. `results` are in rank order; `value` is rank 0's."""
 
     def __init__(self, np, options=None, *, launcher=None, view=None, cell=None, env=None,
@@ -147,8 +148,7 @@ class Run(StackRequests, Debugging):
         self.ranks = [RankState(r) for r in range(np)]
         self.results = None
         self.exports = {}
-        self.error = None
-        self.where = None
+        self.error = self.where = None
         self.started = None          # when the ranks were launched (after prepare)
         self.preparing_since = None  # when the launcher began to prepare
         self.ended = None
@@ -327,6 +327,7 @@ class Run(StackRequests, Debugging):
             if self.state == "cancelled":
                 history.add(self)  # `last_run()` says it was cancelled
             self._done.set()
+            self.show_end()
             if self.view is not None:
                 self.view.finish(self)
             raise error

@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 
+from ..errors import debugger_filename
 from . import reporting
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -70,6 +71,14 @@ def _pdb_class():
         Before Python 3.13 a frame's locals dict is a copy, which pdb's own trace function writes
         back; this pdb traces nothing (the rank waits in `interaction`), so each frame shown is
         written back when the rank goes on. Only frames shown: another's copy may be stale."""
+
+        def format_stack_entry(self, frame_lineno, lprefix=": "):
+            # a cell's frames named as IPython names the cell, as the notebook's %debug does:
+            # ``> <Cell In[4]>(5)scale_batch()`` (the file name stays for `list` and breakpoints)
+            frame = frame_lineno[0]
+            filename = self.canonic(frame.f_code.co_filename)
+            entry = super().format_stack_entry(frame_lineno, lprefix)
+            return entry.replace(filename, debugger_filename(filename), 1)
 
         def setup(self, f, tb):
             super().setup(f, tb)

@@ -56,12 +56,14 @@ class _Channel:
     def progress(self, event):
         now = time.monotonic()
         with self.lock:
+            repeated = self.pending is None and event == self.last_event
+            if repeated and event["step"] is not None:
+                return  # nothing new (tqdm's close repeats its last update)
             if event["metrics"]:  # every point is kept for the charts, not only the latest
                 self.calls += 1
                 self.points.append([self.calls if event["step"] is None else event["step"],
                                     event["metrics"]])
-            if self.pending is None and event == self.last_event:
-                return  # nothing new (tqdm's close repeats its last update)
+            # (a repeated value without a step is a new point: it goes, not kept back unsent)
             final = (event["step"] is not None and event["total"] is not None
                      and event["step"] >= event["total"]) or len(self.points) >= MAX_POINTS
             if not final and (self.timer is not None or now - self.last_sent < MIN_INTERVAL):

@@ -10,9 +10,9 @@ that the Cancel button beside it keeps its label and place.
 When the run ends, the dashboard's display is replaced by its static rendition: the same header,
 table, charts (as images) and links, each rank's log tail in a ``<details>``, as plain HTML and
 text. A saved notebook opened later, without the kernel that held the widgets (a colleague's,
-nbviewer, GitHub), shows that rather than "Error displaying widget: model not found". A
-background run's display cannot be updated after its cell ended: it keeps its widgets, and a
-static picture of its charts follows them.
+nbviewer, GitHub), shows that rather than "Error displaying widget: model not found". So does a
+background run's, whose end comes long after its cell's: JupyterLab applies a display's update
+whenever it comes (checked in Chromium: tests/test_browser.py), and so does nbclient.
 Above `SUMMARY_ABOVE` ranks the table is `hvd_magic.view.summary`'s summary (counts, progress
 spread, a row per host, outliers pinned), the charts are mean and min-max bands, and one
 `RankPicker` shows any rank's row and log instead of an accordion of a panel per rank.
@@ -234,8 +234,6 @@ class Dashboard:
         self.handle = self.opening.replace_with(self.box)
         if self.handle is None:
             self.handle = display(self.box, display_id=True)
-        if not foreground:  # its end comes after its cell's: an update of its display is lost
-            self.handle = None
 
     def _on_cancel(self, run):
         # Runs in the subshell's thread while the cell runs (the main thread is in the driver loop).
@@ -343,7 +341,7 @@ def _rendition(view, run):
     else:
         logs = "".join(
             f"<details><summary>rank {rank} log</summary>"
-            f"{log_html(run, rank, list(view._tails[rank])[-STATIC_LOG_LINES:], view.verbose)}"
+            f"{log_html(run, rank, view._tails[rank], view.verbose, STATIC_LOG_LINES)}"
             "</details>" for rank in range(run.np))
     markup = (f"<div class='hvd-magic-run' data-run='{_e(run.id)}'>"
               f"<div>{view._header_html(run)}</div>{_notices_html(view._notices)}"

@@ -2,9 +2,10 @@
 what they hold, a rank's log panel, the footer's links to the logs. The dashboard draws them (and
 `hvd_magic.view.summary` its pinned rows and the rank picker's row with them).
 
-Lines are kept raw by the dashboard and shown here: a line's last redraw (``\r``), cut at
-`TAIL_LINE_CHARS`, the C++ libraries' start-up chatter left out unless verbose, and a stack dump
-(the hang watchdog's) never a rank's last line.
+Lines are kept raw by the dashboard and shown here as a terminal would have left them
+(`hvd_magic.lines`: a bar's last redraw, no escape codes), cut at `TAIL_LINE_CHARS`, the C++
+libraries' start-up chatter left out unless verbose, and a stack dump (the hang watchdog's), a
+warning or an advert never a rank's last line while it said anything else.
 
 Not for: widgets, or when anything is redrawn (`hvd_magic.view.dashboard`).
 """
@@ -15,8 +16,9 @@ import re
 
 from ..words import plural
 from ..errors import is_peer_gone
+from ..lines import is_aside, is_warning, last_said, screen
 from .summary import SUMMARY_ABOVE, threads_text
-from .text import is_chatter, visible_text
+from .text import is_chatter
 
 TAIL_LINE_CHARS = 2000     # a longer line is cut in the panel (never in the log on disk)
 LAST_LINE_CHARS = 400      # sent for the last-line cell; the table cuts it to its width
@@ -75,14 +77,14 @@ def row_html(r, tail, verbose=False, columns=COLUMNS):
 
 
 def last_line(tail, verbose=False):
-    """What the last-line column shows of a rank's raw tail of (stream, line): never a stack
-    dump's line, nor a C++ line saying only that a peer went away (both stay in the log)."""
-    for _, line in reversed(tail):
-        shown = _shown(line)
-        if shown.strip() and not is_stack_line(shown) and not is_peer_gone(shown) and \
-                (verbose or not is_chatter(line)):
-            return shown
-    return ""
+    """What the last-line column shows of a rank's raw tail of (stream, line): its newest line's
+    last redraw, escape codes dropped; never a stack dump's line, nor a C++ line saying only that
+    a peer went away (both stay in the log); a warning or an advert only if nothing else is
+    there (`hvd_magic.lines.last_said`)."""
+    def skip(raw, text):
+        return is_stack_line(text) or is_peer_gone(text) or (not verbose and is_chatter(raw))
+
+    return last_said((line for _, line in reversed(tail)), skip)[0][:TAIL_LINE_CHARS]
 
 
 def _cells(r, tail, verbose):
@@ -113,15 +115,18 @@ def _row(r, cells, columns):
                       + f">{cells[name][0]}</td>" for name in columns) + "</tr>")
 
 
-def log_html(run, rank, tail, verbose=False):
-    """A rank's log panel: its tail (chatter left out unless verbose), newest line in view, and
-    a link to the whole log."""
-    tail = [(stream, _shown(line)) for stream, line in tail if verbose or not is_chatter(line)]
+def log_html(run, rank, tail, verbose=False, limit=None):
+    """A rank's log panel: its tail (chatter left out unless verbose) as a terminal would show it
+    (`hvd_magic.lines.screen`: a bar's last redraw, no escape codes), its last `limit` rows,
+    newest in view, and a link to the whole log."""
+    lines = [line for _, line in tail if verbose or not is_chatter(line)]
+    rows = screen(lines)
+    rows = [row[:TAIL_LINE_CHARS] for row in (rows[-limit:] if limit else rows)]
     total = run.ranks[rank].lines
-    shown = (f"last {len(tail)} of {plural(total, 'line')}" if total > len(tail)
+    shown = (f"last {len(rows)} of {plural(total, 'line')}" if total > len(rows)
              else plural(total, "line"))
-    body = "\n".join(f"<span style='color:{_line_colour(text)}'>{_e(text)}</span>"
-                     if stream == "stderr" else _e(text) for stream, text in tail)
+    body = "\n".join(f"<span style='color:{colour}'>{_e(text)}</span>" if colour else _e(text)
+                     for text, colour in zip(rows, _colours(rows)))
     # column-reverse keeps the panel scrolled to its newest line.
     return (f"<div style='font-size:90%;color:#757575'>{shown}; full log: "
             f"{link_html(run.log_path(rank))}</div>"
@@ -130,9 +135,26 @@ def log_html(run, rank, tail, verbose=False):
             f"<pre style='margin:0;white-space:pre-wrap'>{body}</pre></div>")
 
 
-def _line_colour(text):
-    """stderr in red, but a stack dump the watchdog asked for in grey: it is no error."""
-    return "#757575" if is_stack_line(text) else "#c62828"
+def _colours(rows):
+    """Each row's colour, or None. stderr is a rank's output like stdout (Lightning writes all it
+    says there): a Python traceback is red, from its first line to the exception's; a stack dump
+    the watchdog asked for, a warning and an advert are grey (no error, and not the rank's own
+    words)."""
+    colours = []
+    in_traceback = warned = False
+    for text in rows:
+        if text.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+        if in_traceback:
+            colours.append("#c62828")
+            # (the exception's line, the first unindented one after the frames, ends it)
+            in_traceback = text[:1].isspace() or text.startswith("Traceback") or not text
+        elif is_stack_line(text) or is_aside(text) or (warned and text[:1].isspace()):
+            colours.append("#757575")  # (an indented line under a warning: its source line)
+        else:
+            colours.append(None)
+        warned = is_warning(text)
+    return colours
 
 
 def footer_html(run):
@@ -150,11 +172,6 @@ def footer_html(run):
 
 def _e(text):
     return html.escape(str(text), quote=True)
-
-
-def _shown(line):
-    """What a panel shows of a line: its last redraw, cut at TAIL_LINE_CHARS."""
-    return visible_text(line)[:TAIL_LINE_CHARS]
 
 
 def _device(gpus, threads=None):

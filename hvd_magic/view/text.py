@@ -39,19 +39,11 @@ def is_chatter(line):
     return bool(_CXX_INFO.match(line) or _STARTUP.search(line))
 
 
+from ..lines import is_redrawn, visible_text
 from ..words import plural
 from .summary import hosts, is_large, summary_line, threads_text
 from .summary import summary_text as large_summary
 from .charts import summary_text as metrics_summary
-
-
-def visible_text(line):
-    r"""What a terminal shows of a line with carriage returns: the text after the last one.
-
-    A progress bar redrawn with ``\r`` shows as its last state; a trailing ``\r`` (a ``\r\n``
-    line end) is not a redraw.
-    """
-    return line.rstrip("\r").rsplit("\r", 1)[-1]
 
 
 class TextView:
@@ -85,8 +77,8 @@ class TextView:
         if event.get("t") != "lines" or (rank != 0 and is_large(run)):
             return
         out = self.stderr if event.get("stream") == "stderr" else self.stdout
-        text = "".join(f"[rank {rank}] {visible_text(line)}\n" for line in event.get("lines", ())
-                       if self.verbose or not is_chatter(line))
+        text = "".join(f"[rank {rank}] {shown}\n" for shown in _printed(
+            event.get("lines", ()), self.verbose))
         if text:
             out.write(text)
             out.flush()
@@ -129,6 +121,19 @@ class TextView:
         else:
             self.stdout.write(summary_text(run) + metrics_summary(run.ranks))
         self.stdout.flush()
+
+
+def _printed(lines, verbose):
+    """What the text view prints of a rank's lines: each one's last redraw, escape codes dropped
+    (a terminal's cursor is not ours to move, nor a notebook's to draw); not a line the rank
+    wrote over (a nested bar's), one that was only escape codes (rich's cursor shown), or
+    start-up chatter unless verbose."""
+    for line in lines:
+        if not verbose and is_chatter(line) or is_redrawn(line):
+            continue
+        shown = visible_text(line)
+        if shown or not line or line.isspace():
+            yield shown
 
 
 def summary_text(run, per_rank=True):
