@@ -117,3 +117,30 @@ def test_workers_on_another_python(tmp_path):
     assert out["results"] == [2, 2]                # a classic local session too
     assert out["python_exec_after"] == "python3"   # and the user's session is left as it was
     assert "at org.apache" not in stderr and " ERROR " not in stderr, stderr[-5000:]
+
+
+OTHER_VENV = r'''
+import json
+import hvd_magic
+from pyspark.sql import SparkSession
+
+def size():
+    import horovod.torch as hvd
+    hvd.init()
+    return hvd.size()
+
+spark = SparkSession.builder.master("local[2]").getOrCreate()
+out = {"results": hvd_magic.run(size, np=2).results,
+       "python_exec_after": spark.sparkContext.pythonExec}
+spark.stop()
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_workers_on_another_venv_of_the_same_base_python(tmp_path, env_without_horovod):
+    """PYSPARK_PYTHON names another venv of the same base interpreter (its python a link to the
+    same file as ours, without Horovod): a local session's ranks still run this notebook's
+    Python, and the user's session is left as it was."""
+    out, _ = _run(OTHER_VENV, tmp_path, _env(PYSPARK_PYTHON=env_without_horovod))
+    assert out["results"] == [2, 2]
+    assert out["python_exec_after"] == env_without_horovod

@@ -1,6 +1,8 @@
 """The same cell on a real Spark standalone cluster: one master, two workers, four ranks."""
 
+import os
 import signal
+import sys
 
 import pytest
 
@@ -277,10 +279,14 @@ def test_stacks_of_ranks_on_the_clusters_executors(ip, standalone):
 
 
 def test_executors_without_horovod_run_ddp_and_say_what_horovod_needs(ip, standalone,
-                                                                      env_without_horovod):
+                                                                      env_without_horovod,
+                                                                      monkeypatch):
     """A cluster whose executors run a user's own environment (the project's wheel, no Horovod)
     while the notebook has Horovod: a DDP cell runs there; a Horovod cell fails on its ranks
     with a message naming the executors' Python, not this notebook's."""
+    # (session() sets PYSPARK_PYTHON for this process: put back after, or every later session
+    # of this worker, a kernel's it starts too, would run that environment's Python)
+    monkeypatch.setenv("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
     session = standalone.session(python=env_without_horovod)
     try:
         ddp = ("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"

@@ -59,7 +59,7 @@ def execute(kc, code, timeout=120):
         kind, content = msg["msg_type"], msg["content"]
         if kind == "stream":
             text.append(content["text"])
-        elif kind == "execute_result":
+        elif kind in ("execute_result", "display_data"):  # (a Run shows itself as a display)
             text.append(content["data"].get("text/plain", ""))
         elif kind == "error":
             text.append("\n".join(content["traceback"]))

@@ -159,8 +159,15 @@ def wrong_python_message(error, workers_python):
 
 
 def _same_interpreter(command):
+    """Whether `command` runs this very Python, environment and all: a venv's python is a link
+    to its base interpreter, so the same file is not enough; the same folder of it is."""
     found = shutil.which(command)
-    return bool(found) and os.path.realpath(found) == os.path.realpath(sys.executable)
+    if not found:
+        return False
+    here = sys.executable
+    return (os.path.realpath(found) == os.path.realpath(here)
+            and os.path.realpath(os.path.dirname(os.path.abspath(found)))
+            == os.path.realpath(os.path.dirname(os.path.abspath(here))))
 
 
 _WORKERS_PYTHON = threading.Lock()
