@@ -151,7 +151,8 @@ def install(work, wheel):
     python = os.path.join(venv, "bin", "python")
     # The machine's packages seen from the venv (as --system-site-packages would, but from this
     # interpreter's, a venv's or conda's too); the venv's own site-packages, hvd_magic's, first.
-    theirs = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    theirs = subprocess.run([python, "-c", purelib],
                             capture_output=True, text=True, check=True).stdout.strip()
     with open(os.path.join(theirs, "machine.pth"), "w") as f:
         f.write("\n".join(site.getsitepackages()) + "\n")

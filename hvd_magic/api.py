@@ -22,7 +22,7 @@ from .driver.run import DEFAULT_HOROVOD_ENV, DEFAULT_RANK_ENV, Run
 from .launch import make_launcher
 from .config import (DEFAULT_BROADCAST_BYTES, DEFAULT_STALL_TIMEOUT, Placement, RunOptions,
                       check_np, check_together, split)
-from .needs import installed, missing_message
+from .needs import RANKS_HERE, installed, missing_message
 from .payload import cloud_dumps, inband
 from .template import imported_names
 from .words import plural
@@ -166,19 +166,19 @@ def refuse_without_horovod(job, placement, options):
     if installed("horovod"):
         return
     if placement.elastic is not None:
-        raise UsageError(missing_message(
-            "horovod", "--min-np (an elastic run: Horovod's elastic driver runs in this notebook)"))
+        _refuse("--min-np (an elastic run: Horovod's elastic driver runs in this notebook)")
     if not _ranks_run_here(placement):
         return
     uses = sorted(n for n in imported_names(job) if n.split(".")[0] == "horovod")
     what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
     if uses:
-        raise UsageError(missing_message(
-            "horovod", f"This {what} imports {uses[0]}: it", where="this notebook's Python, which the ranks run"))
+        _refuse(f"This {what} imports {uses[0]}: it", where=RANKS_HERE)
     if options.timeline:
-        raise UsageError(missing_message(
-            "horovod", "--timeline (Horovod's timeline, recorded by the ranks)",
-            where="this notebook's Python, which the ranks run"))
+        _refuse("--timeline (Horovod's timeline, recorded by the ranks)", where=RANKS_HERE)
+
+
+def _refuse(needed_by, **where):
+    raise UsageError(missing_message("horovod", needed_by, **where))
 
 
 def refuse_nccl_beyond_gpus(job, placement):
@@ -238,7 +238,7 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
 
     placement = Placement(np, spark=spark, master=master, spark_conf=spark_conf, min_np=min_np)
     if placement.elastic is not None and not installed("horovod"):
-        raise UsageError(missing_message("horovod", "An elastic session (--min-np)"))
+        _refuse("An elastic session (--min-np)")
     launcher = make_launcher(placement, session=True)
     session = Session(launcher, placement,
                       horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},

@@ -30,6 +30,10 @@ HOW = {
 }
 
 
+# where the ranks run this very interpreter (--np -N, a local Spark session)
+RANKS_HERE = "this notebook's Python, which the ranks run"
+
+
 def installed(module):
     """Whether `module`'s top-level package can be imported by this Python."""
     try:

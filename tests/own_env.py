@@ -36,7 +36,8 @@ def make_env(dest, wheel, without=("horovod",)):
     dest = str(dest)
     venv.EnvBuilder(with_pip=False, symlinks=True).create(dest)
     python = os.path.join(dest, "bin", "python")
-    theirs = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    theirs = subprocess.run([python, "-c", purelib],
                             check=True, capture_output=True, text=True).stdout.strip()
     ours = sysconfig.get_path("purelib")
     for name in os.listdir(ours):

@@ -10,7 +10,7 @@ import pickle
 import re
 
 from .postmortem import attach
-from ..needs import missing_message, missing_module
+from ..needs import RANKS_HERE, missing_message, missing_module
 from ..errors import LaunchError, RankError, RunCancelled, RunTimeout, describe_end, is_follow_on
 
 
@@ -109,12 +109,11 @@ def _first_failure(run, failures, infos):
             f"on interface {first.get('iface', '?')} (HOROVOD_GLOO_IFACE), and that "
             f"HOROVOD_GLOO_TIMEOUT_SECONDS covers the ranks' start-up.")
     elif first.get("type") in ("ModuleNotFoundError", "ImportError") and \
-            missing_module(first.get("message")):
+            (package := missing_module(first.get("message"))):
         # an optional package (Horovod, a framework) the rank's Python lacks: which, and how
-        where = ("this notebook's Python, which the ranks run" if run.where == "driver only"
+        where = (RANKS_HERE if run.where == "driver only"
                  else f"the Python of the executor on {first.get('host') or '?'}")
-        first["hint"] = missing_message(missing_module(first.get("message")),
-                                        f"Rank {first['rank']}'s code", where=where,
+        first["hint"] = missing_message(package, f"Rank {first['rank']}'s code", where=where,
                                         python=first.get("python") or None)
     elif first.get("type") in ("ModuleNotFoundError", "ImportError") and run.where != "driver only":
         # The commonest first failure on a real cluster: a package the driver has and the
