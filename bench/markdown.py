@@ -24,6 +24,7 @@ TITLES = {
     "payload": "Payload: call → the cell began on rank 0, for a value of each size",
     "session": "Warm session round trip beside ipyparallel `%%px`",
     "report": "`hvd_magic.report()` per call (ratio: share of a 5 ms step)",
+    "first-cell": "The first `%%horovod --np 2` cell of a new kernel, wall seconds",
     "install": "`pip install` of the wheel into a user's environment, seconds (np: not a run)",
     "reinit": "hvd.init()/shutdown cycles under load; hvd.init() skew",
     "shards": "`--data`: Parquet read directly, converted, beside Spark's Arrow stage and `toPandas()`",

@@ -45,8 +45,12 @@ def spark_session(master=None, conf=None, log_dir="hvd_runs", verbose=False):
     >>> spark = hvd_magic.spark_session("local[2]")
     >>> df = spark.read.parquet("data.parquet")
     """
+    from .launch import prestart
     from .launch.spark import EMBEDDED_MARK, _active_context, embedded_session
 
+    said = prestart.release("hvd_magic.spark_session()")  # (not a session the user can keep)
+    if said:
+        print(said, file=sys.stderr)
     if _active_context() is not None:
         from pyspark.sql import SparkSession
         return SparkSession.builder.getOrCreate()

@@ -16,7 +16,7 @@ FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken 
                   "Connection reset by peer", "Connection closed by peer")
 
 
-_CELL_FRAME = re.compile(r'File "<hvd_magic cell ([^>]+)>", line (\d+)(, in <(?:cell|module)>)?')
+_CELL_FRAME = re.compile(r'File "<hvd_magic cell ([^>]+)>", line (\d+)(, in <module>)?')
 _CELL_FILE = re.compile(r"<hvd_magic cell ([^>]+)>")
 
 
@@ -32,6 +32,26 @@ def debugger_filename(filename):
     return f"<Cell In[{cell[1]}]>" if cell else filename
 
 
+def name_cells_in_warnings():
+    """Python's warnings from a cell's code name the cell as its tracebacks do: ``Cell In[5],
+    line 6: UserWarning: ...`` (not its file name, ``<hvd_magic cell 5>:6: ...``). For a rank
+    process, once; `warnings.showwarning` uses a replaced `warnings.formatwarning`."""
+    import warnings
+
+    plain = warnings.formatwarning
+    if getattr(plain, "names_cells", False):
+        return
+
+    def formatwarning(message, category, filename, lineno, line=None):
+        text = plain(message, category, filename, lineno, line)
+        cell = _CELL_FILE.fullmatch(str(filename))
+        return text.replace(f"{filename}:{lineno}:", f"Cell In[{cell[1]}], line {lineno}:", 1) \
+            if cell else text
+
+    formatwarning.names_cells = True
+    warnings.formatwarning = formatwarning
+
+
 # A cell runs as the body of a function (`hvd_magic.capture.cell`), so what it defines is named
 # after that function: ``<function __cell__.<locals>.step>``, ``hvd_magic_cell.__cell__.<locals>.
 # ShapeError: ...``. In a plain cell the same reads ``step``, ``ShapeError``.
@@ -45,7 +65,7 @@ def unwrap_names(text):
 
 def name_cells(traceback_text):
     """A formatted traceback with each cell frame named as IPython names a cell's frames:
-    ``File "<hvd_magic cell 5>", line 6, in <cell>`` becomes ``Cell In[5], line 6`` (the
+    ``File "<hvd_magic cell 5>", line 6, in <module>`` becomes ``Cell In[5], line 6`` (the
     function's name stays where it is one the user wrote: ``Cell In[5], line 3, in train``),
     and what the cell defines by its own name (`unwrap_names`)."""
     return unwrap_names(_CELL_FRAME.sub(lambda m: f"Cell In[{m[1]}], line {m[2]}", traceback_text))

@@ -25,11 +25,12 @@ _MOVE = re.compile(r"\x1b\[(\d*)([ABK])")
 # A line that ends by moving the cursor up: the next line is written over it (tqdm's nested bar).
 _ENDS_UP = re.compile(r"\x1b\[\d*A[\r\s]*$")
 
-# Python's warnings (``file.py:21: DeprecationWarning: ...``, ``<hvd_magic cell 1>:4: ...``;
+# Python's warnings (``file.py:21: DeprecationWarning: ...``, ``Cell In[1], line 4: ...``;
 # Lightning's own format leaves the category out: ``_pytree.py:21: `isinstance(...)` is
 # deprecated``), a bare ``UserWarning: ...``, and libraries' adverts (Lightning's "💡 Tip: ..."):
 # a rank's last line only if nothing else is.
-_WARNING = re.compile(r"(?:\S.*?\.py|<[^>]+>):\d+: |\S.*?:\d+: \w*Warning: |\w*Warning: ")
+_WARNING = re.compile(r"(?:\S.*?\.py|<[^>]+>):\d+: |\S.*?:\d+: \w*Warning: |\w*Warning: "
+                      r"|Cell In\[\d+\], line \d+: \w*Warning: ")
 _ADVERT = re.compile(r"\s*💡")
 
 

@@ -22,6 +22,10 @@ TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):  # drivers; masters and workers
     os.environ.setdefault(_variable, TEST_JVM_OPTIONS)
 
+# `%load_ext hvd_magic` starts an embedded Spark session in the background; the suite's shells and
+# kernels start (or share) the sessions each test asks for instead. test_prestart.py turns it on.
+os.environ.setdefault("HVD_MAGIC_PRESTART", "0")
+
 ALLREDUCE_CELL = """\
 import torch, horovod.torch as hvd
 hvd.init()

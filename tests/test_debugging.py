@@ -264,10 +264,10 @@ def test_debug_after_a_rank_failed_opens_its_frames_with_their_locals(ip, capsys
     monkeypatch.setattr(sys, "stdin", io.StringIO("where\nup\np step\nq\n"))
     ip.run_line_magic("debug", "")
     out = capsys.readouterr().out
-    assert "train_step()" in out and "<cell>()" in out and "\n5\n" in out.replace("ipdb> ", "\n"), out
+    assert "train_step()" in out and "<module>()" in out and "\n5\n" in out.replace("ipdb> ", "\n"), out
 
     error = hvd_magic.last_run().error
-    assert [f.name for f in error.frames] == ["<cell>", "train_step", "scale_batch"]
+    assert [f.name for f in error.frames] == ["<module>", "train_step", "scale_batch"]
     assert error.frames[-1].locals["factor"] == 2
 
 
@@ -349,7 +349,7 @@ def test_a_cell_has_one_name_and_its_wrapper_none_in_what_a_person_reads(ip, cap
     monkeypatch.setattr(sys, "stdin", io.StringIO("where\np model\np model.width\nup\np check\nq\n"))
     ip.run_line_magic("debug", "")
     out = capsys.readouterr().out
-    assert f"{cell}(10)check()" in out and f"{cell}(11)<cell>()" in out, out
+    assert f"{cell}(10)check()" in out and f"{cell}(11)<module>()" in out, out
     assert "<Model object at" in out and "<function check at" in out, out
     assert "\n4\n" in out.replace("ipdb> ", "\n"), out  # model.width
     assert "hvd_magic cell" not in out and "__cell__" not in out, out

@@ -132,6 +132,106 @@ def test_interrupt_while_spark_starts_then_verbose_shows_the_jvm(fresh_kernel):
     assert "Setting default log level" in text_output(messages)
 
 
+# -- the session started when the extension loads (`hvd_magic.launch.prestart`) ---------------------
+
+def prestarted_kernel(cwd, **env):
+    return Kernel(cwd, env={"HVD_MAGIC_PRESTART": "1", **env})
+
+
+def java_pids(kernel):
+    return [p.pid for p in kernel_children(kernel) if p.name() == "java"]
+
+
+def gated_java(folder):
+    """A JAVA_HOME whose java waits for the file `folder`/go before it starts: a JVM start that
+    lasts until the test says (Spark's launcher runs $JAVA_HOME/bin/java)."""
+    java = folder / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(f"#!/bin/bash\nwhile [ ! -e {folder / 'go'} ]; do sleep 0.05; done\n"
+                    f"exec {os.path.realpath(shutil.which('java'))} \"$@\"\n")
+    java.chmod(0o755)
+    return folder / "jdk", folder / "go"
+
+
+def test_spark_starts_when_the_extension_loads_and_the_first_cell_finds_it(tmp_path):
+    kernel = prestarted_kernel(tmp_path)
+    try:
+        said = text_output(kernel.load_messages)
+        assert "starting Spark (local[4]) in the background" in said
+        assert "HVD_MAGIC_PRESTART=0" in said  # how to turn it off
+        assert kernel.value("hvd_magic.launch.prestart.current().wait() is not None")
+        [jvm] = java_pids(kernel)
+        reply, messages = kernel.execute(FIRST_CELL)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        shown = everything_shown(messages)
+        assert "says hello" in shown and "starting Spark" not in shown  # nothing left to wait for
+        assert java_pids(kernel) == [jvm]  # the run kept the session started at load
+        [log] = glob.glob(str(tmp_path / "hvd_runs" / "spark-*.log"))
+        [run_dir] = [p for p in (tmp_path / "hvd_runs").iterdir() if p.is_dir()]
+        assert json.load(open(run_dir / "run.json"))["spark_log"] == log
+        assert kernel.value(
+            "__import__('pyspark').sql.SparkSession.getActiveSession() is not None")
+    finally:
+        kernel.close()
+
+
+def test_cancel_while_the_start_begun_at_load_goes_on_leaves_no_process(tmp_path):
+    java_home, go = gated_java(tmp_path)
+    kernel = prestarted_kernel(tmp_path, JAVA_HOME=str(java_home))
+    try:
+        cancel = CancelOnShow(kernel)
+
+        def cancel_then_let_java_start(msg):
+            cancel(msg)
+            if cancel.clicked:
+                go.touch()  # (a JVM still on its way up cannot be stopped; it is once it is up)
+
+        reply, messages = kernel.execute(CANCEL_CELL, on_message=cancel_then_let_java_start)
+        assert "starting Spark (local[4]), begun when hvd_magic loaded" in cancel.shown
+        assert reply["content"]["ename"] == "RunCancelled"
+        assert "while starting Spark" in reply["content"]["evalue"]
+        assert "this never runs" not in text_output(messages)
+        assert kernel_children(kernel) == []  # no JVM, no Python worker, no rank
+        reply, messages = kernel.execute(FIRST_CELL)  # the next cell starts Spark afresh
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert "says hello" in everything_shown(messages)
+    finally:
+        kernel.close()
+
+
+OWN_SESSION = """\
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[1]").config("spark.driver.memory", "600m").getOrCreate()
+jvm = spark.sparkContext._jvm
+(spark.sparkContext.master, jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20)
+"""
+
+
+def test_a_cell_that_builds_its_own_session_gets_the_session_it_asked_for(tmp_path):
+    kernel = prestarted_kernel(tmp_path)  # (its start still under way when the cell comes)
+    try:
+        reply, messages = kernel.execute(OWN_SESSION)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        [value] = [m["content"]["data"]["text/plain"] for m in messages
+                   if m["msg_type"] == "execute_result"]
+        master, heap_mb = eval(value)
+        assert master == "local[1]"  # not the local[4] begun at load
+        assert heap_mb < 1024  # a JVM launched with its memory setting (Java's default: 1 GB)
+        assert "stopped the Spark session it started in the background" in text_output(messages)
+        assert len(java_pids(kernel)) == 1
+    finally:
+        kernel.close()
+
+
+def test_no_session_is_begun_where_the_user_chooses_or_cannot_have_one():
+    from hvd_magic.launch.prestart import why_not
+    java = {"PATH": os.environ["PATH"]}
+    assert why_not({}, dict(java, HVD_MAGIC_PRESTART="0")) == "HVD_MAGIC_PRESTART=0"
+    assert why_not({}, dict(java, SPARK_REMOTE="sc://host")) == "the platform's own session"
+    assert why_not({}, dict(java, DATABRICKS_RUNTIME_VERSION="15.4")) is not None
+    assert why_not({}, {"PATH": "/nowhere"}) == "no Java"
+
+
 def test_make_demo_prints_the_notebook_and_no_warnings(tmp_path):
     """What `make demo` runs, in a fresh folder: its whole output, stdout and stderr."""
     shutil.copy(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), tmp_path)

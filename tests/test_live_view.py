@@ -24,12 +24,13 @@ ROW = re.compile(r"<tr data-rank='(\d+)' data-state='([^']*)' data-step='([^']*)
 class Kernel:
     """A real IPython kernel (the venv's python3 kernelspec) with hvd_magic loaded."""
 
-    def __init__(self, cwd):
+    def __init__(self, cwd, env=None):
         from jupyter_client.manager import start_new_kernel
-        env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
+        env = {k: v for k, v in dict(os.environ, **(env or {})).items()
+               if k != "HVD_MAGIC_NO_WIDGETS"}
         self.cwd = cwd
         self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(cwd), env=env)
-        reply, _ = self.execute("%load_ext hvd_magic\nimport hvd_magic")
+        reply, self.load_messages = self.execute("%load_ext hvd_magic\nimport hvd_magic")
         assert reply["content"]["status"] == "ok"
 
     def execute(self, code, on_message=None, timeout=300):

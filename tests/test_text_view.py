@@ -165,7 +165,7 @@ def test_a_log_is_shown_as_the_rows_a_terminal_shows():
 
 
 WARNING = ["/site-packages/lightning/pytorch/utilities/_pytree.py:21: `isinstance(treespec, "
-           "LeafSpec)` is deprecated", "<hvd_magic cell 3>:4: UserWarning: this API is old",
+           "LeafSpec)` is deprecated", "Cell In[3], line 4: UserWarning: this API is old",
            '  warnings.warn("this API is old", UserWarning)']
 
 
@@ -174,12 +174,20 @@ WARNING = ["/site-packages/lightning/pytorch/utilities/_pytree.py:21: `isinstanc
     (["epoch 3: loss 0.25", "\U0001f4a1 Tip: try our cloud", "\x1b[?25h"],
      ("epoch 3: loss 0.25", False)),
     (["  indented, the rank's own"], ("  indented, the rank's own", False)),
-    (WARNING, ("<hvd_magic cell 3>:4: UserWarning: this API is old", True)),  # nothing else
+    (WARNING, ("Cell In[3], line 4: UserWarning: this API is old", True)),  # nothing else
     (["\x1b[?25l", "\r\x1b[2KEpoch 0 1/2\r\x1b[2KEpoch 0 2/2", "\x1b[?25h"],
      ("Epoch 0 2/2", False)),
 ])
 def test_a_warning_or_an_advert_is_a_last_line_only_when_nothing_else_is(lines, shown):
     assert last_said(reversed(lines)) == shown
+
+
+def test_a_cells_warning_names_the_cell_as_its_traceback_does(ip, capsys):
+    ip.run_cell_magic("horovod", "--np -1", "import warnings\nwarnings.warn('this API is old')\n")
+    err = capsys.readouterr().err
+    # (line 3 of the cell as the notebook shows it, under its %%horovod line)
+    assert re.search(r"Cell In\[\d+\], line 3: UserWarning: this API is old", err), err
+    assert "hvd_magic cell" not in err
 
 
 def test_the_drivers_last_line_is_not_taken_by_a_later_warning():

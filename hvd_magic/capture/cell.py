@@ -3,7 +3,7 @@
 The cell's text goes through IPython's own transforms (so ``!cmd`` lines work), is parsed once
 (a `SyntaxError` points at the cell's own line), and is spliced into
 
-    def <cell>(name_a, name_b, ...):      # notebook values the cell reads, passed by value
+    def cell(name_a, name_b, ...):        # notebook values the cell reads, passed by value
         import numpy as np                # notebook imports the cell uses, re-imported on the rank
         from math import sqrt
         ...the cell's statements...
@@ -368,8 +368,9 @@ def capture_cell(cell, namespace, *, cell_id="0", first_line=1, export=(), hidde
     namespace_for_fn = {"__builtins__": builtins, "__name__": "hvd_magic_cell"}
     exec(compile(module, filename, "exec"), namespace_for_fn)
     fn = namespace_for_fn[CELL_FUNCTION]
-    fn.__code__ = fn.__code__.replace(co_name="<cell>", co_qualname="<cell>") \
-        if sys.version_info >= (3, 11) else fn.__code__.replace(co_name="<cell>")
+    # Its frame reads as a plain cell's does, in tracebacks and debuggers: ``<module>``.
+    fn.__code__ = fn.__code__.replace(co_name="<module>", co_qualname="<module>") \
+        if sys.version_info >= (3, 11) else fn.__code__.replace(co_name="<module>")
     fn.__qualname__ = fn.__name__ = "cell"
     return CellFunction(fn=fn, filename=filename, source=source, values=values, imports=imports,
                         export=tuple(export), quiet=semicolon_at_end(cell))

@@ -40,7 +40,7 @@ def place(frame):
     filename, lineno, name = frame[0], frame[1], frame[2]
     if filename.startswith(_CELL):
         where = f"Cell In[{filename[len(_CELL):].rstrip('>')}], line {lineno}"
-        return where if name in ("<cell>", "<module>") else f"{where}, in {name}"
+        return where if name == "<module>" else f"{where}, in {name}"
     return f"{os.path.basename(filename)}:{lineno} in {name}"
 
 

@@ -75,7 +75,7 @@ class ConnectLauncher(Launcher):
         self._cancelled = False
 
     def prepare(self, np):
-        from .spark import local_slots
+        from .sparkstart import local_slots
 
         conf = self.session.conf
         self.master = conf.get("spark.master", None)
@@ -112,7 +112,7 @@ class ConnectLauncher(Launcher):
         return _local_ip_towards(_resolve(host))
 
     def use_data(self, df, np, cache=None):
-        from .spark import local_slots
+        from .sparkstart import local_slots
 
         self._set_phase("planning the --data DataFrame's shards")
         try:
@@ -194,7 +194,7 @@ def local_server_python(master):
 def _local_server_env(master):
     """The environment of the JVM that serves pyspark's in-process local Connect session of
     `master` (a live, writable ``java.util.Map``), or None for any other server."""
-    from .spark import local_slots
+    from .sparkstart import local_slots
 
     if "SPARK_LOCAL_REMOTE" not in os.environ or not master or local_slots(master) is None:
         return None

@@ -30,62 +30,9 @@ from ..task import spark_task
 from ..task.threads import executor_cores
 from .base import Launcher
 from ..data.frames import check_data, data_plan
-from .sparkstart import SparkStart
-
-EMBEDDED_MARK = "spark.hvd_magic.embedded"
-_LOG4J = os.path.join(os.path.dirname(__file__), "log4j2.properties")
-
-
-def _active_context():
-    from pyspark import SparkContext
-    return SparkContext._active_spark_context
-
-
-def embedded_settings(np, conf=None, master=None):
-    """The settings of the session we run on when the user has none: local[N], at least N slots."""
-    slots = max(np, os.cpu_count() or 1, 4)
-    # PySpark starts its workers with $PYSPARK_PYTHON (default: whatever python3 is on PATH);
-    # ours must be this very interpreter, which has torch, horovod and hvd_magic.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    settings = {
-        "spark.master": master or f"local[{slots}]",
-        "spark.app.name": "hvd_magic",
-        EMBEDDED_MARK: "true",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{_LOG4J}",
-        "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile=file:{_LOG4J}",
-    }
-    if master is None or master.startswith("local"):
-        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
-    settings.update({key: str(value) for key, value in (conf or {}).items()})
-    return settings
-
-
-def embedded_session(np, conf=None, master=None, log_dir="hvd_runs", verbose=False):
-    """Start the embedded session now (the JVM's output to log_dir/spark-<time>.log)."""
-    return _quiet(SparkStart(embedded_settings(np, conf, master), log_dir, verbose).session())
-
-
-def _quiet(session):
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
-def local_slots(master):
-    """Task slots of a local master string, or None when it is not local."""
-    if master == "local":
-        return 1
-    m = re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", master)
-    if m:
-        return os.cpu_count() if m.group(1) == "*" else int(m.group(1))
-    m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
-    if m:
-        return int(m.group(1)) * int(m.group(2))
-    return None
-
+from .prestart import adopt as adopt_prestart
+from .sparkstart import (EMBEDDED_MARK, SparkStart, _active_context, _quiet,  # noqa: F401
+                         embedded_session, embedded_settings, local_slots)
 
 def cluster_slots(sc):
     """How many tasks of the default resource profile can run at once right now."""
@@ -219,6 +166,7 @@ class SparkLauncher(Launcher):
         """Find or start the session and check it can hold N ranks at once."""
         if self.session is None:
             from pyspark.sql import SparkSession
+            self._adopt_prestart(np)
             if _active_context() is not None:
                 session = SparkSession.builder.getOrCreate()
                 ours = session.sparkContext.getConf().get(EMBEDDED_MARK) == "true"
@@ -244,6 +192,31 @@ class SparkLauncher(Launcher):
                 "executors), or make the run elastic (--min-np M), whose ranks are plain tasks.")
         self._set_phase(None)
         return self.session
+
+    def _adopt_prestart(self, np):
+        """Wait for the session the extension began starting when it loaded, and keep it."""
+        start = adopt_prestart()
+        if start is None:
+            return
+        if self.master is not None or start.conf != dict(self.conf):
+            start.cancel()  # not the session this run asks for
+            return
+        self._note_shared_cores(start.master, np)
+        if start.wait(0) is None:
+            self._set_phase(f"starting Spark ({start.master}), begun when hvd_magic loaded")
+        self._starting = start.start
+        if self._cancelled:
+            start.start.cancel()
+        try:
+            session = start.wait()
+        finally:
+            self._starting = None
+        if self._cancelled:
+            start.cancel()
+            raise start.start.cancelled_error()
+        if session is not None:  # (else it failed: the run starts its own, and says why)
+            self._started_here = True  # (no second note on shared cores)
+            self.log_path = start.start.log_path
 
     def _start_session(self, np, master):
         settings = embedded_settings(np, self.conf, master)

@@ -16,11 +16,15 @@ that JVM, so that nothing is left running. Only that case tears PySpark's gatewa
 started on a JVM that was already there is stopped once it is up, and the JVM stays, as PySpark
 leaves it after any ``spark.stop()``.
 
+Also the settings of that session (`embedded_settings`: local[N], UI off, workers on this Python)
+and what a master string says of its slots (`local_slots`).
+
 Not for: choosing a session or checking its slots (`hvd_magic.launch.spark`).
 """
 
 import datetime
 import os
+import re
 import sys
 import threading
 import warnings
@@ -28,6 +32,61 @@ import warnings
 from ..errors import LaunchError, RunCancelled
 
 JVM_STOP_SECONDS = 10  # SIGTERM lets Spark's shutdown hooks remove its temporary folders
+
+EMBEDDED_MARK = "spark.hvd_magic.embedded"
+_LOG4J = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+
+
+def _active_context():
+    from pyspark import SparkContext
+    return SparkContext._active_spark_context
+
+
+def embedded_settings(np, conf=None, master=None):
+    """The settings of the session we run on when the user has none: local[N], at least N slots."""
+    slots = max(np, os.cpu_count() or 1, 4)
+    # PySpark starts its workers with $PYSPARK_PYTHON (default: whatever python3 is on PATH);
+    # ours must be this very interpreter, which has torch, horovod and hvd_magic.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings = {
+        "spark.master": master or f"local[{slots}]",
+        "spark.app.name": "hvd_magic",
+        EMBEDDED_MARK: "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{_LOG4J}",
+        "spark.executor.extraJavaOptions": f"-Dlog4j.configurationFile=file:{_LOG4J}",
+    }
+    if master is None or master.startswith("local"):
+        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+    settings.update({key: str(value) for key, value in (conf or {}).items()})
+    return settings
+
+
+def embedded_session(np, conf=None, master=None, log_dir="hvd_runs", verbose=False):
+    """Start the embedded session now (the JVM's output to log_dir/spark-<time>.log)."""
+    return _quiet(SparkStart(embedded_settings(np, conf, master), log_dir, verbose).session())
+
+
+def _quiet(session):
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def local_slots(master):
+    """Task slots of a local master string, or None when it is not local."""
+    if master == "local":
+        return 1
+    m = re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", master)
+    if m:
+        return os.cpu_count() if m.group(1) == "*" else int(m.group(1))
+    m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    return None
+
 
 
 class SparkStart:
@@ -41,6 +100,7 @@ class SparkStart:
         self._lock = threading.Lock()
         self._cancelled = False
         self._gateway = None         # the gateway this start launched, while it may be undone
+        self._launched = None        # the gateway this start launched, for good (`end_jvm`)
 
     def session(self):
         """The started SparkSession; `RunCancelled` if `cancel` was called meanwhile."""
@@ -58,7 +118,7 @@ class SparkStart:
         except Exception:
             if self._cancelled:  # the JVM was stopped under it: that is the cancel
                 self._undo()
-                raise self._cancelled_error() from None
+                raise self.cancelled_error() from None
             raise
         with self._lock:
             if self._cancelled:
@@ -66,7 +126,7 @@ class SparkStart:
                     warnings.simplefilter("ignore")
                     context.stop()
                 self._undo()
-                raise self._cancelled_error()
+                raise self.cancelled_error()
             self._gateway = None  # PySpark's own from now on
         return SparkSession.builder.getOrCreate()
 
@@ -105,37 +165,47 @@ class SparkStart:
                 raise LaunchError(f"Spark's JVM did not start ({exc}). It said, in "
                                   f"{self.log_path}:\n{_tail(self.log_path)}") from None
         with self._lock:
-            self._gateway = gateway
+            self._gateway = self._launched = gateway
             cancelled = self._cancelled
         if cancelled:  # cancelled while the JVM came up (launch_gateway cannot be interrupted)
             self._undo()
-            raise self._cancelled_error()
+            raise self.cancelled_error()
         return gateway
+
+    def end_jvm(self):
+        """End the JVM this start launched, once its session is stopped (a later session then
+        launches a JVM of its own, with its own launch settings)."""
+        _end_gateway(self._launched)
+        self._launched = None
 
     def _undo(self):
         """End the JVM this start launched, and let PySpark launch a fresh one next time."""
-        from pyspark import SparkContext
-
         gateway, self._gateway = self._gateway, None
-        if gateway is None:
-            return
-        try:
-            gateway.shutdown()
-        except Exception:  # the JVM is gone already; its sockets with it
-            pass
-        _end_process(gateway.proc)
-        # PySpark has no call to drop a gateway; left in place, a dead one would make every later
-        # start in this kernel fail. These are the class attributes launch_gateway's caller sets.
-        with SparkContext._lock:
-            if SparkContext._gateway is gateway:
-                SparkContext._gateway = None
-                SparkContext._jvm = None
+        _end_gateway(gateway)
 
-    def _cancelled_error(self):
+    def cancelled_error(self):
         where = self.settings.get("spark.master", "Spark")
         return RunCancelled(
             f"Cancelled while starting Spark ({where}): no rank was started and the Spark it was "
             "starting was stopped. Run the cell again to start it.")
+
+
+def _end_gateway(gateway):
+    from pyspark import SparkContext
+
+    if gateway is None:
+        return
+    try:
+        gateway.shutdown()
+    except Exception:  # the JVM is gone already; its sockets with it
+        pass
+    _end_process(gateway.proc)
+    # PySpark has no call to drop a gateway; left in place, a dead one would make every later
+    # start in this kernel fail. These are the class attributes launch_gateway's caller sets.
+    with SparkContext._lock:
+        if SparkContext._gateway is gateway:
+            SparkContext._gateway = None
+            SparkContext._jvm = None
 
 
 def _tail(path, lines=20):

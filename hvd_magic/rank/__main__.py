@@ -18,7 +18,7 @@ import sys
 import traceback
 
 from .. import payload
-from ..errors import name_cells
+from ..errors import name_cells, name_cells_in_warnings
 from . import keras_alias, reporting, script, stacks, stall, stream, torch_store, trainers
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
@@ -50,8 +50,9 @@ def _on_stop(signum, frame):
 
 
 def _register_source(filename, source):
-    # The cell's code was compiled on the driver; give tracebacks its text here too.
+    # The cell's code was compiled on the driver; give tracebacks and warnings its text here too.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    name_cells_in_warnings()
 
 
 def _users_tb(exc):
@@ -148,7 +149,7 @@ def main(workdir):
         _register_source(filename, source)
     install_modules(job.get("modules"), os.path.join(workdir, "modules"))
     stream.use_plan(job.get("data"))  # --data: what hvd_magic.shard() and the batches read
-    reporting.state("running")
+    reporting.state("running", fresh=reporting.fresh())
     try:
         fn = pickle.loads(job["fn"])
         args = [pickle.loads(b) for b in job["args"]]

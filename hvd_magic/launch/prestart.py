@@ -1,0 +1,148 @@
+"""The embedded Spark session, started in the background when the extension loads.
+
+Starting Spark takes the first ``%%horovod --np N`` cell of a kernel several seconds (the JVM,
+the SparkContext, Spark's first Python worker). `begin`, called by ``%load_ext hvd_magic``, does
+that in a thread instead, so that a first cell typed a few seconds later finds the session ready;
+the cell that needs it first waits for the rest (`SparkLauncher` adopts it, and its Cancel ends
+the start). Nothing is started where a session is the user's to choose: a SparkContext or a
+Spark Connect session already there, Databricks, no Java, no pyspark, or
+``HVD_MAGIC_PRESTART=0``.
+
+PySpark hands an active session to every ``SparkSession.builder.getOrCreate()``, whatever master
+or settings the builder names. So until a run has used it, the session is given up (its JVM too,
+so that settings read at the JVM's launch count, ``spark.driver.memory`` or packages) before
+a cell that makes a session of its own runs (`release`), and `hvd_magic.spark_session` does the
+same. A session made in a module the cell calls is not seen: the line said at load tells how to
+turn the start off.
+
+Not for: the start itself (`sparkstart.SparkStart`) or choosing a session for a run
+(`spark.SparkLauncher`).
+"""
+
+import os
+import re
+import shutil
+import sys
+import threading
+
+ENV = "HVD_MAGIC_PRESTART"
+# A cell that makes its own Spark session, in the notebook (a cell magic's body runs elsewhere).
+_OWN_SESSION = re.compile(r"SparkSession\s*\.\s*builder|\bSparkContext\s*\(|\bSparkConf\s*\(")
+
+_current = None  # the Prestart of this process, until a run adopts it or it is given up
+
+
+def why_not(user_ns=None, environ=os.environ):
+    """Why no session is started in the background here (a few words), or None: start one."""
+    if environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV}=0"
+    if environ.get("DATABRICKS_RUNTIME_VERSION") or environ.get("SPARK_REMOTE"):
+        return "the platform's own session"
+    from ..needs import installed
+    if not installed("pyspark"):
+        return "no pyspark"
+    if not (shutil.which("java", path=environ.get("PATH")) or environ.get("JAVA_HOME")):
+        return "no Java"
+    if "pyspark.sql.connect.session" in sys.modules:  # a Connect session was made here
+        return "Spark Connect is used"
+    if "pyspark" in sys.modules:  # (not imported yet: no session can exist)
+        from .sparkstart import _active_context
+        if _active_context() is not None:
+            return "a Spark session is active"
+    if any(type(value).__module__.startswith("pyspark.sql.connect")
+           for value in (user_ns or {}).values()):
+        return "a Spark Connect session is active"
+    return None
+
+
+class Prestart:
+    """One background start of the embedded session: `spark.embedded_settings` of `np` ranks and
+    the user's `conf` (HorovodMagics.spark_conf)."""
+
+    def __init__(self, np, conf, log_dir):
+        # Imported here, in the notebook's thread: a cell importing pyspark while the thread below
+        # does would find it partly initialised (pyspark and pyspark.sql import each other).
+        import pyspark.sql  # noqa: F401
+        from .sparkstart import SparkStart, embedded_settings
+
+        self.conf = dict(conf)
+        settings = embedded_settings(np, self.conf)
+        self.master = settings["spark.master"]
+        self.start = SparkStart(settings, log_dir)
+        self.session = None
+        self.error = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hvd-magic-spark-prestart",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        from .sparkstart import _quiet, local_slots
+        try:
+            self.session = _quiet(self.start.session())
+            # Spark's Python worker daemon starts with the first job: start it now too.
+            slots = local_slots(self.master) or 1
+            self.session.sparkContext.parallelize(range(slots), slots).count()
+        except BaseException as exc:  # cancelled, or no Java after all: a run starts its own
+            self.error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, timeout=None):
+        """The session once started (None if the start failed or was cancelled)."""
+        self._done.wait(timeout)
+        return self.session if self._done.is_set() else None
+
+    def cancel(self):
+        """End the start, or the started session and its JVM: nothing of it is left running."""
+        self.start.cancel()
+        self._done.wait()
+        if self.session is not None:
+            self.session.stop()
+            self.start.end_jvm()
+            self.session = None
+
+
+def begin(user_ns=None, np=2, conf=None, log_dir="hvd_runs"):
+    """Start the embedded session in the background unless `why_not`; the line to say, or None."""
+    global _current
+    if _current is not None or why_not(user_ns) is not None:
+        return None
+    _current = Prestart(np, conf or {}, log_dir)
+    return (f"hvd_magic: starting Spark ({_current.master}) in the background for "
+            f"%%horovod --np N; a cell that builds its own SparkSession stops it first. "
+            f"{ENV}=0 turns this off.")
+
+
+def current():
+    """The background start no run has adopted yet, or None."""
+    return _current
+
+
+def adopt():
+    """The background start for a run to wait on and keep (None if there is none): from now on
+    the session is the run's, as if that run had started it."""
+    global _current
+    start, _current = _current, None
+    return start
+
+
+def release(reason):
+    """Give up a background start no run has adopted (`reason`: what wants its own session);
+    the line to say, or None if there was none."""
+    global _current
+    start, _current = _current, None
+    if start is None:
+        return None
+    start.cancel()
+    return f"hvd_magic: stopped the Spark session it started in the background, for {reason}."
+
+
+def before_cell(info):
+    """IPython's pre_run_cell event: a notebook cell that makes its own Spark session."""
+    source = getattr(info, "raw_cell", "") or ""
+    if _current is None or source.lstrip().startswith("%%") or not _OWN_SESSION.search(source):
+        return
+    said = release("this cell's own SparkSession")
+    if said:
+        print(said, file=sys.stderr)
