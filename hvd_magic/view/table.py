@@ -44,6 +44,7 @@ _STACK_LINE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ \(most recen
 _STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
                  "cancelled": "#757575", "stopped": "#757575", "running": "#1565c0", "starting": "#6a1b9a",
                  "preparing": "#6a1b9a"}
+LINK_COLOUR = "var(--jp-content-link-color, #1976d2)"
 
 
 def is_stack_line(line):
@@ -207,4 +208,6 @@ def _metrics_text(metrics):
 def link_html(path, text=None):
     """A link relative to the kernel's folder, which JupyterLab resolves against the notebook's."""
     rel = os.path.relpath(path)
-    return f"<a href='{_e(rel)}' target='_blank'>{_e(text or os.path.basename(path))}</a>"
+    # (coloured here: JupyterLab colours the links of an output's HTML, not a widget's)
+    return (f"<a href='{_e(rel)}' target='_blank' style='color:{LINK_COLOUR}'>"
+            f"{_e(text or os.path.basename(path))}</a>")
