@@ -11,6 +11,8 @@ and what a cell defines by the name the user gave it (`unwrap_names`: ``Model``,
 import re
 import sys
 
+from .words import size
+
 FOLLOW_ON_TYPES = {"HorovodInternalError", "HorovodShutdownError"}
 FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken pipe",
                   "Connection reset by peer", "Connection closed by peer")
@@ -100,6 +102,12 @@ def describe_end(info):
     if info.get("type"):
         message = unwrap_names(info.get("message", "")).strip().splitlines()
         return f"{info['type']}: {message[0] if message else ''}".rstrip(": ")
+    if info.get("oom"):
+        oom = info["oom"]
+        whose = "its cgroup's" if oom.get("limit_of") == "cgroup" else "the host's memory"
+        return (f"out of memory: killed by {oom.get('by', 'the OOM killer')} at "
+                f"{size(oom.get('peak') or 0)} (its limit: {size(oom.get('limit') or 0)}, "
+                f"{whose})")
     if info.get("signal"):
         return f"killed by {info['signal']}"
     if info.get("status") == "stopped":

@@ -76,6 +76,8 @@ def apply_event(run, event, request_stop):
     elif kind == "file" and event.get("kind") in FOLDER_KINDS:
         root = run.tensorboard if event["kind"] == "tensorboard" else None
         run.folder.receive_file_of_folder(rank, event, root)
+    elif kind == "resources":
+        r.usage.add(event)
     elif kind == "blocked":
         seconds = event.get("seconds")
         r.blocked_since = time.monotonic() - (seconds if isinstance(seconds, (int, float)) else 0)
@@ -93,7 +95,7 @@ def apply_event(run, event, request_stop):
             run.elastic.lost(run, r, event)  # the others go on without it
         elif status not in ("ok", "stopped", "lost"):
             run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
-    recorded = kind not in ("lines", "file")
+    recorded = kind not in ("lines", "file", "resources")  # (resources: kept in r.usage)
     if recorded:
         run.folder.record(event)
     if run.view is not None:

@@ -108,6 +108,12 @@ def _first_failure(run, failures, infos):
             f"calls hvd.init(), that the executors can reach that address and each other "
             f"on interface {first.get('iface', '?')} (HOROVOD_GLOO_IFACE), and that "
             f"HOROVOD_GLOO_TIMEOUT_SECONDS covers the ranks' start-up.")
+    elif first.get("oom"):
+        first["hint"] = (
+            f"Rank {first['rank']} needed more memory than it had. Run fewer ranks a host "
+            "(--np), a smaller batch or model, or give it more memory: on Spark, the executors' "
+            "(spark.executor.memory, and the container's limit); on this machine, fewer ranks "
+            "at once. Each rank's memory is in the dashboard and in run.resources.")
     elif first.get("type") in ("ModuleNotFoundError", "ImportError") and \
             (package := missing_module(first.get("message"))):
         # an optional package (Horovod, a framework) the rank's Python lacks: which, and how

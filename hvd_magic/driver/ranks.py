@@ -3,6 +3,7 @@
 import time
 
 from .metrics import MetricHistory
+from .usage import Usage
 
 # States in which a rank has not ended yet.
 LIVE_STATES = ("pending", "starting", "rendezvous", "running")
@@ -24,6 +25,7 @@ class RankState:
         self.total = None
         self.metrics = {}           # the latest value of each metric
         self.history = MetricHistory()  # every [step, {metric: value}] reported, in columns
+        self.usage = Usage()        # its CPU, memory and GPUs, sampled by its task (usage.py)
         self.last_line = ""
         self.lines = 0
         self.exit = None     # {"code", "status", "summary"} once the rank ended
@@ -33,8 +35,9 @@ class RankState:
         self.last_event = time.monotonic()
 
     def as_dict(self):
-        return {k: v for k, v in vars(self).items()
-                if k not in ("last_event", "ended_at", "blocked_since", "blocked_op", "history")}
+        state = {k: v for k, v in vars(self).items() if k not in (
+            "last_event", "ended_at", "blocked_since", "blocked_op", "history", "usage")}
+        return dict(state, resources=self.usage.as_dict())
 
 
 def ranks_text(ranks):

@@ -30,6 +30,7 @@ from .membership import Membership
 from .debugger import Debugging
 from .stacks import StackRequests
 from .shown import ShownValue
+from .usage import Tables
 from ..words import plural
 from .ranks import RankState
 
@@ -119,7 +120,7 @@ def new_run_id():
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-class Run(StackRequests, Debugging, ShownValue):
+class Run(StackRequests, Debugging, ShownValue, Tables):
     """One launch of a function on N ranks. `results` are in rank order; `value` is rank 0's."""
 
     def __init__(self, np, options=None, *, launcher=None, view=None, cell=None, env=None,
@@ -204,18 +205,6 @@ class Run(StackRequests, Debugging, ShownValue):
 
     def log_path(self, rank):
         return self.folder.log_path(rank)
-
-    @property
-    def metrics(self):
-        """Every metric the ranks reported (`hvd_magic.report`, framework callbacks), as a
-        pandas DataFrame with one row per value: rank, step, name, value."""
-        import pandas as pd
-
-        frames = [pd.DataFrame({"rank": r.rank, "step": steps, "name": name, "value": values})
-                  for r in self.ranks for name, (steps, values) in r.history.columns().items()]
-        if not frames:
-            return pd.DataFrame(columns=["rank", "step", "name", "value"])
-        return pd.concat(frames, ignore_index=True)
 
     def wait(self, timeout=None):
         """Wait for a background run to end; raise its error, or return its results."""

@@ -32,6 +32,7 @@ from ..rank.session import FRAMEWORK_VARS
 from .environ import rank_base_env
 from .link import DriverLink, FileStream, send_folder
 from .plan import _resolve, host_plan, visible_devices
+from .resources import Sampler
 from .session import SessionRank
 from .stacks import StackProbe
 from .settings import Coordinator, SparkCoordinator, TaskSettings
@@ -189,6 +190,8 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
                       "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
                       "partition": partition, "threads": env.get("OMP_NUM_THREADS")})
+        sampler = Sampler(proc.pid, forward.send, gpus)  # its CPU, memory and GPUs, each second
+        sampler.start()
         # Rank 0's timeline streams to the driver as it is written (nothing lost if the notebook dies).
         timeline = FileStream(forward, timeline_path, "timeline") if rank == 0 else None
         with os.fdopen(events_r, "rb") as events_pipe:
@@ -202,6 +205,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
             for p in pumps:
                 p.start()
             code = proc.wait()
+            sampler.stop()
             link.probe.close()
             kill_group(proc.pid)  # whatever the rank left running (its session) goes with it
             if timeline is not None:
@@ -211,7 +215,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         send_folder(forward, tensorboard, "tensorboard")  # what the rank logged, whatever happened
         if code != 0:
             send_folder(forward, torch_errors, "torchelastic")
-        outcome = _outcome(workdir, code, rank, host, link.stopping.is_set(), env)
+        outcome = _outcome(workdir, code, rank, host, link.stopping.is_set(), env, sampler)
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})
         return outcome
@@ -221,7 +225,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _outcome(workdir, code, rank, host, stopped, env):
+def _outcome(workdir, code, rank, host, stopped, env, sampler=None):
     result_path = os.path.join(workdir, "result.pkl")
     error_path = os.path.join(workdir, "error.json")
     if code == 0 and os.path.exists(result_path):
@@ -239,4 +243,8 @@ def _outcome(workdir, code, rank, host, stopped, env):
         return (rank, "stopped", info)
     if code < 0:
         info["signal"] = signal.Signals(-code).name
+    if code == -signal.SIGKILL and sampler is not None:
+        oom = sampler.oom()  # the kernel's OOM killer: the run names it
+        if oom is not None:
+            info["oom"] = oom
     return (rank, "died", info)

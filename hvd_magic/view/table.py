@@ -14,7 +14,7 @@ import html
 import os
 import re
 
-from ..words import plural
+from ..words import plural, size
 from ..errors import is_peer_gone
 from ..lines import is_aside, is_warning, last_said, screen
 from .summary import SUMMARY_ABOVE, threads_text
@@ -26,7 +26,8 @@ LAST_LINE_CHARS = 400      # sent for the last-line cell; the table cuts it to i
 # whole), and one that is empty in every row is left out; the last line takes the rest of the
 # width, on one line: a longer one is cut at its start, so that its end (a value, an error's
 # message) stays in view, and is whole on hover.
-COLUMNS = ("rank", "host", "local rank", "device", "state", "progress", "metrics", "last line")
+COLUMNS = ("rank", "host", "local rank", "device", "state", "progress", "metrics", "cpu", "memory",
+           "gpu", "last line")
 ALWAYS = ("rank", "state", "last line")
 # (table-layout: JupyterLab's rendered HTML makes tables fixed, squeezing every column alike)
 TABLE_OPEN = "<table style='border-collapse:collapse;table-layout:auto;width:100%'>"
@@ -100,10 +101,31 @@ def _cells(r, tail, verbose):
             "metrics": (f"<span style='display:inline-block;max-width:{_METRICS_MAX};"
                         f"overflow:hidden;text-overflow:ellipsis;vertical-align:bottom'>"
                         f"{_e(metrics)}</span>" if metrics else "", metrics),
+            **_usage_cells(getattr(r, "usage", None)),
             # (dir: the line reads left to right inside the right-to-left cell that cuts it)
             "last line": (f"<code dir='ltr' style='white-space:pre'>{_e(last[-LAST_LINE_CHARS:])}"
                           "</code>" if last else "",
                           last)}
+
+
+def _usage_cells(usage):
+    """The cpu, memory and gpu cells of a rank's row: its latest sample, and its peak memory; a
+    rank past NEAR_LIMIT of its memory limit is marked red, saying how near."""
+    latest = usage.latest if usage is not None else None
+    if latest is None:
+        return {"cpu": ("", ""), "memory": ("", ""), "gpu": ("", "")}
+    rss, limit = latest.get("rss", 0), latest.get("limit") or 0
+    memory = f"{size(rss)} (peak {size(usage.peak_rss)})"
+    where = "its cgroup's" if latest.get("limit_of") == "cgroup" else "the host's memory"
+    title = f"limit {size(limit)}: {where}" if limit else ""
+    html = _e(memory)
+    if usage.near_limit():
+        html = (f"<span style='color:{_STATE_COLORS['failed']}' data-near-limit>{html} ⚠ "
+                f"{rss / limit:.0%} of its limit</span>")
+    gpus = "  ".join(f"gpu{g['index']} {g.get('util') or 0}% {size(g.get('mem') or 0)}"
+                     for g in latest.get("gpus") or ())
+    return {"cpu": (f"{latest.get('cpu', 0):.0f}%", f"peak {usage.peak_cpu:.0f}% of one core"),
+            "memory": (html, title), "gpu": (_e(gpus), gpus)}
 
 
 def _row(r, cells, columns):

@@ -40,7 +40,7 @@ def is_chatter(line):
 
 
 from ..lines import is_redrawn, visible_text
-from ..words import plural
+from ..words import plural, size
 from .summary import hosts, is_large, summary_line, threads_text
 from .summary import summary_text as large_summary
 from .charts import summary_text as metrics_summary
@@ -149,8 +149,10 @@ def summary_text(run, per_rank=True):
         progress = f", step {r.step}/{r.total}" if r.step is not None else ""
         now = getattr(r, "horovod_rank", None)
         now = f" (Horovod rank {now} now)" if now is not None and now != r.rank else ""
+        usage = getattr(r, "usage", None)
+        peak = f", memory peak {size(usage.peak_rss)}" if usage and usage.peak_rss else ""
         lines.append(f"  rank {r.rank}{now}{host}: {r.state}{progress}, "
-                     f"{plural(r.lines, 'line')}\n")
+                     f"{plural(r.lines, 'line')}{peak}\n")
     elastic = getattr(run, "elastic", None)
     if elastic is not None and elastic.changes:  # who was lost, who joined, the ring's sizes
         lines.append(f"  membership:\n{elastic.summary()}\n")

@@ -1,0 +1,191 @@
+"""What a rank uses, sampled by its task: CPU, memory, GPUs; and a death named out of memory.
+
+`Sampler` is a thread of the task (never of the rank): about once a second it reads the rank's
+process tree (the rank and its children: DataLoader workers...) with psutil and sends a
+``resources`` event on the run's channel, as progress goes:
+
+    {"t": "resources", "time": <unix seconds>, "cpu": <% of one core, summed>, "rss": <bytes>,
+     "peak": <the largest rss so far>, "limit": <bytes>, "limit_of": "cgroup" | "host",
+     "free": <the host's available bytes>, "gpus": [{"index", "util", "mem", "mem_total"}]}
+
+The limit is the rank's memory cgroup's (v1 ``memory.limit_in_bytes``, v2 ``memory.max``) where
+it has one below the host's memory, else the host's. GPUs are read through NVML
+(``libnvidia-ml.so.1`` by ctypes: no framework is imported), those the rank was given.
+
+`Sampler.oom` says, once the rank died by SIGKILL, whether the kernel's OOM killer did it: the
+count of OOM kills of the rank's cgroup (v1 ``memory.oom_control``, v2 ``memory.events``) or of the
+host (``/proc/vmstat``) grew while it ran.
+
+Not for: showing any of it (`hvd_magic.view`), or keeping it (`hvd_magic.driver`).
+"""
+
+import ctypes
+import os
+import threading
+import time
+
+import psutil
+
+INTERVAL = 1.0
+_CGROUP = "/sys/fs/cgroup"
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _memory_cgroup(pid):
+    """The folder of the memory cgroup process `pid` is in (v1's, else v2's), or None."""
+    text = _read(f"/proc/{pid}/cgroup") or ""
+    unified = None
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return os.path.join(_CGROUP, "memory", path.lstrip("/"))
+        if controllers == "":
+            unified = os.path.join(_CGROUP, path.lstrip("/"))
+    return unified if unified is not None and os.path.exists(unified) else None
+
+
+def memory_limit(folder):
+    """(bytes, "cgroup" | "host"): the cgroup's limit where it is below the host's memory."""
+    host = psutil.virtual_memory().total
+    if folder is not None:
+        for name in ("memory.limit_in_bytes", "memory.max"):
+            text = (_read(os.path.join(folder, name)) or "").strip()
+            if text.isdigit() and int(text) < host:
+                return int(text), "cgroup"
+    return host, "host"
+
+
+def _count(text, key="oom_kill"):
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def oom_kills(folder):
+    """OOM kills in the cgroup `folder` so far (None where the kernel does not say)."""
+    if folder is None:
+        return None
+    for name in ("memory.oom_control", "memory.events"):
+        count = _count(_read(os.path.join(folder, name)))
+        if count is not None:
+            return count
+    return None
+
+
+def host_oom_kills():
+    return _count(_read("/proc/vmstat"))
+
+
+class _Nvml:
+    """NVML through ctypes: each GPU's utilisation and memory, or nothing where there is none."""
+
+    class _Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                    ("used", ctypes.c_ulonglong)]
+
+    class _Rates(ctypes.Structure):
+        _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+    def __init__(self, library=None):
+        self.lib = None
+        try:
+            lib = ctypes.CDLL(library or os.environ.get("HVD_MAGIC_NVML", "libnvidia-ml.so.1"))
+            if lib.nvmlInit_v2() == 0:
+                self.lib = lib
+        except (OSError, AttributeError):
+            pass
+
+    def read(self, index):
+        handle = ctypes.c_void_p()
+        memory, rates = self._Memory(), self._Rates()
+        lib = self.lib
+        if lib is None or lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
+            return None
+        if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
+            return None
+        util = rates.gpu if lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) == 0 \
+            else None
+        return {"index": index, "util": util, "mem": memory.used, "mem_total": memory.total}
+
+
+class Sampler(threading.Thread):
+    """Samples process `pid` and its children every `interval` seconds; `send(event)` each."""
+
+    def __init__(self, pid, send, gpus=(), interval=INTERVAL):
+        super().__init__(name="hvd-magic-resources", daemon=True)
+        self.pid = pid
+        self.send = send
+        self.gpus = [int(g) for g in gpus or () if str(g).isdigit()]
+        self.interval = interval
+        self.peak = 0
+        self.limit = (None, None)
+        self.cgroup = _memory_cgroup(pid)
+        self._oom_before = (oom_kills(self.cgroup), host_oom_kills())
+        self._processes = {}   # pid -> psutil.Process: cpu_percent compares with its last call
+        self._stop = threading.Event()
+
+    def run(self):
+        nvml = _Nvml() if self.gpus else None
+        while not self._stop.wait(self.interval):
+            try:
+                event = self.sample(nvml)
+            except psutil.NoSuchProcess:
+                return  # the rank ended
+            except Exception:  # noqa: BLE001  (no figure is worth the task's life)
+                continue
+            self.send(event)
+
+    def sample(self, nvml=None):
+        root = self._process(self.pid)
+        tree = [root] + root.children(recursive=True)
+        cpu = rss = 0
+        for proc in tree:
+            try:
+                proc = self._process(proc.pid)
+                cpu += proc.cpu_percent(None)
+                rss += proc.memory_info().rss
+            except psutil.NoSuchProcess:
+                if proc.pid == self.pid:
+                    raise
+        self._processes = {p.pid: self._processes[p.pid] for p in tree if p.pid in self._processes}
+        self.peak = max(self.peak, rss)
+        folder = _memory_cgroup(self.pid)  # (a process may be moved to another cgroup)
+        if folder != self.cgroup:
+            self.cgroup, self._oom_before = folder, (oom_kills(folder), self._oom_before[1])
+        self.limit = memory_limit(folder)
+        gpus = [g for g in (nvml.read(i) for i in self.gpus) if g] if nvml and nvml.lib else []
+        return {"t": "resources", "time": round(time.time(), 2), "cpu": round(cpu, 1),
+                "rss": rss, "peak": self.peak, "limit": self.limit[0], "limit_of": self.limit[1],
+                "free": psutil.virtual_memory().available, "gpus": gpus}
+
+    def _process(self, pid):
+        if pid not in self._processes:
+            self._processes[pid] = psutil.Process(pid)
+            self._processes[pid].cpu_percent(None)  # (its first call says 0.0: a baseline)
+        return self._processes[pid]
+
+    def stop(self):
+        self._stop.set()
+
+    def oom(self):
+        """What the rank's SIGKILL was, if the kernel's OOM killer sent it: {"peak", "limit",
+        "limit_of", "by"}; None if no OOM kill was counted while it ran."""
+        cgroup, host = self._oom_before
+        now = oom_kills(self.cgroup)
+        if cgroup is not None and now is not None and now > cgroup:
+            by = "its cgroup's OOM killer"
+        elif host is not None and (host_oom_kills() or 0) > host:
+            by = "the kernel's OOM killer"
+        else:
+            return None
+        limit, limit_of = self.limit if self.limit[0] else memory_limit(self.cgroup)
+        return {"peak": self.peak, "limit": limit, "limit_of": limit_of, "by": by}

@@ -1,0 +1,168 @@
+"""Every rank's CPU, memory and GPUs, sampled by its task (issue #50): the figures are the
+process tree's as psutil reads it from outside; a rank that grows past a real cgroup memory
+limit is killed by the kernel's OOM killer for real, and the run says "out of memory".
+
+The cgroup tests need the cgroup v1 memory controller and root (this machine has both); they
+are skipped with the reason elsewhere. Each makes a child of this process's memory cgroup with a
+small limit, and the rank that is to grow moves itself into it first.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import hvd_magic
+from conftest import spark_session
+from hvd_magic.task.resources import Sampler, _memory_cgroup
+
+MB = 1 << 20
+
+
+def _wait(condition, timeout=60, what="it"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} in {timeout} s"
+        time.sleep(0.1)
+
+
+def _tree_rss(pid):
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root] + root.children(recursive=True))
+
+
+HOLDS = """\
+import os, time
+if os.environ["RANK"] == "1":
+    ballast = b"x" * ({mb} << 20)  # (every page written: resident)
+while not os.path.exists({marker!r}):
+    time.sleep(0.05)
+"""
+
+
+def test_each_ranks_memory_is_what_psutil_reads_from_outside_and_is_kept(ip, tmp_path):
+    marker = str(tmp_path / "go")
+    run = ip.run_cell_magic("horovod", "--np -2 --background --quiet",
+                            HOLDS.format(mb=200, marker=marker))
+    try:
+        ballast = run.ranks[1].usage
+        _wait(lambda: (ballast.latest or {}).get("rss", 0) > 200 * MB, what="200 MB sampled")
+        # (the rank holds its memory now: a sample and a reading from outside agree)
+        sampled = ballast.latest["time"]
+        _wait(lambda: ballast.latest["time"] > sampled, what="a second sample")
+        outside = _tree_rss(run.ranks[1].pid)
+        assert abs(ballast.latest["rss"] - outside) < 0.1 * outside
+        assert run.ranks[0].usage.latest["rss"] < 100 * MB  # each rank its own
+        assert ballast.latest["limit"] > 0 and ballast.latest["free"] > 0
+    finally:
+        open(marker, "w").close()
+    run.wait(60)
+    table = run.resources
+    assert set(table["rank"]) == {0, 1}
+    assert {"time", "cpu", "rss"} <= set(table.columns)
+    assert table[table["rank"] == 1]["rss"].max() > 200 * MB
+    kept = json.load(open(os.path.join(run.run_dir, "run.json")))["ranks"]
+    assert kept[1]["resources"]["peak_rss"] > 200 * MB > kept[0]["resources"]["peak_rss"]
+
+
+def test_a_busy_ranks_cpu_counts_its_child_processes():
+    """The rank's tree: a child process that spins counts, one that sleeps does not."""
+    spinner = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                                "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+                                "import time; time.sleep(60)"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _wait(lambda: len(psutil.Process(spinner.pid).children()) == 1, what="the child")
+        busy, idle = Sampler(spinner.pid, None), Sampler(sleeper.pid, None)
+        busy.sample(), idle.sample()  # (the baseline: CPU is measured between two samples)
+        time.sleep(1.0)
+        assert busy.sample()["cpu"] > 20 > idle.sample()["cpu"]
+    finally:
+        for proc in psutil.Process(spinner.pid).children() + [spinner, sleeper]:
+            proc.kill()
+
+
+NVML_FAKE = r"""
+/* What NVML says of one GPU: 1 GiB used of 16, 87% busy (this machine has no GPU). */
+typedef struct { unsigned long long total, free, used; } memory_t;
+typedef struct { unsigned int gpu, memory; } rates_t;
+int nvmlInit_v2(void) { return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **h) { *h = (void *)(long)(i + 1); return i < 2 ? 0 : 2; }
+int nvmlDeviceGetMemoryInfo(void *h, memory_t *m) { m->total = 16ULL << 30; m->used = (long)h << 30; m->free = m->total - m->used; return 0; }
+int nvmlDeviceGetUtilizationRates(void *h, rates_t *r) { r->gpu = 87; r->memory = 40; return 0; }
+"""
+
+
+def test_gpus_are_read_through_nvml_without_a_framework(tmp_path, monkeypatch):
+    source, library = tmp_path / "nvml.c", tmp_path / "libnvidia-ml.so.1"
+    source.write_text(NVML_FAKE)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    monkeypatch.setenv("HVD_MAGIC_NVML", str(library))
+    from hvd_magic.task.resources import _Nvml
+    sample = Sampler(os.getpid(), None, gpus=["1"]).sample(_Nvml())
+    assert sample["gpus"] == [{"index": 1, "util": 87, "mem": 2 << 30, "mem_total": 16 << 30}]
+    probe = subprocess.run([sys.executable, "-c", "import sys, hvd_magic.task.resources\n"
+                            "print(sorted({'torch', 'tensorflow'} & set(sys.modules)))"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "[]"
+
+
+# -- out of memory, for real -----------------------------------------------------------------
+
+def _cgroup_v1():
+    folder = _memory_cgroup(os.getpid())
+    if folder is None or "/memory/" not in folder or not os.access(folder, os.W_OK):
+        return None
+    return folder
+
+
+@pytest.fixture
+def memory_limit(tmp_path):
+    """A memory cgroup of 300 MB, child of this process's; its folder."""
+    parent = _cgroup_v1()
+    if parent is None:
+        pytest.skip("needs the cgroup v1 memory controller, writable (root)")
+    folder = os.path.join(parent, f"hvd_magic_test_{os.getpid()}_{tmp_path.name[-12:]}")
+    os.mkdir(folder)
+    with open(os.path.join(folder, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(300 * MB))
+    yield folder
+    _wait(lambda: not open(os.path.join(folder, "cgroup.procs")).read().strip(),
+          what="an empty cgroup")
+    os.rmdir(folder)
+
+
+GROWS = """\
+import os, time
+if os.environ.get("RANK", os.environ.get("HOROVOD_RANK")) == "1":
+    with open({procs!r}, "w") as f:
+        f.write(str(os.getpid()))  # into the 300 MB cgroup
+    blocks = []
+    for _ in range(100):
+        blocks.append(b"x" * (20 << 20))
+        time.sleep(0.25)  # (80 MB/s: about 4 s to the limit, a sample each second)
+else:
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("np", ["-2", "2"])
+def test_a_rank_past_its_memory_limit_is_named_out_of_memory(ip, memory_limit, np):
+    if np == "2":
+        spark_session(2)
+    cell = GROWS.format(procs=os.path.join(memory_limit, "cgroup.procs"))
+    with pytest.raises(hvd_magic.RankError) as caught:
+        ip.run_cell_magic("horovod", f"--np {np} --quiet", cell)
+    text = str(caught.value)
+    assert caught.value.rank == 1
+    assert "out of memory: killed by its cgroup's OOM killer" in text, text
+    assert "(its limit: 300 MB, its cgroup's)" in text, text
+    assert "fewer ranks a host" in text, text
+    oom = int(open(os.path.join(memory_limit, "memory.oom_control")).read().split()[-1])
+    assert oom >= 1  # the kernel's own count: it was the OOM killer
+    run = hvd_magic.last_run()
+    assert run.ranks[1].usage.peak_rss > 150 * MB  # its climb was seen on the way
