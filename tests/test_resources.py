@@ -166,3 +166,17 @@ def test_a_rank_past_its_memory_limit_is_named_out_of_memory(ip, memory_limit, n
     assert oom >= 1  # the kernel's own count: it was the OOM killer
     run = hvd_magic.last_run()
     assert run.ranks[1].usage.peak_rss > 150 * MB  # its climb was seen on the way
+
+
+def test_a_warm_sessions_rank_out_of_memory_is_named(ip, memory_limit, capsys):
+    cell = GROWS.format(procs=os.path.join(memory_limit, "cgroup.procs")).replace(
+        "time.sleep(60)", "pass")
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        with pytest.raises(hvd_magic.RankError) as caught:
+            ip.run_cell_magic("horovod", "--quiet", cell)
+        assert "out of memory: killed by its cgroup's OOM killer" in str(caught.value)
+        said = capsys.readouterr()
+        assert "ended (out of memory). Run %horovod_session restart" in said.out + said.err
+    finally:
+        ip.run_line_magic("horovod_session", "stop")

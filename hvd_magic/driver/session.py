@@ -204,7 +204,8 @@ class Session:
         elif kind == "exit" and "cell" not in event and not self.stopped:
             # the rank process itself ended: killed, crashed, out of memory
             summary = event.get("summary") or {}
-            how = summary.get('signal') or summary.get('type') or event.get('status')
+            how = ("out of memory" if summary.get("oom") else None) or summary.get('signal') \
+                or summary.get('type') or event.get('status')
             if self.elastic is not None and event.get("status") == "died":
                 self._lost(rank, event, how)
             else:
