@@ -108,6 +108,23 @@ def test_a_failing_script_ends_its_own_run_failed(ip, tracking_server, tracking,
     assert f"hvd_magic/{hvd_magic.last_run().id}/fails.py" in files
 
 
+def test_every_ranks_system_metrics_under_mlflows_own_names(ip, tracking_server, tracking):
+    tracking(tracking_server)
+    cell = ("import os, time\nif os.environ['RANK'] == '1':\n"
+            "    ballast = b'x' * (100 << 20)\ntime.sleep(2.5)\n")  # (a sample a second)
+    ip.run_cell_magic("horovod", "--np -2 --quiet --mlflow", cell)
+    client = mlflow.MlflowClient()
+    [logged] = client.search_runs([client.get_experiment_by_name("Default").experiment_id],
+                                  order_by=["attributes.start_time DESC"], max_results=1)
+    metrics = logged.data.metrics
+    for rank in (0, 1):
+        for name in ("cpu_utilization_percentage", "system_memory_usage_megabytes",
+                     "system_memory_usage_percentage"):
+            assert f"system/rank_{rank}/{name}" in metrics, sorted(metrics)
+    assert metrics["system/rank_1/system_memory_usage_megabytes"] > 100 > \
+        metrics["system/rank_0/system_memory_usage_megabytes"]
+
+
 def test_a_file_store_and_an_experiment_by_name(tracking, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file: stores opt-in
     tracking(f"file:{tmp_path}/mlruns")

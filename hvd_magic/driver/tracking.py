@@ -1,4 +1,5 @@
-"""MLflow, when it is there: a run's parameters, rank 0's metrics, its files and its end, logged
+"""MLflow, when it is there: a run's parameters, rank 0's metrics, every rank's system metrics
+(CPU, memory, GPUs: `hvd_magic.task.resources`), its files and its end, logged
 to the notebook's active MLflow run (or to a run of its own with ``--mlflow [EXPERIMENT]``).
 
 `mlflow_tracker` decides whether a launch is tracked, before it starts: the notebook's active run
@@ -30,6 +31,7 @@ from IPython.core.error import UsageError
 
 FLUSH_EVERY = 1.0        # seconds between two log_batch calls while the run goes
 BATCH_LIMIT = 1000       # metrics per log_batch (MLflow's own limit)
+SYSTEM_EVERY = 10        # one resources sample (a second each) in this many is logged
 STATUS = {"done": "FINISHED", "cancelled": "KILLED"}   # any other end is FAILED
 
 
@@ -119,6 +121,7 @@ class MlflowTracker:
         self.artifacts = {}          # file name -> text (the cell, the script)
         self.pending = []            # metrics not sent yet
         self.points = 0              # rank 0's points seen
+        self.system_seen = {}        # rank -> its resources samples seen
         self.last_flush = time.monotonic()
         self._params_logged = False
         self._warned = False
@@ -145,6 +148,8 @@ class MlflowTracker:
     def event(self, run, rank, event):
         if rank == 0 and event.get("t") == "progress" and isinstance(event.get("points"), list):
             self._keep(event["points"])
+        elif event.get("t") == "resources":
+            self._keep_system(rank, event)
         if self.view is not None:
             self.view.event(run, rank, event)
 
@@ -181,6 +186,32 @@ class MlflowTracker:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \
                         and math.isfinite(value):
                     self.pending.append(Metric(str(key), float(value), now, step))
+
+    def _keep_system(self, rank, event):
+        """A rank's resources sample under MLflow's own system-metric names, with the rank as
+        MLflow's node id (``system/rank_1/cpu_utilization_percentage``): the run reads in MLflow
+        as MLflow's own system metrics would. One sample in SYSTEM_EVERY (MLflow samples every
+        10 s), the first one included."""
+        from mlflow.entities import Metric
+
+        seen = self.system_seen[rank] = self.system_seen.get(rank, -1) + 1
+        if seen % SYSTEM_EVERY:
+            return
+        step, now = seen // SYSTEM_EVERY, int(time.time() * 1000)
+        rss, limit = event.get("rss") or 0, event.get("limit") or 0
+        values = {"cpu_utilization_percentage": event.get("cpu") or 0.0,
+                  "system_memory_usage_megabytes": rss / 1e6}
+        if limit:
+            values["system_memory_usage_percentage"] = 100.0 * rss / limit
+        for gpu in event.get("gpus") or ():
+            i, mem, total = gpu.get("index"), gpu.get("mem") or 0, gpu.get("mem_total") or 0
+            values[f"gpu_{i}_memory_usage_megabytes"] = mem / 1e6
+            if total:
+                values[f"gpu_{i}_memory_usage_percentage"] = 100.0 * mem / total
+            if gpu.get("util") is not None:
+                values[f"gpu_{i}_utilization_percentage"] = float(gpu["util"])
+        self.pending += [Metric(f"system/rank_{rank}/{name}", float(value), now, step)
+                         for name, value in values.items()]
 
     def flush(self):
         """Hand the kept metrics to the sender thread: a log_batch takes tens of milliseconds
