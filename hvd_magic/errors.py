@@ -87,6 +87,17 @@ def is_peer_gone(line):
     return bool(_PEER_GONE.search(line))
 
 
+# How a cluster manager says it took an executor for its memory: YARN ("Container killed by YARN
+# for exceeding physical memory limits"), Kubernetes (the pod's reason, OOMKilled), the JVM.
+_MEMORY_LOSS = re.compile(r"exceeding (?:physical |virtual )?memory limits|\bOOMKilled\b"
+                          r"|java\.lang\.OutOfMemoryError")
+
+
+def is_memory_loss(text):
+    """True for Spark's word on a lost executor that says it was for memory."""
+    return bool(_MEMORY_LOSS.search(text))
+
+
 def is_follow_on(info):
     """True for errors that are consequences of another rank's failure, not causes."""
     if info.get("type") in FOLLOW_ON_TYPES:

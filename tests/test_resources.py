@@ -180,3 +180,21 @@ def test_a_warm_sessions_rank_out_of_memory_is_named(ip, memory_limit, capsys):
         assert "ended (out of memory). Run %horovod_session restart" in said.out + said.err
     finally:
         ip.run_line_magic("horovod_session", "stop")
+
+
+@pytest.mark.parametrize("reason, memory", [
+    ("ExecutorLostFailure (executor 2 exited caused by one of the running tasks) Reason: Container "
+     "killed by YARN for exceeding physical memory limits. 4.5 GB of 4.5 GB physical memory used.",
+     True),
+    ("ExecutorLostFailure (executor 1 exited unrelated to the running tasks) Reason: The executor "
+     "with id 1 exited with exit code 137(SIGKILL, possible container OOM). The API gave the "
+     "following container statuses: container name: spark-kubernetes-executor, terminated "
+     "reason: OOMKilled", True),
+    ("java.lang.OutOfMemoryError: Java heap space", True),
+    ("ExecutorLostFailure (executor 0 exited caused by one of the running tasks) Reason: Command "
+     "exited with code 137", False),  # a SIGKILL: by a person as likely as by memory
+])
+def test_an_executor_lost_for_memory_is_told_from_one_lost_otherwise(reason, memory):
+    """What YARN, Kubernetes and the JVM say (this machine has neither cluster manager)."""
+    from hvd_magic.errors import is_memory_loss
+    assert is_memory_loss(reason) is memory

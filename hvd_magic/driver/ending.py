@@ -11,7 +11,8 @@ import re
 
 from .postmortem import attach
 from ..needs import RANKS_HERE, missing_message, missing_module
-from ..errors import LaunchError, RankError, RunCancelled, RunTimeout, describe_end, is_follow_on
+from ..errors import (LaunchError, RankError, RunCancelled, RunTimeout, describe_end,
+                      is_follow_on, is_memory_loss)
 
 
 def collect(outcomes, np, cell):
@@ -155,6 +156,13 @@ def _lost_task_error(run):
     if not lost:
         return None
     r = lost[0]
+    if is_memory_loss(str(error)):
+        return LaunchError(
+            f"the executor of rank {r.rank} on {r.host} (executor {r.executor}) ran out of "
+            f"memory, and Spark lost it with its task; every other rank was stopped. Give the "
+            f"executors more memory (spark.executor.memory, spark.executor.memoryOverhead: a "
+            f"rank is a Python process beside the executor's JVM), or run fewer ranks an "
+            f"executor. [{error}]")
     return LaunchError(
         f"the Spark task of rank {r.rank} on {r.host} (executor {r.executor}) died "
         f"before its rank ended (its Python worker or executor was killed); every "
