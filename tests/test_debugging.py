@@ -465,17 +465,24 @@ def test_a_breakpoint_stops_one_session_rank(ip, fresh_ns, capsys, monkeypatch):
         ip.run_line_magic("horovod_session", "stop")
 
 
+# Rank 1 goes on to the collective once it has been told that rank 0 is held (the driver's
+# "hold", through its task: `hvd_magic.rank.debugger`), not before: else it could be inside the
+# framework's collective already, where the hold cannot reach it.
+TOLD = ("if {rank} == 1:\n"
+        "    from hvd_magic.rank import debugger\n"
+        "    while debugger._go.is_set():  # (cleared by the hold)\n"
+        "        time.sleep(0.05)\n")
 HELD_CELLS = {
     "horovod": ("import time, hvd_magic, torch, horovod.torch as hvd\n"
                 "hvd.init()\n"
                 "hvd_magic.breakpoint()  # rank 0 stops; rank 1 goes on to the allreduce\n"
-                "time.sleep(3)  # (by then rank 1 was told)\n"
+                + TOLD.format(rank="hvd.rank()") +
                 "hvd.allreduce(torch.ones(1), name='after', op=hvd.Sum).item()\n"),
     "ddp": ("import time, hvd_magic, torch, torch.distributed as dist\n"
             "if not dist.is_initialized():\n"
             "    dist.init_process_group('gloo')\n"
             "hvd_magic.breakpoint()  # rank 0 stops; rank 1 goes on to the all_reduce\n"
-            "time.sleep(3)\n"
+            + TOLD.format(rank="dist.get_rank()") +
             "total = torch.ones(1)\n"
             "dist.all_reduce(total)  # Gloo's own wait would count the debugging\n"
             "total.item()\n"),

@@ -5,6 +5,8 @@ modules and collected here a second time with fresh ranks: cells on Spark and on
 rank's error and death, the first error stopping the others, a timeout, an elastic run's error,
 a warm session and a killed notebook's ranks, a script, DDP, ``--data``."""
 
+import json
+
 import pytest
 
 from test_data import spark, table_dir  # noqa: F401  (their fixtures)
@@ -24,13 +26,20 @@ from test_sessions import (test_state_lives_across_cells_and_the_ranks_own_names
 
 
 @pytest.fixture(autouse=True)
-def _fresh_ranks(monkeypatch):
+def _fresh_ranks(monkeypatch, tmp_path):
     """Every run of these tests (the magic's, the API's, a notebook's subprocess) starts fresh
-    ranks; and a check that they did, after each test."""
+    ranks; and a check that they did, after each test. Each rank says with its first state
+    whether it is an interpreter of its own (`hvd_magic.rank.reporting.fresh`), and each run
+    keeps its events in its folder, in the test's folder wherever the run's notebook was."""
     monkeypatch.setenv("HVD_MAGIC_FRESH", "1")
-    import hvd_magic
-    before = hvd_magic.last_run()
     yield
-    run = hvd_magic.last_run()
-    if run is not None and run is not before:
-        assert run.options.fresh, "this test's last run forked its ranks"
+    said = {}  # (run, rank) -> whether the rank said it was a new interpreter
+    for path in tmp_path.rglob("events.jsonl"):
+        for event in map(json.loads, open(path)):
+            if event.get("t") == "state" and event.get("state") == "running":
+                key = (path.parent.name, event["rank"])
+                said.setdefault(key, None)
+                if "fresh" in event:  # (in a session's cell, said by the session for the rank)
+                    said[key] = event["fresh"]
+    assert said, f"no run of this test said how its ranks started, in {tmp_path}"
+    assert all(fresh is True for fresh in said.values()), said

@@ -23,15 +23,24 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 ARTIFACTS = os.path.join(ROOT, "test-artifacts", "notebooks")
 DONE_ROW = re.compile(r"<tr data-rank='(\d+)' data-state='done'")
+KNOB = "import hvd_magic.view.dashboard\nhvd_magic.view.dashboard.SHOW_AFTER = 0"
 
 
-def execute(name, cwd):
-    """Run notebooks/<name> in a fresh kernel whose folder is `cwd`; return the executed notebook."""
+def execute(name, cwd, dashboard_at_once=False):
+    """Run notebooks/<name> in a fresh kernel whose folder is `cwd`; return the executed notebook.
+    `dashboard_at_once`: a cell after the one that loads the extension makes every run show its
+    dashboard from its start (`SHOW_AFTER` 0), however long it lasts; it is no code cell of
+    the notebook's (`code_cells` leaves it out)."""
     from nbclient import NotebookClient
 
     path = os.path.join(cwd, name)
     shutil.copy(os.path.join(NOTEBOOKS, name), path)
     nb = nbformat.read(path, as_version=4)
+    if dashboard_at_once:
+        load = next(i for i, c in enumerate(nb.cells) if "%load_ext hvd_magic" in c.source)
+        knob = nbformat.v4.new_code_cell(KNOB)
+        knob.id = "test-knob"
+        nb.cells.insert(load + 1, knob)
     # As a user's kernel: widgets on (another test in this session may have switched them off).
     env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
     try:
@@ -71,7 +80,7 @@ def view(nb, cell):
 
 
 def code_cells(nb):
-    return [c for c in nb.cells if c.cell_type == "code"]
+    return [c for c in nb.cells if c.cell_type == "code" and c.source != KNOB]
 
 
 def results(cell):
@@ -295,20 +304,24 @@ def test_elastic(tmp_path):
 
 
 def test_beyond_horovod(tmp_path):
-    nb = execute("beyond_horovod.ipynb", tmp_path)
+    """What the text promises of each of the three cells: the same dashboard (each rank done,
+    its 60 steps as progress, a loss chart: `hvd_magic.report`'s, Lightning's `self.log`) and
+    the same test accuracy."""
+    nb = execute("beyond_horovod.ipynb", tmp_path, dashboard_at_once=True)
     define, *ways = code_cells(nb)
     assert not errors(define) and len(ways) == 3  # Horovod, DDP, Lightning
     assert "all three reach a test accuracy of 0.970" in nb.cells[0].source
+    assert "with the same dashboard" in nb.cells[0].source
     for cell in ways:
         shown = view(nb, cell)
         assert not errors(cell), shown
         assert results(cell) == ["0.97"]  # rank 0's value: the number the text promises
         for rank in (0, 1):
             assert f"rank {rank}: test accuracy 0.970" in shown
-        if "hvd-magic-run" in shown:  # the dashboard: each rank done, its 60 steps as progress
-            assert sorted(re.findall(r"<tr data-rank='(\d)' data-state='done' data-step='60' "
-                                     r"data-total='60'>", shown)) == ["0", "1"]
-            assert "loss" in shown  # (Lightning's from self.log, charted by itself)
+        assert "hvd-magic-run" in shown, shown
+        assert sorted(re.findall(r"<tr data-rank='(\d)' data-state='done' data-step='60' "
+                                 r"data-total='60'>", shown)) == ["0", "1"], shown
+        assert '<img alt="loss"' in shown, shown  # its chart, in the finished dashboard
 
 
 def test_debugging(tmp_path):

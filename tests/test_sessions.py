@@ -186,11 +186,21 @@ def test_survivors_of_a_rank_killed_between_cells_are_ready_at_once(ip, fresh_ns
     try:
         pids = rank_pids(session)
         cell(ip, INIT + "x = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()")
+        noticed, put = threading.Event(), session.put
+
+        def put_noting(event):  # (what a rank prints between cells comes here, and goes no further)
+            if event.get("t") == "lines" and any("background loop" in line
+                                                  for line in event["lines"]):
+                noticed.set()
+            put(event)
+
+        session.put = put_noting
         os.kill(pids[1], signal.SIGKILL)
+        # the old ring notices the lost peer while no cell runs: a survivor's Horovod says so
+        assert noticed.wait(60), "no survivor's Horovod noticed its lost peer"
         deadline = time.monotonic() + 30
         while 1 not in session.lost and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(3)  # the old ring notices the lost peer while no cell runs
         capfd.readouterr()
         assert cell(ip, "(hvd.size(), x, hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item())",
                     "--text --timeout 30") == (2, 3.0, 2.0)
@@ -297,6 +307,7 @@ NOTEBOOK = textwrap.dedent("""\
     ip = start_ipython()
     ip.run_line_magic("load_ext", "hvd_magic")
     ip.run_line_magic("horovod_session", "start --np {np}")
+    ip.run_cell_magic("horovod", "--quiet", "1")  # (its folder says how the ranks started)
     session = ip.magics_manager.registry["HorovodMagics"].session
     print("pids", *(session.ranks[r]["pid"] for r in range(session.np)), flush=True)
     sys.stdin.read()

@@ -77,6 +77,38 @@ def test_a_source_that_cannot_be_parsed_now_leaves_the_captured_imports(monkeypa
     assert wanted(job) == ["numpy", "torch"]
 
 
+def test_sources_parsed_in_several_threads_at_once_keep_their_imports():
+    """The tasks of a --np -N run are threads of the notebook, each reading its job's imports
+    (`wanted`) at once. Here a thread switch comes in the middle of every parse's building of
+    its tree, as a garbage collection's callback or finalizer in Python code makes one: no
+    parse may fail for another's (python/cpython#106905, above)."""
+    import gc
+    import threading
+
+    body = "".join(f"def f{i}(x):\n    return [(a, {{b: c}}) for a in x for b in a]\n"
+                   for i in range(50))
+    job = {"sources": {"cell": "import torch\n" + body}}
+    found = []
+
+    def task():
+        for _ in range(20):
+            found.append(wanted(job))
+
+    def switch(phase, info):
+        time.sleep(0.001)  # (releases the GIL: another thread runs, maybe in its parse)
+
+    threads = [threading.Thread(target=task) for _ in range(4)]
+    gc.callbacks.append(switch)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        gc.callbacks.remove(switch)
+    assert found == [["numpy", "torch"]] * 80
+
+
 def test_a_forked_rank_has_its_own_environment_folder_threads_and_session(tmp_path):
     runs = [hvd_magic.run(make_who(), np=-2, view=None, env={"MARK": str(i)}, fresh=False).results
             for i in range(2)]
@@ -222,8 +254,10 @@ def test_the_template_and_its_ranks_go_when_the_owner_is_killed(tmp_path):
 def test_an_idle_template_ends(tmp_path):
     env = dict(os.environ, HVD_MAGIC_TEMPLATE_IDLE="1")
     sock = client.connect(env)  # started for this environment (a key of its own)
-    sock.close()
-    status = client.status(env)
+    try:  # (a connection open is a request to come: the template is not idle meanwhile)
+        status = client.status(env)
+    finally:
+        sock.close()
     assert status is not None and status["owner"] == os.getpid()
     assert gone(status["pid"], within=30)
     assert client.status(env) is None

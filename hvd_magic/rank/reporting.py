@@ -11,6 +11,7 @@ last one) so that calling `report` on every training step costs a time check, no
 
 import json
 import os
+import sys
 import threading
 import time
 
@@ -106,6 +107,13 @@ def state(name, **info):
     """Tell the driver this rank entered a new state (running, done...)."""
     flush()
     _channel.write({"t": "state", "state": name, **info})
+
+
+def fresh():
+    """Whether this rank is an interpreter of its own (``python -m hvd_magic.rank``), not forked
+    from a template (`hvd_magic.template`): a fork still has the template's command line. Said
+    with the rank's first state, which the run's events.jsonl keeps."""
+    return "hvd_magic.template.server" not in sys.orig_argv
 
 
 def report(step=None, total=None, **metrics):

@@ -201,7 +201,7 @@ def serve(workdir, error_record, exports, register_source, install_modules):
     jobs = sys.stdin.buffer
     started_env = framework_env()
     debugger.next_job = lambda: read_job(jobs)  # (pdb's commands come there too)
-    reporting.state("ready")
+    reporting.state("ready", fresh=reporting.fresh())
     while True:
         job = read_job(jobs)
         if job is None:
