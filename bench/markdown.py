@@ -24,6 +24,8 @@ TITLES = {
     "payload": "Payload: call → the cell began on rank 0, for a value of each size",
     "session": "Warm session round trip beside ipyparallel `%%px`",
     "report": "`hvd_magic.report()` per call (ratio: share of a 5 ms step)",
+    "resources-cost": "Every rank's resources sampled each second: rank 0's steps/s (np -2), with "
+                      "it and without (HVD_MAGIC_NO_RESOURCES=1)",
     "first-cell": "The first `%%horovod --np 2` cell of a new kernel, wall seconds",
     "install": "`pip install` of the wheel into a user's environment, seconds (np: not a run)",
     "reinit": "hvd.init()/shutdown cycles under load; hvd.init() skew",
@@ -43,6 +45,7 @@ TITLES = {
 }
 REFERENCES = {
     "stacks-cost": "the ranks without it",
+    "resources-cost": "the ranks not sampled",
     "launch": "the floor (N bare rank processes rendezvousing directly)",
     "launch-4hosts": "the floor (on one host)",
     "training": "`horovodrun` on the same script", "training-keras": "`horovodrun` on the same script",

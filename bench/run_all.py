@@ -89,6 +89,8 @@ BENCHMARKS = {
     "shards": ("bench_shards.py", ["--reps", "3"], ["--quick"]),
     # pip install of the wheel into a user's environment that has torch and pyspark (#49)
     "install": ("bench_install.py", ["--reps", "3", "--fresh"], ["--reps", "1"]),
+    # training steps/s with every rank's resources sampled and without (#50)
+    "resources": ("bench_resources.py", ["--reps", "6"], ["--reps", "2", "--steps", "200"]),
     # the first cell of a new kernel, Spark started at load or by the cell (#51)
     "first-cell": ("bench_first_cell.py", ["--reps", "3"], ["--reps", "1"]),
     # the driver side at np 64-1024 simulated ranks (issue #29)

@@ -10,20 +10,23 @@ Not for: sampling (`hvd_magic.task.resources`) or drawing (`hvd_magic.view`).
 """
 
 import datetime
+from array import array
 
 KEEP = 720
 NEAR_LIMIT = 0.9   # a rank at this share of its memory limit is marked
 
 
 class Usage:
-    """One rank's samples."""
+    """One rank's samples. The history is kept in typed columns (24 bytes a sample, GPUs aside):
+    1,024 ranks keep at most 18 MB of it."""
 
     def __init__(self):
         self.latest = None     # the newest event as sent
         self.peak_rss = 0
         self.peak_cpu = 0.0
         self.peak_gpu_mem = {}  # GPU index -> bytes
-        self.points = []       # (time, cpu, rss, {gpu index: (util, mem)}), thinned
+        self._columns = (array("d"), array("d"), array("d"))  # time, cpu, rss: thinned
+        self._gpus = []        # {gpu index: (util, mem)} of each kept sample, where it had GPUs
         self._every = 1        # keep one sample in this many
         self._seen = 0
 
@@ -37,11 +40,23 @@ class Usage:
         for index, (_, mem) in gpus.items():
             self.peak_gpu_mem[index] = max(self.peak_gpu_mem.get(index, 0), mem or 0)
         self._seen += 1
-        if self._seen % self._every == 0:
-            self.points.append((event.get("time"), cpu, rss, gpus))
-            if len(self.points) >= KEEP:
-                self.points = self.points[::2]
-                self._every *= 2
+        if self._seen % self._every:
+            return
+        for column, value in zip(self._columns, (event.get("time") or 0.0, cpu, rss)):
+            column.append(value)
+        if gpus or self._gpus:
+            self._gpus += [{}] * (len(self._columns[0]) - 1 - len(self._gpus)) + [gpus]
+        if len(self._columns[0]) >= KEEP:
+            self._columns = tuple(column[::2] for column in self._columns)
+            self._gpus = self._gpus[::2]
+            self._every *= 2
+
+    @property
+    def points(self):
+        """[(unix time, cpu %, rss bytes, {gpu index: (util %, mem bytes)})], oldest first."""
+        times, cpus, rsss = self._columns
+        gpus = self._gpus + [{}] * (len(times) - len(self._gpus))
+        return [(t, c, int(r), g) for t, c, r, g in zip(times, cpus, rsss, gpus)]
 
     @property
     def limit(self):

@@ -191,7 +191,8 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
                       "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
                       "partition": partition, "threads": env.get("OMP_NUM_THREADS")})
         sampler = Sampler(proc.pid, forward.send, gpus)  # its CPU, memory and GPUs, each second
-        sampler.start()
+        if os.environ.get("HVD_MAGIC_NO_RESOURCES") != "1":  # (a switch for bench/ only)
+            sampler.start()
         # Rank 0's timeline streams to the driver as it is written (nothing lost if the notebook dies).
         timeline = FileStream(forward, timeline_path, "timeline") if rank == 0 else None
         with os.fdopen(events_r, "rb") as events_pipe:
