@@ -112,7 +112,7 @@ def test_ddp_averages_the_ranks_gradients(ip, fresh_ns, np):
     assert not torch.allclose(ranks[0][0], alone[0], atol=1e-3)
 
 
-def test_a_warm_session_keeps_a_process_group_and_makes_it_again(ip, fresh_ns):
+def test_a_warm_session_keeps_a_process_group_and_makes_it_again(ip, fresh_ns, tmp_path):
     ip.run_line_magic("horovod_session", "start --np -2")
     try:
         cell = lambda code: ip.run_cell_magic("horovod", "--quiet", code)  # noqa: E731
@@ -126,15 +126,56 @@ def test_a_warm_session_keeps_a_process_group_and_makes_it_again(ip, fresh_ns):
                     + reduce + "\n(x.item(), os.environ['WORLD_SIZE'])") == (3.0, "2")
         # Made again twice in one cell, rank 0 the last to destroy its group each time: rank 1
         # must not find rank 0's old store, still up there (it would read the old group's
-        # addresses, and rank 0's new store would wait for it for 30 minutes)
-        seen = cell("import time\nseen = []\nfor _ in range(2):\n"
-                    "    time.sleep(1.5 if dist.get_rank() == 0 else 0)\n"
-                    "    dist.destroy_process_group()\n    dist.init_process_group('gloo')\n"
-                    "    x = torch.tensor([dist.get_rank() + 1.0])\n    dist.all_reduce(x)\n"
-                    "    seen.append((os.environ['MASTER_PORT'], x.item()))\nseen")
-        assert [value for _, value in seen] == [3.0, 3.0] and seen[0][0] != seen[1][0], seen
+        # addresses, and rank 0's new store would wait for it for 30 minutes). Rank 0 destroys
+        # its group once the test has seen rank 1, its own destroyed, waiting in
+        # init_process_group (the files say where each rank got to).
+        code = (f"import time\nfolder = {str(tmp_path)!r}\nrank, seen = dist.get_rank(), []\n"
+                "for i in range(2):\n"
+                "    while rank == 0 and not os.path.exists(f'{folder}/go-{i}'):\n"
+                "        time.sleep(0.02)\n"
+                "    dist.destroy_process_group()\n"
+                "    open(f'{folder}/destroyed-{rank}-{i}', 'w').close()\n"
+                "    dist.init_process_group('gloo')\n"
+                "    open(f'{folder}/joined-{rank}-{i}', 'w').close()\n"
+                "    x = torch.tensor([dist.get_rank() + 1.0])\n    dist.all_reduce(x)\n"
+                "    seen.append((os.environ['MASTER_PORT'], x.item()))\nseen")
+        run = ip.run_cell_magic("horovod", "--quiet --background", code)
+        for i in range(2):
+            stack = rank_1_in_init_process_group(run, tmp_path, i)
+            # (torch makes the group's Gloo in _new_process_group_helper, once it has a store)
+            assert stack and "in _new_process_group_helper" not in stack, \
+                f"rank 1 found rank 0's old store (its group {i} under way): {stack}"
+            (tmp_path / f"go-{i}").write_text("")
+        for seen in run.wait(120):
+            assert [value for _, value in seen] == [3.0, 3.0] and seen[0][0] != seen[1][0], seen
     finally:
         ip.run_line_magic("horovod_session", "stop")
+
+
+def rank_1_in_init_process_group(run, folder, i, timeout=120):
+    """Rank 1's stack once it is seen in init_process_group, its group destroyed (it wrote
+    `destroyed-1-i`); None if it made the new one first (`joined-1-i`). Rank 0 keeps its old
+    group, and the old store, until the test writes `go-i`."""
+    deadline = time.monotonic() + timeout
+    while not (folder / f"destroyed-1-{i}").exists():
+        assert run.state == "running" and time.monotonic() < deadline, \
+            f"rank 1 never destroyed its group {i}: {run.state}, {run.error}, {rank_1_at(run)}"
+        time.sleep(0.05)
+    while not (folder / f"joined-1-{i}").exists():
+        stack = rank_1_at(run)
+        if re.search(r'line \d+, in init_process_group\n', stack):
+            return stack
+        assert run.state == "running" and time.monotonic() < deadline, (run.state, stack)
+        time.sleep(0.05)
+    return None
+
+
+def rank_1_at(run):
+    """Rank 1's whole stack now (or why there is none)."""
+    try:
+        return run.stacks().get(1, "")
+    except RuntimeError as exc:  # the run has ended
+        return str(exc)
 
 
 DDP_SCRIPT = """\

@@ -2,12 +2,13 @@
 `MirroredStrategyRunner` on real ranks (their calls as written for the originals), and their
 argument checks, said before anything starts."""
 
-import numpy as np
 import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
 from hvd_magic import MirroredStrategyRunner, TorchDistributor
+
+from tf_reference import WORKER_DATA, assert_fitted_as_one_process
 
 pytest.importorskip("torch")
 
@@ -107,25 +108,25 @@ def test_use_gpu_without_gpus_says_what_to_do(monkeypatch):
         MirroredStrategyRunner(2, spark_conf={})  # Spark gives the tasks no GPU
 
 
-KERAS_TRAIN = """\
+# worker_data (tests/tf_reference.py) travels with train, by value, as a notebook's function
+KERAS_TRAIN = WORKER_DATA + """\
 def train(steps, own=False):
     import json, os
-    import numpy as np
     import tensorflow as tf
     # the runner's strategy, in whose scope this runs; or (use_custom_strategy) our own
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if own else tf.distribute.get_strategy()
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    x = np.random.default_rng(rank).normal(size=(16 * steps, 4)).astype("float32")
-    y = (x.sum(axis=1, keepdims=True) > 0).astype("float32")
+    x, y = worker_data(rank, 16 * steps)
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input((4,)),
                                      tf.keras.layers.Dense(1, activation="sigmoid")])
         model.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss="binary_crossentropy")
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    start = [w.tolist() for w in model.get_weights()]
     model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16).with_options(options),
               epochs=1, verbose=0)
-    return strategy.num_replicas_in_sync, [w.tolist() for w in model.get_weights()]
+    return strategy.num_replicas_in_sync, start, [w.tolist() for w in model.get_weights()]
 """
 
 
@@ -140,8 +141,9 @@ def test_mirrored_strategy_runner_fits_keras_on_two_slots(ip, fresh_ns, local_mo
                 "                               use_custom_strategy=custom, quiet=True)"
                 ".run(train, steps=4, own=custom)").raise_error()
     run = hvd_magic.last_run()
-    (replicas0, weights0), (replicas1, weights1) = run.results
-    assert fresh_ns["value"][0] == replicas0 == replicas1 == 2
+    (replicas0, start, weights0), (replicas1, _, weights1) = run.results
+    assert fresh_ns["value"] == run.results[0]  # rank 0's
+    assert replicas0 == replicas1 == 2
     assert (run.where == "driver only") == local_mode
-    for a, b in zip(weights0, weights1):  # each rank its own data: the gradients were reduced
-        np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-6)
+    # each rank its own data: the gradients were reduced, as one process fitting them all
+    assert_fitted_as_one_process(start, [weights0, weights1])

@@ -71,17 +71,16 @@ def test_first_real_error_stops_the_others_fast(ip, np):
     cell = SLEEPERS.format(bad=1, action="raise ValueError('bad batch at step 3')", pause=0.2)
     if np > 0:
         ip.run_cell_magic("horovod", f"--np {np} --quiet", "1")  # a warm session, as users have
-    started = time.monotonic()
     err, text = run_cell(ip, f"--np {np}", cell)
-    elapsed = time.monotonic() - started
-    assert elapsed < 10  # the others sleep for minutes: they were stopped
     assert err.rank == 1
     assert "ValueError: bad batch at step 3" in text
     assert "raise ValueError('bad batch at step 3')" in text  # the user's line
     assert "rank 0: stopped" in text
     run = hvd_magic.last_run()
     assert run.state == "failed"
-    assert [r.state for r in run.ranks][0] == "stopped"  # a bystander: "cancelled" is the user's
+    # a bystander: "cancelled" is the user's. Stopped, not ended by itself: the others sleep for
+    # 2 minutes, and a rank that ran its cell to the end says "done"
+    assert [r.state for r in run.ranks][0] == "stopped"
     assert rank_processes_left(run) == []
 
 
@@ -134,16 +133,16 @@ def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):
     cell = ("import time, hvd_magic\nfor step in range(1000):\n"
             "    print(f'working on step {step}')\n"
             "    hvd_magic.report(step=step, total=1000)\n    time.sleep(0.2)\n")
-    started = time.monotonic()
-    with pytest.raises(hvd_magic.RunTimeout) as info:
+    with pytest.raises(hvd_magic.RunTimeout) as info:  # (the cell runs for 200 s)
         ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 4", cell)
-    assert time.monotonic() - started < 15
     text = str(info.value)
     assert "--timeout of 4 s" in text
     assert "working on step" in text and "step " in text
     assert "'working on step" not in text  # a line as printed, not a Python repr
     run = hvd_magic.last_run()
     assert run.state == "timeout"
+    # stopped at the timeout, not ended by themselves (they would say "done")
+    assert [r.state for r in run.ranks] == ["stopped", "stopped"]
     assert rank_processes_left(run) == []
 
 
@@ -194,28 +193,42 @@ def test_a_rank_failing_only_because_a_cancel_stopped_its_peer_is_cancelled_too(
     assert [r.state for r in run.ranks] == ["cancelled", "cancelled"]
 
 
-def test_interrupt_cancels_spark_job_and_the_next_cell_works(ip):
+def test_interrupt_cancels_spark_job_and_the_next_cell_works(ip, tmp_path):
     """SIGINT reaches the driver as Jupyter delivers an interrupt (a KeyboardInterrupt in the
-    main thread), during a Spark run."""
-    cell = "import time\nfor _ in range(600):\n    time.sleep(0.1)\n"
+    main thread), during a Spark run: once both ranks, in their Spark tasks, have written their
+    file."""
+    cell = (f"import os, time\nopen(os.path.join({str(tmp_path)!r}, 'rank-' + "
+            "os.environ['HOROVOD_RANK']), 'w').close()\n"
+            "for _ in range(600):\n    time.sleep(0.1)\n")
     ip.run_cell_magic("horovod", "--np 2 --quiet", "1")  # warm session
-    handler = signal.getsignal(signal.SIGINT)  # (said if the interrupt is lost: a fresh clone's
-    timer = threading.Timer(4.0, os.kill, args=(os.getpid(), signal.SIGINT))  # run lost it once)
-    timer.start()
-    started = time.monotonic()
+    # (said if the interrupt is lost: a fresh clone's run lost it once)
+    handler = signal.getsignal(signal.SIGINT)
+    files, done, interrupted = [tmp_path / "rank-0", tmp_path / "rank-1"], threading.Event(), []
+
+    def interrupt_once_both_run():
+        while not done.wait(0.05):
+            if all(f.exists() for f in files):
+                interrupted.append(hvd_magic.last_run())
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    helper = threading.Thread(target=interrupt_once_both_run, daemon=True)
+    helper.start()
     try:
         ip.run_cell_magic("horovod", "--np 2 --quiet", cell)
     except hvd_magic.RunCancelled:
         pass
     else:
         run = hvd_magic.last_run()
-        pytest.fail(f"not cancelled after {time.monotonic() - started:.1f} s: run {run.state} on "
+        pytest.fail(f"not cancelled (interrupted: {bool(interrupted)}): run {run.state} on "
                     f"{run.where}, SIGINT's handler {handler!r} "
-                    f"({getattr(handler, '__module__', '')}), now {signal.getsignal(signal.SIGINT)!r}")
+                    f"({getattr(handler, '__module__', '')}), "
+                    f"now {signal.getsignal(signal.SIGINT)!r}")
     finally:
-        timer.cancel()
-    assert time.monotonic() - started < 20
+        done.set()
+        helper.join()
     run = hvd_magic.last_run()
+    assert interrupted == [run]  # (the run the files came from)
     assert run.state == "cancelled"
     assert rank_processes_left(run) == []
     assert ip.run_cell_magic("horovod", "--np 2 --quiet", "6 * 7") == 42
@@ -321,14 +334,15 @@ def test_rendezvous_failure_is_explained(ip):
 def test_np_above_the_slots_of_a_cluster_is_refused_at_once(ip, standalone):
     from IPython.core.error import UsageError
     session = standalone.session()
+    runs_before = len(hvd_magic.runs())
     try:
-        started = time.monotonic()
         with pytest.raises(UsageError) as info:
             ip.run_cell_magic("horovod", "--np 6", "1")
-        assert time.monotonic() - started < 45
         text = str(info.value)
         assert "np=6" in text and "4 task slots" in text and "2 executors" in text
         assert "--np 4" in text
+        # refused before a run started: no barrier stage waited for slots it could never have
+        assert len(hvd_magic.runs()) == runs_before
     finally:
         session.stop()
 

@@ -12,9 +12,57 @@ import hvd_magic
 from hvd_magic.view.charts import series
 from hvd_magic.view.table import table_html
 
+torch = pytest.importorskip("torch")
 pytest.importorskip("lightning")
 
-MODULE = """\
+# Each rank's own rows, seeded by its rank: the cells define it on the ranks, the references here.
+ROWS = """\
+import torch
+def rank_rows(rank):
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(rank))
+    return x, x.sum(1, keepdim=True)
+"""
+_here = {}
+exec(ROWS, _here)
+rank_rows = _here["rank_rows"]
+
+
+def one_process_on_every_ranks_batches(batches):
+    """What DDP promises: one model from the ranks' start (seed 0), trained with plain SGD on
+    the ranks' batches of each step together; `batches(rank)` lists a rank's (x, y), in order.
+    The weight before and after."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    start = model.weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in zip(*(batches(rank) for rank in (0, 1))):
+        x, y = (torch.cat(part) for part in zip(*step))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return start, model.weight.detach()
+
+
+def assert_trained_as_one_process(weights, batches):
+    """Every rank's weight moved from the start to one process's on every rank's batches."""
+    start, expected = one_process_on_every_ranks_batches(batches)
+    for rank, weight in enumerate(map(torch.tensor, weights)):
+        assert not torch.allclose(weight, start, atol=1e-3), f"rank {rank}'s weight never moved"
+        assert torch.allclose(weight, expected, atol=1e-6), (rank, weight, expected)
+
+
+def lightning_batches(rank):
+    """A training fit's DistributedSampler (Lightning's, shuffling: seed 0 + epoch) gives rank r
+    every other row of its own 32 from the r-th, in a shuffled order: 2 batches of 8 an epoch."""
+    x, y = rank_rows(rank)
+    batches = []
+    for epoch in range(2):
+        rows = torch.randperm(32, generator=torch.Generator().manual_seed(epoch))[rank::2]
+        batches += [(x[rows[i:i + 8]], y[rows[i:i + 8]]) for i in (0, 8)]
+    return batches
+
+
+MODULE = ROWS + """\
 import os
 import psutil, torch, torch.distributed as dist
 import lightning as L
@@ -34,10 +82,8 @@ class Tiny(L.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
-rows = torch.Generator().manual_seed(int(os.environ["RANK"]))  # each rank its own data
-x = torch.randn(32, 4, generator=rows)
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)),
-                                   batch_size=8)
+x, y = rank_rows(int(os.environ["RANK"]))
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
 """
 
 FIT = """\
@@ -69,7 +115,7 @@ def test_lightning_fits_on_the_ranks_with_equal_weights_metrics_and_progress(ip,
     env, world, weights, children = ip.run_cell_magic(
         "horovod", f"{line} --quiet", MODULE + FIT.format(devices=2))
     assert (env, world, children) == ("TorchElasticEnvironment", 2, [])  # no process of its own
-    assert weights[0] == weights[1]  # DDP averaged the two ranks' gradients
+    assert_trained_as_one_process(weights, lightning_batches)  # DDP averaged their gradients
     run = hvd_magic.last_run()
     # self.log's only: not the epoch Lightning adds to each log (no chart of it either)
     assert set(run.metrics.name) == {"loss"} and set(series(run.ranks)) == {"loss"}
@@ -115,7 +161,7 @@ def test_lightning_in_a_warm_session_twice(ip, fresh_ns):
     finally:
         ip.run_line_magic("horovod_session", "stop")
     assert first == second  # the same start, data and steps: the same weights, both times
-    assert first[2][0] == first[2][1]
+    assert_trained_as_one_process(first[2], lightning_batches)
 
 
 def test_self_log_values_reach_mlflow(ip, tmp_path, monkeypatch):
@@ -137,17 +183,14 @@ def test_self_log_values_reach_mlflow(ip, tmp_path, monkeypatch):
     assert [m.value for m in history] == pytest.approx(list(rank0.value))  # rank 0's, as charted
 
 
-ACCELERATE = """\
-import torch
+ACCELERATE = ROWS + """\
 from accelerate import Accelerator
 accelerator = Accelerator()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-rows = torch.Generator().manual_seed(accelerator.process_index)
-x = torch.randn(32, 4, generator=rows)
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)),
-                                   batch_size=4)
+x, y = rank_rows(accelerator.process_index)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
 model, optimizer, data = accelerator.prepare(model, optimizer, data)
 for xb, yb in data:
     accelerator.backward(torch.nn.functional.mse_loss(model(xb), yb))
@@ -162,4 +205,6 @@ def test_accelerate_sees_the_ranks_and_trains_them_alike(ip):
     pytest.importorskip("accelerate")
     processes, index, weights = ip.run_cell_magic("horovod", "--np -2 --quiet", ACCELERATE)
     assert (processes, index) == (2, 0)  # rank 0's value: the world of 2, as under torchrun
-    assert len(weights) == 2 and weights[0] == weights[1]
+    # its prepared loader gives process r batches r, r + 2, ... of its own (of 4 rows)
+    assert_trained_as_one_process(weights, lambda rank: [
+        (x[i:i + 4], y[i:i + 4]) for x, y in [rank_rows(rank)] for i in range(4 * rank, 32, 8)])

@@ -1,6 +1,7 @@
 """Warm sessions: ranks that keep their state between cells. Real shell, real ranks, real Spark."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -336,10 +337,40 @@ def test_the_ranks_of_a_killed_notebook_exit(np, tmp_path):
 @pytest.mark.parametrize("error", ["RuntimeError('rank 1 gave up')",
                                    # what a Gloo pair raises when its peer went away: a follow-on
                                    "ConnectionResetError('rank 1 gave up: Connection reset by peer')"])
-def test_a_rank_stuck_in_a_collective_is_reported_and_restart_recovers(ip, session, capsys, error):
+def test_a_rank_stuck_in_a_collective_is_reported_and_restart_recovers(ip, session, capsys, error,
+                                                                       tmp_path):
+    """Rank 1 raises once rank 0 is seen in the allreduce (a helper thread reads the run's
+    stacks, then writes the file rank 1 waits for): an error while rank 0 is still in Python
+    code would stop its cell cleanly, with no restart needed."""
+    go, seen, previous = tmp_path / "go", [], hvd_magic.last_run()
+
+    def release_rank_1_once_rank_0_waits():
+        deadline = time.monotonic() + 120
+        try:
+            while time.monotonic() < deadline:
+                run = hvd_magic.last_run()
+                if run is not previous and run.ended is not None:
+                    return
+                if run is not previous and run.state == "running":
+                    try:
+                        stack = run.stacks().get(0, "")
+                    except RuntimeError:  # it has just ended
+                        return
+                    if re.search(r"line \d+, in allreduce\n", stack):
+                        seen.append(stack)
+                        return
+                time.sleep(0.05)
+        finally:
+            go.write_text("")  # (whatever happened: the cell ends, and the test says why)
+
+    helper = threading.Thread(target=release_rank_1_once_rank_0_waits, daemon=True)
+    helper.start()
     with pytest.raises(hvd_magic.RankError) as info:  # (never "its Spark task died")
-        cell(ip, INIT + "import time\nif hvd.rank() == 1:\n    time.sleep(3)  # rank 0 is in the allreduce\n"
+        cell(ip, INIT + "import os, time\nif hvd.rank() == 1:\n"
+                        f"    while not os.path.exists({str(go)!r}):\n        time.sleep(0.02)\n"
                         f"    raise {error}\nhvd.allreduce(torch.ones(1))")
+    helper.join()
+    assert seen, "rank 0 was never seen in its allreduce"
     assert info.value.rank == 1 and info.value.host and "rank 1 gave up" in str(info.value)
     assert "needs a restart" in capsys.readouterr().err  # rank 0 cannot leave Horovod's C++ wait
     ip.run_line_magic("horovod_session", "restart")

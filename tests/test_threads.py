@@ -11,9 +11,10 @@ import sys
 import pytest
 
 import hvd_magic
+from hvd_magic.launch.spark import embedded_session
 from hvd_magic.task import threads
 
-from conftest import spark_session
+from conftest import _stop_spark, spark_session
 
 CORES = len(os.sched_getaffinity(0))
 # torch (through MKL) never takes more threads than the cores it finds: its own default here
@@ -67,13 +68,21 @@ def test_an_explicit_env_wins(ip):
     assert seen["MKL_NUM_THREADS"] == "5" and seen["OMP_NUM_THREADS"] == str(share(1))
 
 
-@pytest.mark.parametrize("np", [1, 2])
-def test_spark_ranks_share_the_cores_over_pysparks_setting(np):
-    # PySpark's workers set OMP_NUM_THREADS=spark.task.cpus (1): at np 1 a rank gets every core
-    spark_session(max(np, CORES))
-    run = hvd_magic.run(probe(), np=np)
-    assert run.where.startswith("local[")
-    assert_share(run.results, share(np))
+def test_spark_ranks_share_the_cores_over_pysparks_setting():
+    # PySpark's workers set OMP_NUM_THREADS=spark.task.cpus, 1 by default: 2 ranks' share on 2
+    # cores too. Tasks of more cpus than the host has cores tell the two apart at any np;
+    # local[2 * cpus] holds 2 such tasks, and its cores do not bound the share.
+    cpus = CORES + 1
+    spark_session(2)  # the JVM up first (a JVM keeps its launch's settings for later sessions)
+    _stop_spark()
+    embedded_session(2, conf={"spark.task.cpus": str(cpus)}, master=f"local[{2 * cpus}]")
+    try:
+        for np in (1, 2):
+            run = hvd_magic.run(probe(), np=np)
+            assert run.where == f"local[{2 * cpus}]"
+            assert_share(run.results, share(np))
+    finally:
+        _stop_spark()  # (later tests' sessions: spark.task.cpus 1)
 
 
 def test_a_warm_sessions_ranks_share_the_cores(ip):
