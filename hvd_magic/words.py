@@ -15,5 +15,6 @@ def size(nbytes):
     """"1.2 GB", "350 MB": memory as a person reads it."""
     for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
         if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
+            value = nbytes / scale
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
     return f"{nbytes} B"

@@ -193,6 +193,16 @@ def notebook_page(folder, chromium, name, failure_png):
     assert not left_by_lab, f"still running after JupyterLab's shutdown: {left_by_lab}"
 
 
+
+def live_notebook(path, *cells):
+    """A notebook at `path`: the extension loaded with dashboards shown at once, then `cells`."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
+                                          "hvd_magic.view.dashboard.SHOW_AFTER = 0")]
+    nb.cells += [nbformat.v4.new_code_cell(cell) for cell in cells]
+    nbformat.write(nb, str(path))
+
+
 def run_all_cells(page):
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
@@ -343,11 +353,7 @@ def test_live_charts_in_chromium(tmp_path, chromium):
     chatter is nowhere in its dashboard (keras-run.png)."""
     from playwright.sync_api import expect
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
-                                          "hvd_magic.view.dashboard.SHOW_AFTER = 0"),
-                nbformat.v4.new_code_cell(CHARTS_CELL), nbformat.v4.new_code_cell(KERAS_CELL)]
-    nbformat.write(nb, str(tmp_path / "charts.ipynb"))
+    live_notebook(tmp_path / "charts.ipynb", CHARTS_CELL, KERAS_CELL)
     with notebook_page(tmp_path, chromium, "charts.ipynb", "browser-charts-failed.png") as page:
         run_all_cells(page)
         cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
@@ -374,7 +380,7 @@ def test_live_charts_in_chromium(tmp_path, chromium):
         assert None not in clock and clock == sorted(clock), clock
         # The finished run's static rendition has the charts in the same place, as images
         # (what a saved notebook keeps), above the logs' links; no second picture below.
-        expect(charts.locator("img")).to_have_count(2)
+        expect(charts.locator("img")).to_have_count(3)  # loss, accuracy, each rank's memory
         expect(charts.locator("svg")).to_have_count(0)
         expect(cell.locator(".jp-RenderedSVG, .jp-RenderedImage")).to_have_count(0)
         assert _just_below_the_table(cell, charts)  # where they were while running
@@ -419,11 +425,7 @@ def test_a_hang_in_chromium(tmp_path, chromium):
     each rank is (grouped stacks) and no row's last line is a line of it; Cancel stops the run."""
     from playwright.sync_api import expect
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
-                                          "hvd_magic.view.dashboard.SHOW_AFTER = 0"),
-                nbformat.v4.new_code_cell(HANG_CELL)]
-    nbformat.write(nb, str(tmp_path / "hang.ipynb"))
+    live_notebook(tmp_path / "hang.ipynb", HANG_CELL)
     with notebook_page(tmp_path, chromium, "hang.ipynb", "browser-hang-failed.png") as page:
         run_all_cells(page)
         cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
@@ -476,13 +478,8 @@ def test_a_background_run_saved_after_it_ended_keeps_its_end_in_chromium(tmp_pat
     shows both, not "Error displaying widget"."""
     from playwright.sync_api import expect
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic\nimport hvd_magic.view.dashboard\n"
-                                          "hvd_magic.view.dashboard.SHOW_AFTER = 0"),
-                nbformat.v4.new_code_cell(BACKGROUND_CELL),
-                nbformat.v4.new_code_cell("hvd_magic.last_run().wait(120)\n"
-                                          "print('ended:', hvd_magic.last_run().state)")]
-    nbformat.write(nb, str(tmp_path / "background.ipynb"))
+    live_notebook(tmp_path / "background.ipynb", BACKGROUND_CELL,
+                  "hvd_magic.last_run().wait(120)\nprint('ended:', hvd_magic.last_run().state)")
 
     def shows_its_end(page):
         cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
@@ -555,3 +552,56 @@ def test_debug_answers_what_a_person_asks_of_a_ranks_values_in_chromium(tmp_path
         assert "Shown" not in text and "__cell__" not in text, text
         cell.scroll_into_view_if_needed()
         page.screenshot(path=os.path.join(ARTIFACTS, "browser-debug.png"))
+
+
+MEMORY_CELL = """\
+%%horovod --np -2
+import os, time
+if os.environ["RANK"] == "1":
+    ballast = b"x" * (200 << 20)  # held while the rank waits
+while not os.path.exists("released"):  # (the notebook's folder: the test writes it)
+    time.sleep(0.1)
+"""
+MEMORY_OF_RANK_1 = """t => {
+    const column = [...t.querySelectorAll("th")].findIndex(th => th.textContent === "memory");
+    const row = t.querySelector("tr[data-rank='1']");
+    return column < 0 || !row ? "" : row.children[column].textContent; }"""
+
+
+def _megabytes(text):
+    """The first "N MB" or "N GB" of `text`, in MB; 0 without one."""
+    found = re.search(r"([\d.]+) (MB|GB)", text or "")
+    return float(found.group(1)) * (1024 if found.group(2) == "GB" else 1) if found else 0
+
+
+def test_a_ranks_memory_in_its_row_and_the_memory_chart_in_chromium(tmp_path, chromium):
+    """Rank 1 holds 200 MB while both ranks wait for a file the test writes: its row's memory
+    column says more than 150 MB, and the memory chart is with the live charts, a line per rank
+    (memory.png); at the end the chart stays, as an image, in the static rendition."""
+    from playwright.sync_api import expect
+
+    live_notebook(tmp_path / "memory.ipynb", MEMORY_CELL)
+    with notebook_page(tmp_path, chromium, "memory.ipynb", "browser-memory-failed.png") as page:
+        run_all_cells(page)
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        expect(cell.locator("tr[data-rank][data-state='running']")).to_have_count(2)
+        table = cell.locator("table:has(tr[data-rank])").first
+        memory, deadline = "", time.monotonic() + 60
+        while _megabytes(memory) <= 150:  # (sampled once a second, once the ballast is made)
+            assert time.monotonic() < deadline, f"rank 1's memory cell: {memory!r}"
+            page.wait_for_timeout(250)
+            memory = table.evaluate(MEMORY_OF_RANK_1)
+        charts = cell.locator(".jp-OutputArea-output .hvd-magic-charts")
+        chart = charts.locator("svg[data-memory]")
+        expect(chart).to_have_count(1)
+        expect(chart.locator("polyline[data-rank]")).to_have_count(2)
+        expect(chart).to_contain_text("memory (MB)")
+        page.wait_for_timeout(3000)  # (a few more samples: lines, not dots, in the screenshot)
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "memory.png"))
+        (tmp_path / "released").write_text("")
+        expect(cell.locator("tr[data-rank][data-state='done']")).to_have_count(2)
+        expect(charts.locator("img[alt='memory (MB)']")).to_have_count(1)
+        expect(charts.locator("svg")).to_have_count(0)
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "memory-finished.png"))

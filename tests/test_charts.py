@@ -6,6 +6,7 @@ import base64
 import io
 import os
 import re
+import time
 
 import nbformat
 import pytest
@@ -192,3 +193,115 @@ def test_a_loss_over_decades_gets_a_log_axis_with_ticks_and_a_legend_that_says_r
     assert "rank 0</text>" in loss and "rank 1</text>" in loss and "■" not in loss
     # a value <= 0 keeps the linear axis
     assert "log" not in charts.chart_svg("m", {0: [(0, 0.0), (1, 1000.0)]})
+
+
+MB = 1 << 20
+
+
+def resources(time, rss, limit=64 << 30, limit_of="host", peak=None):
+    """A `resources` event as a rank's task sends it (hvd_magic/task/resources.py)."""
+    return {"t": "resources", "time": time, "cpu": 95.0, "rss": rss, "peak": peak or rss,
+            "limit": limit, "limit_of": limit_of, "free": 30 << 30, "gpus": []}
+
+
+def sampled_ranks():
+    """Two ranks sampled for 30 s: rank 0 grows from 100 to 390 MB under its cgroup's 400 MB
+    limit, rank 1 stays at 200 MB with the host's memory as its limit."""
+    from hvd_magic.driver.ranks import RankState
+    ranks = [RankState(0), RankState(1)]
+    for s in range(30):
+        ranks[0].usage.add(resources(1000.0 + s, (100 + 10 * s) * MB, 400 * MB, "cgroup"))
+        ranks[1].usage.add(resources(1000.5 + s, 200 * MB))
+    return ranks
+
+
+def memory_chart(svgs):
+    [chart] = [c for c in svgs if "data-memory=" in c]
+    return chart
+
+
+def test_the_memory_chart_draws_each_ranks_samples_and_its_cgroups_limit_dashed():
+    ranks = sampled_ranks()
+    chart = memory_chart(charts.chart_svgs(ranks))
+    assert 'data-memory="MB"' in chart and "memory (MB)" in chart and ">30 s</text>" in chart
+    lines = dict(re.findall(r'data-rank="(\d)" points="([^"]+)"', chart))
+    points = {r: [tuple(map(float, p.split(","))) for p in lines[r].split()] for r in lines}
+    assert len(points["0"]) == len(points["1"]) == 30
+    grid = {float(v): float(y) - 3.5 for y, v in re.findall(
+        r'y="([\d.]+)" text-anchor="end" data-tick="y">([^<]+)<', chart)}
+    assert points["0"][0][1] == pytest.approx((grid[0] + grid[200]) / 2, abs=0.1)  # 100 MB
+    assert points["0"][-1][1] == pytest.approx(grid[0] - 390 / 400 * (grid[0] - grid[400]),
+                                               abs=0.1)  # 390 MB
+    assert all(y == pytest.approx(grid[200], abs=0.1) for _, y in points["1"])  # flat, 200 MB
+    # rank 0's limit (its cgroup's, below the host's): a dashed line at 400 MB, labelled;
+    # rank 1's (the host's memory) is not drawn
+    [(limit, y)] = re.findall(r'<g data-limit="(\d+)">.*?<line [^>]*y1="([\d.]+)"', chart)
+    assert int(limit) == 400 * MB and abs(float(y) - grid[400]) < 0.1
+    assert "stroke-dasharray" in chart.split('data-limit="')[1]
+    assert "limit 400 MB (rank 0)</text>" in chart
+    assert "rank 0</text>" in chart and "rank 1</text>" in chart  # the legend
+
+
+def test_the_memory_chart_is_there_only_once_memory_was_sampled():
+    from hvd_magic.driver.ranks import RankState
+    ranks = [RankState(0), RankState(1)]
+    assert charts.chart_svgs(ranks) == [] and charts.charts_html(ranks) == ""
+    for r in ranks:
+        r.history.append(1, {"loss": 0.5})
+    assert ['data-metric="loss"' in c for c in charts.chart_svgs(ranks)] == [True]
+    ranks[1].usage.add(resources(1000.0, 300 * MB))
+    metric, memory = charts.chart_svgs(ranks)  # beside the metric charts, last
+    assert 'data-metric="loss"' in metric and 'data-memory="MB"' in memory
+    assert re.findall(r'<polyline data-rank="(\d)"', memory) == ["1"]
+    ranks[0].usage.add(resources(1000.0, 300 * MB))  # the same: both colours show, interleaved
+    lines = dict(re.findall(r'<polyline data-rank="(\d)" points="[^"]+"([^>]*)>',
+                            memory_chart(charts.chart_svgs(ranks))))
+    assert "dasharray" not in lines["0"] and "stroke-dasharray" in lines["1"]
+    # A limit far above the samples (an 8 GB cgroup, 300 MB used) is named, not drawn.
+    ranks[1].usage.add(resources(1001.0, 300 * MB, 8 << 30, "cgroup"))
+    memory = memory_chart(charts.chart_svgs(ranks))
+    assert "<g data-limit" not in memory and "limit 8 GB: above</text>" in memory
+
+
+def test_the_dashboard_draws_the_memory_chart_live_and_keeps_it_in_its_rendition(
+        ip, tmp_path, monkeypatch):
+    """The real Dashboard of a real Run fed two ranks' events: the memory chart with the live
+    charts once samples came, redrawn with each new sample; an image of it in the finished
+    run's rendition (what a saved notebook keeps)."""
+    from IPython.utils.capture import capture_output
+    from hvd_magic.config import RunOptions
+    from hvd_magic.driver.apply import apply_event
+    from hvd_magic.driver.run import Run
+    from hvd_magic.view.dashboard import Dashboard
+
+    monkeypatch.setattr(ip.display_formatter, "active_types", ["text/plain", "image/svg+xml"])
+    view = Dashboard()
+    run = Run(2, RunOptions(run_dir=str(tmp_path / "run")), view=view)
+    run.folder.create(2)
+    run.state, run.where, run.started = "running", "simulated", 1.0
+    view.start(run)
+    for r in range(2):
+        apply_event(run, {"t": "state", "rank": r, "state": "running", "host": "vm"}, print)
+    with capture_output():
+        view._show(run)
+    assert "data-memory" not in view.charts.value  # no sample yet
+    for s in range(5):
+        for r in range(2):
+            apply_event(run, dict(resources(1000.0 + s, (100 + 50 * r + s) * MB), rank=r), print)
+
+    def after_the_throttle():  # (a redrawing waits 10 times the last one's cost)
+        time.sleep(10 * view._chart_cost + 0.05)
+        return view._charts_html(run)
+
+    drawn = after_the_throttle()
+    assert re.search(r'data-rank="1" points="([^"]+)"', drawn).group(1).count(",") == 5
+    apply_event(run, dict(resources(1005.0, 160 * MB), rank=1), print)
+    redrawn = after_the_throttle()  # a new sample: drawn again (nothing else changed)
+    assert re.search(r'data-rank="1" points="([^"]+)"', redrawn).group(1).count(",") == 6
+    run.state = "done"
+    with capture_output() as shown:
+        view.finish(run)
+    [final] = [o.data["text/html"] for o in shown.outputs if "text/html" in o.data]
+    chart = memory_chart(static_charts(final))
+    assert re.findall(r'<polyline data-rank="(\d)"', chart) == ["0", "1"]
+    assert 'alt="memory (MB)"' in final

@@ -113,3 +113,68 @@ def test_the_text_view_prints_rank_0_and_a_summary_of_64_ranks(tmp_path):
     assert "  host-0: 8 ranks, 1 failed, 7 running" in text
     assert re.search(r"loss: last mean [\d.]+ \(min [\d.]+, max [\d.]+ across 64 ranks\)", text)
     assert "  rank 12 " not in text  # no line per rank
+
+
+MB = 1 << 20
+# rank: (its first sample's rss, its latest, its limit and whose) in MB: the five with the most
+# memory now, and rank 77, whose peak is high but whose memory now is not among them
+BIG = {123: (3000, 2560, 4000, "cgroup"), 250: (1300, 1200, None, "host"),
+       17: (900, 900, 960, "cgroup"), 299: (800, 700, None, "host"),
+       42: (650, 650, None, "host"), 77: (2000, 640, None, "host")}
+
+
+def sampled_ranks(np=300):
+    """`np` real RankStates on hosts of 30 ranks, each fed two samples as its task sends them
+    (hvd_magic/task/resources.py); the newest sample of host h says 50 - h GB are free."""
+    from hvd_magic.driver.ranks import RankState
+    ranks = []
+    for r in range(np):
+        rank = RankState(r)
+        rank.host, rank.state = f"host-{r // 30}", "running"
+        first, now, limit, whose = BIG.get(r, (100 + r % 50, 100 + r % 50, None, "host"))
+        for t, rss, free in ((1000.0, first, 99), (1001.0 + r / 1000, now, 50 - r // 30)):
+            rank.usage.add({"t": "resources", "time": t, "cpu": 99.0, "rss": rss * MB,
+                            "peak": max(first, rss) * MB, "limit": (limit or 65536) * MB,
+                            "limit_of": whose, "free": free << 30, "gpus": []})
+        ranks.append(rank)
+    return ranks
+
+
+def test_the_summary_of_300_ranks_names_the_most_memory_and_each_hosts_total():
+    import types
+    from hvd_magic.view.summary import band_charts, summary_html
+    from hvd_magic.view.table import TABLE_HEAD, row_html, state_html
+    from hvd_magic.words import size
+
+    ranks = sampled_ranks()
+    run = types.SimpleNamespace(ranks=ranks, np=len(ranks))
+    table = summary_html(run, lambda r: row_html(r, ()), TABLE_HEAD, state_html)
+    top = re.findall(r"<tr data-memory-rank='(\d+)'>(.*?)</tr>", table)
+    assert [int(rank) for rank, _ in top] == [123, 250, 17, 299, 42]  # most memory now first
+    cells = {int(rank): re.findall(r"<td[^>]*>([^<]*)</td>", row) for rank, row in top}
+    assert cells[123] == ["123", "host-4", "2.5 GB", "2.93 GB", "64% of 3.91 GB"]
+    assert cells[250] == ["250", "host-8", "1.17 GB", "1.27 GB", "2% of 64 GB"]
+    assert cells[17] == ["17", "host-0", "900 MB", "900 MB", "94% of 960 MB"]
+    assert "color:#c62828' title='its cgroup&#x27;s'>94% of 960 MB" in table  # near its limit
+    # each host's total of its ranks' memory now, and its free memory in the newest sample
+    hosts = dict(re.findall(r"<tr data-host='([^']+)'>.*?<td[^>]*>([^<]*)</td></tr>", table))
+    assert len(hosts) == 10
+    assert hosts["host-0"] == "4.12 GB · 50 GB free"  # 100..129 MB, and rank 17's 900 MB
+    for h in range(10):
+        total = sum(BIG.get(r, (0, 100 + r % 50))[1] for r in range(30 * h, 30 * h + 30))
+        assert hosts[f"host-{h}"] == f"{size(total * MB)} · {50 - h} GB free"
+    # the memory chart: the mean and min-max band of the 300 ranks, the lowest limit dashed
+    memory = band_charts(ranks)[-1]
+    assert 'data-memory="GB"' in memory and 'data-band="300"' in memory
+    assert f'<g data-limit="{960 * MB}">' in memory and "limit 960 MB (rank 17)" in memory
+
+
+def test_the_summary_has_no_memory_before_any_sample(tmp_path):
+    view = TextView(stdout=io.StringIO())
+    run = fed_run(view, tmp_path)
+    from hvd_magic.view.summary import band_charts, summary_html
+    from hvd_magic.view.table import TABLE_HEAD, row_html, state_html
+    table = summary_html(run, lambda r: row_html(r, ()), TABLE_HEAD, state_html)
+    assert "most memory" not in table and "data-memory-rank" not in table
+    assert "free</td>" not in table
+    assert not [c for c in band_charts(run.ranks) if "data-memory" in c]

@@ -51,6 +51,10 @@ class Usage:
             self._gpus = self._gpus[::2]
             self._every *= 2
 
+    def memory(self):
+        """(times, rss values) of the kept samples: the columns themselves, for charts."""
+        return self._columns[0], self._columns[2]
+
     @property
     def points(self):
         """[(unix time, cpu %, rss bytes, {gpu index: (util %, mem bytes)})], oldest first."""

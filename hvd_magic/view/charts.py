@@ -1,4 +1,5 @@
-"""Charts of the metrics the ranks report: one SVG per metric, a line per rank.
+"""Charts of the metrics the ranks report: one SVG per metric, a line per rank; and each rank's
+memory over time (its task's samples: `hvd_magic.driver.usage`), with its limit.
 
 Drawn on the driver from `RankState.history` (nothing is drawn on the ranks), as plain SVG text:
 the dashboard puts it in a widget while the run goes (a few times a second at most), and in the
@@ -9,12 +10,16 @@ one line drawn in their colours in turn.
 
 A chart is read by a person: large enough for its ticks, a grid, "rank k" in the legend, and a
 log axis where the values span more than two decades (a loss from 6.8 to 0.03 is a flat line
-along the bottom on a linear one).
+along the bottom on a linear one). The memory chart's y axis starts at 0, in MB (GB from 1 GB);
+a rank's limit, where its cgroup's is below the host's memory, is a dashed line if it is in view
+(at most `LIMIT_IN_VIEW` times the highest sample), else named below the plot.
 """
 
 import base64
 import html
 import math
+
+from ..words import size
 
 # Tableau 10: told apart at a glance, also in print.
 COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
@@ -25,6 +30,7 @@ LEFT, RIGHT, TOP, BOTTOM = 52, 12, 34, 30  # the plot's margins: tick labels, ti
 LOG_ABOVE = 100.0           # all values positive and max/min above this: a log y axis
 LEGEND_RANKS = 6            # ranks named in a chart's legend; more are "+N more"
 _DASH = 6                   # px of each rank's colour where several lines coincide
+LIMIT_IN_VIEW = 2.0         # a memory limit up to this times the highest sample is drawn
 _GRID = "#e6e6e6"
 
 
@@ -97,8 +103,9 @@ class Axes:
         v = math.log10(max(value, 1e-300)) if self.log else value
         return TOP + (1 - (v - self._ly0) / (self._ly1 - self._ly0)) * self.plot_h
 
-    def svg(self, last_step):
-        """The frame, a grid line and label per tick, and "step N" (the latest step) below."""
+    def svg(self, last_step, caption=None):
+        """The frame, a grid line and label per tick, and "step N" (the latest step) below, or
+        `caption`."""
         bottom = TOP + self.plot_h
         parts = [f'<rect x="{LEFT}" y="{TOP}" width="{self.plot_w}" height="{self.plot_h}" '
                  f'fill="none" stroke="#bbb"/>']
@@ -117,7 +124,7 @@ class Axes:
                          f'stroke="{_GRID}"/><text x="{x:.1f}" y="{bottom + 13}" '
                          f'text-anchor="middle" data-tick="x">{_label(step)}</text>')
         parts.append(f'<text x="{self.width - RIGHT}" y="{self.height - 3}" text-anchor="end" '
-                     f'fill="#555">step {_label(last_step)}</text>')
+                     f'fill="#555">{_e(caption or f"step {_label(last_step)}")}</text>')
         return parts
 
 
@@ -163,7 +170,14 @@ def chart_svg(name, lines):
     parts = chart_open(name, axes) + axes.svg(last_step)
     drawn = {rank: " ".join(f"{axes.x(s):.1f},{axes.y(v):.1f}" for s, v in _thin(lines[rank]))
              for rank in sorted(lines)}
-    same = {}  # the ranks whose lines are drawn on the same pixels (e.g. averaged metrics)
+    parts += _polylines(drawn) + _legend(sorted(lines), axes)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _polylines(drawn):
+    """A line per rank of `drawn` ({rank: "x,y x,y ..."}), in its colour."""
+    parts, same = [], {}  # the ranks whose lines are drawn on the same pixels (averaged metrics)
     for rank, coords in drawn.items():
         same.setdefault(coords, []).append(rank)
     for rank, coords in drawn.items():
@@ -180,14 +194,15 @@ def chart_svg(name, lines):
         parts.append(f'<polyline data-rank="{rank}" points="{coords}" fill="none" '
                      f'stroke="{colour}" stroke-width="1.8"{dash}><title>{title}</title>'
                      f'</polyline>')
-    parts += _legend(sorted(lines), axes)
-    parts.append("</svg>")
-    return "".join(parts)
+    return parts
 
 
 def chart_svgs(ranks):
-    """Every metric's chart (SVG strings), in name order."""
-    return [chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
+    """Every metric's chart (SVG strings), in name order, and the memory chart last (once a
+    rank's memory was sampled)."""
+    memory = memory_chart_svg(ranks)
+    return ([chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
+            + ([memory] if memory else []))
 
 
 def charts_html(ranks):
@@ -239,3 +254,87 @@ def picture_svg(ranks, per_row=2, charts=None):
               for i, chart in enumerate(charts)]
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
             + "".join(placed) + "</svg>")
+
+
+# --- memory: each rank's resident memory over time, and its limit ----------------------------
+
+def memory_series(ranks):
+    """({rank: [(seconds since the first sample, rss bytes), ...]}, {rank: its limit}) of the
+    ranks' samples; a limit only where the rank's cgroup's is below the host's memory."""
+    lines = {r.rank: list(zip(*r.usage.memory()))
+             for r in ranks if getattr(r, "usage", None) is not None}
+    lines = {rank: line for rank, line in lines.items() if line}
+    if not lines:
+        return {}, {}
+    start = min(t for line in lines.values() for t, _ in line)
+    limits = {r.rank: r.usage.latest["limit"] for r in ranks if r.rank in lines
+              and r.usage.latest.get("limit_of") == "cgroup" and r.usage.latest.get("limit")}
+    return {rank: [(t - start, rss) for t, rss in line] for rank, line in lines.items()}, limits
+
+
+class MemoryAxes(Axes):
+    """The memory chart's frame: time across (s, min or h), memory up from 0 (MB or GB) to the
+    highest sample, or to a limit up to LIMIT_IN_VIEW times higher."""
+
+    def __init__(self, lines, limits):
+        span = max(t for line in lines.values() for t, _ in line)
+        top = max(rss for line in lines.values() for _, rss in line)
+        top = max([top] + [v for v in limits.values() if v <= LIMIT_IN_VIEW * top])
+        self.seconds, self.time_unit = next((per, unit) for per, unit in (
+            (1, "s"), (60, "min"), (3600, "h")) if span / per <= 600 or unit == "h")
+        self.bytes, self.unit = (1 << 30, "GB") if top >= 1 << 30 else (1 << 20, "MB")
+        self.span = span
+        super().__init__(0, span / self.seconds, 0, 1.1 * top / self.bytes)
+
+    def point(self, t, rss):
+        return f"{self.x(t / self.seconds):.1f},{self.y(rss / self.bytes):.1f}"
+
+    def open(self, **data):
+        """The chart's `<svg>`, title, frame and "N s" (the time sampled) below."""
+        return (chart_open(f"memory ({self.unit})", self, memory=self.unit, **data)
+                + self.svg(0, f"{self.span / self.seconds:.0f} {self.time_unit}"))
+
+    def limits(self, limits):
+        """A dashed line at each limit in view (in its rank's colour, grey where ranks share
+        it), labelled in grey; the lowest of those above the plot named below it."""
+        by_limit = {}
+        for rank, limit in sorted(limits.items()):
+            by_limit.setdefault(limit, []).append(rank)
+        parts, above = [], []
+        for limit, ranks in sorted(by_limit.items()):
+            if limit / self.bytes > self.y1:
+                above.append(limit)
+                continue
+            y = self.y(limit / self.bytes)
+            who = (f"rank {ranks[0]}" if len(ranks) == 1 else
+                   f"ranks {', '.join(map(str, ranks))}" if len(ranks) <= 3 else
+                   f"{len(ranks)} ranks")
+            colour = COLOURS[ranks[0] % len(COLOURS)] if len(ranks) == 1 else "#555"
+            parts.append(f'<g data-limit="{limit}"><title>the limit of {who}: {size(limit)}, '
+                         f'its cgroup\'s</title><line x1="{LEFT}" x2="{LEFT + self.plot_w}" '
+                         f'y1="{y:.1f}" y2="{y:.1f}" stroke="{colour}" stroke-width="1.2" '
+                         f'stroke-dasharray="5 4"/><text x="{LEFT + self.plot_w - 4}" '
+                         f'y="{y - 4:.1f}" text-anchor="end" fill="#555" stroke="white" '
+                         f'stroke-width="3" paint-order="stroke">limit '
+                         f'{size(limit)} ({who})</text></g>')
+        if above:
+            parts.append(f'<text x="{LEFT}" y="{self.height - 3}" fill="#555" '
+                         f'data-limit-above="{above[0]}">limit {size(above[0])}: above</text>')
+        return parts
+
+
+def memory_chart_svg(ranks):
+    """Each rank's memory (rss) over time, a line per rank, and its limit dashed; "" before
+    any rank's memory was sampled."""
+    lines, limits = memory_series(ranks)
+    if not lines:
+        return ""
+    axes = MemoryAxes(lines, limits)
+    drawn = {rank: " ".join(axes.point(t, rss) for t, rss in _thin(lines[rank]))
+             for rank in sorted(lines)}
+    return "".join(axes.open() + axes.limits(limits) + _polylines(drawn)
+                   + _legend(sorted(lines), axes) + ["</svg>"])
+
+
+def _e(text):
+    return html.escape(str(text))

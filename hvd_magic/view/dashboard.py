@@ -40,17 +40,16 @@ Not for: the logs on disk (the driver writes every line to ``run_dir``), or talk
 tasks; a click only calls `run.cancel()`.
 """
 
-import collections
 import html
 import itertools
 import os
 import time
 
-from .summary import (RankPicker, band_charts, band_charts_html, is_large,
-                      summary_html)
+from .summary import RankPicker, band_charts, is_large, summary_html
 from .subshell import busy_after_control, hold, route_to_subshell
-from .charts import chart_svgs, charts_box, charts_html, picture_svg
+from .charts import chart_svgs, charts_box, picture_svg
 from .opening import Opening
+from .pacing import ChartRedraw, Pace
 from .stacks_panel import StacksPanel, button_layout
 from .table import (TABLE_HEAD, footer_html, link_html, log_html, row_html, state_html,
                     table_html)
@@ -88,12 +87,11 @@ class Dashboard:
         self._early = []             # (rank, event) of lines while nothing is shown yet
         self._early_lines = 0
         self._started = None
-        self._last_push = 0.0
+        self._pace = Pace(UPDATES_PER_SECOND)
         self._pushed_at = {}
         self._cancel_clicked = False
         self._notices = []           # messages about the whole run
-        self._charts = ("", None, 0.0)  # (html, (points, banded) drawn, when it was drawn)
-        self._chart_cost = 0.0       # seconds the last drawing took: a slow one is redrawn less
+        self._charts = ChartRedraw(CHART_INTERVAL)
 
     # -- the view protocol -------------------------------------------------------------------
     def start(self, run):
@@ -137,15 +135,17 @@ class Dashboard:
                 return
             self._show(run)
         now = time.monotonic()
-        if now - self._last_push < 1.0 / UPDATES_PER_SECOND:
-            return
-        for widgets, render in self._candidates(run):
+        room = self._pace.room(now)
+        for widgets, render in self._candidates(run) if room else ():
             values = render()
             changed = [(w, v) for w, v in zip(widgets, values) if w.value != v]
+            if len(changed) > room:
+                return  # (the table and the charts go together: next time, with room for both)
             for widget, value in changed:
                 widget.value = value  # one comm message each
-                self._pushed_at[widget] = self._last_push = now
+                self._pushed_at[widget] = now
             if changed:
+                self._pace.took(now, len(changed))
                 return
 
     def _due(self, run):
@@ -262,20 +262,8 @@ class Dashboard:
         return items
 
     def _charts_html(self, run):
-        """The charts, redrawn when new points came (with the table: the x axis never lags it),
-        but if drawing them is slow, for not more than a tenth of the time, and a large run's
-        (they read every rank's points) at most every CHART_INTERVAL per 256 ranks."""
-        drawn, drawn_key, when = self._charts
-        now = time.monotonic()
-        banded = self.picker is not None and not self.picker.lines.value
-        key = (sum(len(r.history) for r in run.ranks), banded)
-        if key != drawn_key and now - when >= max(10 * self._chart_cost,
-                                                  CHART_INTERVAL * run.np / 256):
-            # mean and min-max band across ranks, unless a line per rank is asked for
-            drawn = (band_charts_html if banded else charts_html)(run.ranks)
-            self._chart_cost = time.monotonic() - now
-            self._charts = drawn, key, now
-        return drawn
+        # (a line per rank, or a large run's mean and min-max band unless lines are asked for)
+        return self._charts.html(run, self.picker is not None and not self.picker.lines.value)
 
     def _show_picture(self, run):
         """The final charts as a static SVG output (it replaces the live ones): what a saved

@@ -4,10 +4,12 @@
 - counts of ranks by state;
 - progress as a distribution (min, median, max, a ten-bucket histogram) with the slowest ranks
   named;
-- one row per host;
+- one row per host, with the sum of its ranks' memory;
+- the ranks with the most memory: now, their peak, their share of their limit;
 - the outliers pinned, each with its own row: failed ranks, stalled ones (waiting in a collective,
   or silent for `STALLED_AFTER` seconds), the slowest;
-- charts with the mean across ranks and the min-max band (per-rank lines on request);
+- charts with the mean across ranks and the min-max band (per-rank lines on request), memory's
+  too;
 - `RankPicker`: any rank's row and log, one number away.
 
 Everything here is a plain function of the run's state (and `RankPicker` of one widget's value),
@@ -19,15 +21,19 @@ Not for: runs of `SUMMARY_ABOVE` ranks or fewer (a row per rank reads fine there
 """
 
 import collections
+import heapq
 import html
 import statistics
 import time
 
-from .charts import COLOURS, RIGHT, WIDTH, Axes, chart_open, charts_box
+from ..words import size
+from .charts import (COLOURS, RIGHT, WIDTH, Axes, MemoryAxes, chart_open, charts_box,
+                     memory_series)
 
 SUMMARY_ABOVE = 16       # more ranks than this: the summary, not a row per rank
 STALLED_AFTER = 30.0     # seconds a running rank may be silent before it is pinned as stalled
 SLOWEST = 5              # slowest ranks named and pinned
+MOST_MEMORY = 5          # ranks named as those with the most memory
 BINS = 120               # x positions of a band chart
 _LIVE = ("pending", "starting", "rendezvous", "running")
 
@@ -85,6 +91,27 @@ def threads_text(ranks):
     return f"{low if low == high else f'{low}-{high}'} CPU thread{'s' if high > 1 else ''} per rank"
 
 
+def _latest(r):
+    """The rank's newest resources sample, or None."""
+    return getattr(getattr(r, "usage", None), "latest", None)
+
+
+def most_memory(ranks, count=MOST_MEMORY):
+    """The `count` ranks with the most memory now (their newest sample), most first."""
+    sampled = [r for r in ranks if _latest(r) is not None]
+    return heapq.nsmallest(count, sampled, key=lambda r: (-_latest(r).get("rss", 0), r.rank))
+
+
+def host_memory(members):
+    """(the sum of the ranks' memory now, the host's available memory in the newest sample),
+    or None before any sample."""
+    latest = [e for e in map(_latest, members) if e is not None]
+    if not latest:
+        return None
+    newest = max(latest, key=lambda e: e.get("time") or 0)
+    return sum(e.get("rss", 0) for e in latest), newest.get("free")
+
+
 def _counts(ranks):
     return collections.Counter(r.state for r in ranks)
 
@@ -124,20 +151,47 @@ def summary_html(run, row_html, table_head, state_html):
     if rows:
         parts.append("<div><b>pinned</b>: failed, stalled, slowest</div>"
                      f"{table_head}{''.join(rows)}</table>")
+    parts.append(_most_memory_html(ranks))
     host_rows = []
     for host, members in hosts(ranks):
         states = ", ".join(f"{n} {s}" for s, n in sorted(_counts(members).items()))
         threads = threads_text(members)
-        host_rows.append(f"<tr data-host='{_e(host)}'><td style='padding:0 .6em'>{_e(host)}</td>"
-                         f"<td style='padding:0 .6em'>{len(members)}"
-                         f"{' · ' + _e(threads) if threads else ''}</td>"
-                         f"<td style='padding:0 .6em'>{_e(states)}</td>"
-                         f"<td style='padding:0 .6em'>{_e(_steps_text(members))}</td></tr>")
-    parts.append("<table style='border-collapse:collapse'><tr>"
-                 + "".join(f"<th style='text-align:left;padding:0 .6em'>{name}</th>"
-                           for name in ("host", "ranks", "states", "progress"))
-                 + "</tr>" + "".join(host_rows) + "</table>")
+        memory = host_memory(members)
+        memory = "" if memory is None else size(memory[0]) + (
+            f" · {size(memory[1])} free" if memory[1] is not None else "")
+        host_rows.append(f"<tr data-host='{_e(host)}'>" + _cells(
+            host, f"{len(members)}{' · ' + threads if threads else ''}", states,
+            _steps_text(members), memory) + "</tr>")
+    parts.append(_table(("host", "ranks", "states", "progress", "memory"), host_rows))
     return "<div class='hvd-magic-summary'>" + "".join(parts) + "</div>"
+
+
+def _cells(*texts):
+    return "".join(f"<td style='padding:0 .6em'>{_e(text)}</td>" for text in texts)
+
+
+def _table(head, rows):
+    return ("<table style='border-collapse:collapse;margin-bottom:.4em'><tr>"
+            + "".join(f"<th style='text-align:left;padding:0 .6em'>{name}</th>" for name in head)
+            + "</tr>" + "".join(rows) + "</table>")
+
+
+def _most_memory_html(ranks):
+    """The ranks with the most memory: now, peak, share of the limit (red past NEAR_LIMIT)."""
+    rows = []
+    for r in most_memory(ranks):
+        latest = _latest(r)
+        rss, limit = latest.get("rss", 0), latest.get("limit") or 0
+        whose = "its cgroup's" if latest.get("limit_of") == "cgroup" else "the host's memory"
+        share = f"{rss / limit:.0%} of {size(limit)}" if limit else ""
+        style = "padding:0 .6em" + (";color:#c62828" if r.usage.near_limit() else "")
+        rows.append(f"<tr data-memory-rank='{r.rank}'>" + _cells(r.rank, r.host or "?",
+                                                                 size(rss), size(r.usage.peak_rss))
+                    + f"<td style='{style}' title='{_e(whose)}'>{_e(share)}</td></tr>")
+    if not rows:
+        return ""
+    return ("<div data-summary='memory'><b>most memory</b></div>"
+            + _table(("rank", "host", "now", "peak", "of its limit"), rows))
 
 
 class RankPicker:
@@ -189,29 +243,38 @@ def band_series(ranks):
                                      np.asarray(values, float)[::stride]))
     out = {}
     for name, columns in per_metric.items():
-        lengths = [len(v) for _, v in columns]
-        owner = np.repeat(np.arange(len(columns)), lengths)
-        steps = np.concatenate([s for s, _ in columns])
-        values = np.concatenate([v for _, v in columns])
-        keep = np.isfinite(steps) & np.isfinite(values)
-        if not keep.any():
-            continue
-        owner, steps, values = owner[keep], steps[keep], values[keep]
-        x0, x1 = float(steps.min()), float(steps.max())
-        span = (x1 - x0) or 1.0
-        index = owner * BINS + np.minimum(BINS - 1, ((steps - x0) / span * BINS).astype(int))
-        cells = len(columns) * BINS
-        counts = np.bincount(index, minlength=cells)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            matrix = (np.bincount(index, weights=values, minlength=cells) / counts).reshape(
-                len(columns), BINS)
-        filled = ~np.all(np.isnan(matrix), axis=0)
-        with np.errstate(invalid="ignore"):
-            mean = np.nanmean(matrix[:, filled], axis=0)
-            low, high = np.nanmin(matrix[:, filled], axis=0), np.nanmax(matrix[:, filled], axis=0)
-        x = x0 + (np.arange(BINS)[filled] + 0.5) * span / BINS
-        out[name] = (x, mean, low, high, len(columns))
+        drawn = _bands(columns)
+        if drawn is not None:
+            out[name] = drawn
     return out
+
+
+def _bands(columns):
+    """(x, mean, low, high, count) of `columns`, [(xs, values)] numpy arrays a rank: each
+    rank's mean per bin of x, then across ranks; None where no value is finite."""
+    import numpy as np
+    lengths = [len(v) for _, v in columns]
+    owner = np.repeat(np.arange(len(columns)), lengths)
+    steps = np.concatenate([s for s, _ in columns])
+    values = np.concatenate([v for _, v in columns])
+    keep = np.isfinite(steps) & np.isfinite(values)
+    if not keep.any():
+        return None
+    owner, steps, values = owner[keep], steps[keep], values[keep]
+    x0, x1 = float(steps.min()), float(steps.max())
+    span = (x1 - x0) or 1.0
+    index = owner * BINS + np.minimum(BINS - 1, ((steps - x0) / span * BINS).astype(int))
+    cells = len(columns) * BINS
+    counts = np.bincount(index, minlength=cells)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        matrix = (np.bincount(index, weights=values, minlength=cells) / counts).reshape(
+            len(columns), BINS)
+    filled = ~np.all(np.isnan(matrix), axis=0)
+    with np.errstate(invalid="ignore"):
+        mean = np.nanmean(matrix[:, filled], axis=0)
+        low, high = np.nanmin(matrix[:, filled], axis=0), np.nanmax(matrix[:, filled], axis=0)
+    x = x0 + (np.arange(BINS)[filled] + 0.5) * span / BINS
+    return x, mean, low, high, len(columns)
 
 
 def band_chart_svg(name, x, mean, low, high, count):
@@ -222,23 +285,45 @@ def band_chart_svg(name, x, mean, low, high, count):
     def xy(px, py):
         return f"{axes.x(px):.1f},{axes.y(py):.1f}"
 
+    # (the axis says the latest step: the last bin's middle, rounded)
+    return "".join(chart_open(name, axes, band=count) + axes.svg(round(float(x.max())))
+                   + _band(xy, x, mean, low, high, count) + ["</svg>"])
+
+
+def _band(xy, x, mean, low, high, count):
+    """The mean's line and the min-max band, through `xy(x, value)`: "x,y" on the chart."""
     band = " ".join([xy(a, b) for a, b in zip(x, high)]
                     + [xy(a, b) for a, b in zip(x[::-1], low[::-1])])
     line = " ".join(xy(a, b) for a, b in zip(x, mean))
-    # (the axis says the latest step: the last bin's middle, rounded)
-    return "".join(chart_open(name, axes, band=count) + axes.svg(round(float(x.max()))) + [
-        f'<text x="{WIDTH - RIGHT}" y="28" text-anchor="end" fill="#555">mean, min-max of '
-        f'{count} ranks</text>',
-        f'<polygon data-band="min-max" points="{band}" fill="{COLOURS[0]}" fill-opacity="0.25" '
-        f'stroke="none"/>',
-        f'<polyline data-band="mean" points="{line}" fill="none" stroke="{COLOURS[0]}" '
-        f'stroke-width="1.8"/>',
-        "</svg>"])
+    return [f'<text x="{WIDTH - RIGHT}" y="28" text-anchor="end" fill="#555">mean, min-max of '
+            f'{count} ranks</text>',
+            f'<polygon data-band="min-max" points="{band}" fill="{COLOURS[0]}" '
+            f'fill-opacity="0.25" stroke="none"/>',
+            f'<polyline data-band="mean" points="{line}" fill="none" stroke="{COLOURS[0]}" '
+            f'stroke-width="1.8"/>']
+
+
+def memory_band_svg(ranks):
+    """The ranks' memory over time: the mean across ranks and the min-max band, and the lowest
+    limit below the hosts' dashed; "" before any sample."""
+    import numpy as np
+    lines, limits = memory_series(ranks)
+    drawn = _bands([(np.array([t for t, _ in line], float), np.array([v for _, v in line], float))
+                    for line in lines.values()]) if lines else None
+    if drawn is None:
+        return ""
+    axes = MemoryAxes(lines, limits)
+    lowest = {rank: v for rank, v in limits.items() if v == min(limits.values())}
+    return "".join(axes.open(band=drawn[-1]) + axes.limits(lowest)
+                   + _band(axes.point, *drawn) + ["</svg>"])
 
 
 def band_charts(ranks):
-    """Every metric's band chart (SVG strings), in name order."""
-    return [band_chart_svg(name, *drawn) for name, drawn in sorted(band_series(ranks).items())]
+    """Every metric's band chart (SVG strings), in name order, and memory's last (once
+    sampled)."""
+    memory = memory_band_svg(ranks)
+    return ([band_chart_svg(name, *drawn) for name, drawn in sorted(band_series(ranks).items())]
+            + ([memory] if memory else []))
 
 
 def band_charts_html(ranks):
