@@ -40,6 +40,7 @@ Not for: the logs on disk (the driver writes every line to ``run_dir``), or talk
 tasks; a click only calls `run.cancel()`.
 """
 
+import collections
 import html
 import itertools
 import os
