@@ -290,7 +290,7 @@ def test_the_dashboard_draws_the_memory_chart_live_and_keeps_it_in_its_rendition
             apply_event(run, dict(resources(1000.0 + s, (100 + 50 * r + s) * MB), rank=r), print)
 
     def after_the_throttle():  # (a redrawing waits 10 times the last one's cost)
-        time.sleep(10 * view._chart_cost + 0.05)
+        time.sleep(10 * view._charts.cost + 0.05)
         return view._charts_html(run)
 
     drawn = after_the_throttle()

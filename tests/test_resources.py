@@ -56,7 +56,9 @@ def test_each_ranks_memory_is_what_psutil_reads_from_outside_and_is_kept(ip, tmp
         _wait(lambda: ballast.latest["time"] > sampled, what="a second sample")
         outside = _tree_rss(run.ranks[1].pid)
         assert abs(ballast.latest["rss"] - outside) < 0.1 * outside
-        assert run.ranks[0].usage.latest["rss"] < 100 * MB  # each rank its own
+        # each rank its own (a rank forked from the template counts the pages it shares with
+        # it, torch's among them: hvd_magic.template)
+        assert ballast.latest["rss"] > run.ranks[0].usage.latest["rss"] + 150 * MB
         assert ballast.latest["limit"] > 0 and ballast.latest["free"] > 0
     finally:
         open(marker, "w").close()
@@ -66,7 +68,7 @@ def test_each_ranks_memory_is_what_psutil_reads_from_outside_and_is_kept(ip, tmp
     assert {"time", "cpu", "rss"} <= set(table.columns)
     assert table[table["rank"] == 1]["rss"].max() > 200 * MB
     kept = json.load(open(os.path.join(run.run_dir, "run.json")))["ranks"]
-    assert kept[1]["resources"]["peak_rss"] > 200 * MB > kept[0]["resources"]["peak_rss"]
+    assert kept[1]["resources"]["peak_rss"] > kept[0]["resources"]["peak_rss"] + 150 * MB
 
 
 def test_a_busy_ranks_cpu_counts_its_child_processes():
