@@ -13,7 +13,9 @@ at (`sent`), read back where the view gets the event: the latency.
 
 Then the memory phase: every rank sends `--points` metric points (2 metrics each) in events of
 1000 points (as a rank's throttle sends a tight loop's points), and the growth of this process's
-RSS is measured with the run still held (`last_run().metrics` keeps every point).
+RSS is measured with the run still held (its `MetricHistory`s keep at most `KEEP` values a metric,
+thinned; `last_run().metrics` reads every point back from events.jsonl). Its peak while the run
+went is sampled too, with the event queue's longest backlog: events decoded, not yet applied.
 
     .venv/bin/python bench/bench_scale.py [--np 64 256 1024] [--seconds 20] [--view dashboard]
     .venv/bin/python bench/bench_scale.py --quick          # np 16 and 64, 5 s each
@@ -21,9 +23,10 @@ RSS is measured with the run still held (`last_run().metrics` keeps every point)
 Reported per N: the driver's CPU (this process: the event server's thread, the driver loop, the
 view) as a share of one core while every rank streams (until the first bulk or exit event), and
 per event; latency p50/p99; events lost (sent by the simulators, never seen by the view: must be
-0); bytes written to the run folder; RSS growth for the points, and the bytes of the metric
-history itself. The machine's load average is printed beside them: on a shared 2-core
-machine the simulators compete with the driver for the cores.
+0); bytes written to the run folder; RSS growth for the points (at the end, and its peak), the
+bytes of the metric history itself, and the longest backlog of the event queue. The machine's
+load average is printed beside them: on a shared 2-core machine the simulators compete with the
+driver for the cores.
 
 Not a test: timings live here only.
 """
@@ -40,6 +43,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -233,6 +237,32 @@ def make_view(kind):
     return TextView(stdout=null, stderr=null)
 
 
+class Peak:
+    """This process's highest RSS and the run's longest event queue, sampled every 0.1 s from a
+    thread while the run goes (`with Peak(run) as peak:`)."""
+
+    def __init__(self, run):
+        self.run, self.rss, self.queued = run, 0, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        proc = psutil.Process()
+        while not self._done.wait(0.1):
+            self.rss = max(self.rss, proc.memory_info().rss)
+            server = getattr(self.run, "_server", None)
+            if server is not None and hasattr(server.events, "qsize"):
+                self.queued = max(self.queued, server.events.qsize())
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+
 def percentile(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
@@ -254,11 +284,11 @@ def one_run(np, args, root):
               view=measured)
     load0 = os.getloadavg()[0]
     start = time.monotonic()
-    run.launch({"fn": pickle.dumps(None), "args": []}, {})
+    with Peak(run) as peak:
+        run.launch({"fn": pickle.dumps(None), "args": []}, {})
     wall = time.monotonic() - start
     gc.collect()
     rss = psutil.Process().memory_info().rss - rss0
-    points = sum(len(r.history) for r in run.ranks)
     lost = sum(launcher.sent.values()) - sum(measured.seen.values()) + len(launcher.errors) * 10**6
     seconds, cpu, events = measured.stream or (float("nan"),) * 3
     result = {
@@ -266,10 +296,13 @@ def one_run(np, args, root):
         "cpu_per_event_us": 1e6 * cpu / max(1, events), "events_per_s": events / seconds,
         "p50": percentile(measured.latencies, 0.5), "p99": percentile(measured.latencies, 0.99),
         "lost": lost, "bytes": folder_bytes(run.run_dir), "rss_mb": rss / 2**20,
+        "peak_rss_mb": (peak.rss - rss0) / 2**20, "queued": peak.queued,
         "history_mb": sum(r.history.nbytes() for r in run.ranks) / 2**20,
         # at the full rate (--tick) of every rank, from the CPU per event measured
         "cpu_share_full_rate": cpu / max(1, events) * np * 2 / args.tick,
-        "points": points, "tick_p99_ms": 1e3 * (percentile(measured.ticks, 0.99) or 0),
+        "points": sum(r.history.reported for r in run.ranks),
+        "points_kept": sum(len(r.history) for r in run.ranks),
+        "tick_p99_ms": 1e3 * (percentile(measured.ticks, 0.99) or 0),
         "load": (load0 + os.getloadavg()[0]) / 2, "errors": launcher.errors,
     }
     del run
@@ -323,6 +356,8 @@ def main():
                     ("p50", "latency p50 (send to view)", "s"),
                     ("p99", "latency p99 (send to view)", "s"),
                     ("rss_mb", f"RSS growth, {args.points} points/rank kept", "MB"),
+                    ("peak_rss_mb", "RSS growth at its peak while the run went", "MB"),
+                    ("queued", "event queue's longest backlog", "events"),
                     ("bytes", "bytes written to the run folder", "B"),
                     ("tick_p99_ms", "view tick p99", "ms")]:
                 # the unit in the name: BENCHMARKS.md heads a table with one unit

@@ -74,7 +74,7 @@ def test_the_dashboard_summarises_64_ranks_and_any_rank_is_one_number_away(ip, t
     assert 'data-band="64"' in charts and "<polyline data-rank" not in charts  # mean, band
     assert 'data-metric="note"' not in charts  # not a number
     view.picker.lines.value = True  # per-rank lines on request
-    view._charts = ("", -1, 0.0)
+    view._charts.key, view._charts.when = None, 0.0  # (drawn again now)
     assert len(re.findall(r'<polyline data-rank="\d+"', view._charts_html(run))) == NP
 
     run.state = "failed"
@@ -96,7 +96,9 @@ def test_the_dashboard_summarises_64_ranks_and_any_rank_is_one_number_away(ip, t
     mine = metrics[(metrics["rank"] == 3) & (metrics.name == "loss")]
     assert list(mine.step) == list(range(1, STEPS + 1))
     assert list(run.ranks[3].history)[0] == [1, {"loss": 1.003, "note": "x"}]
-    assert run.ranks[3].history.nbytes() == 3 * 8 * STEPS  # steps, loss: 8 B a value (a note)
+    # each metric: its steps, its values (8 B a number; a note's list, 8 B a value) and the
+    # number of each value's point
+    assert run.ranks[3].history.nbytes() == 2 * 3 * 8 * STEPS
 
 
 def test_the_text_view_prints_rank_0_and_a_summary_of_64_ranks(tmp_path):

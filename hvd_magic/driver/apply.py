@@ -10,6 +10,7 @@
 Not for: when to stop or how (`hvd_magic.driver.loop`); `request_stop` is handed in.
 """
 
+import functools
 import time
 
 from ..errors import is_follow_on, is_peer_gone
@@ -56,14 +57,13 @@ def apply_event(run, event, request_stop):
         r.step, r.total = event.get("step"), event.get("total")
         points = event.get("points")
         if isinstance(points, list):
-            r.history.extend(points)  # (MetricHistory skips what is not [step, {...}])
-            # The row's values are the latest of each metric: the rank's throttle sends only
-            # its newest event, whose own metrics may be empty (a bar's step after the values
-            # logged), so the points it carries are what the rank last reported.
-            for point in points:
-                if isinstance(point, (list, tuple)) and len(point) == 2 \
-                        and isinstance(point[1], dict):
-                    r.metrics.update(point[1])
+            if r.history.read_back is None:  # what it thins stays in events.jsonl: read there
+                r.history.read_back = functools.partial(run.folder.metric_history, rank)
+            # (MetricHistory skips what is not [step, {...}]) The row's values are the latest of
+            # each metric: the rank's throttle sends only its newest event, whose own metrics
+            # may be empty (a bar's step after the values logged), so the points it carries are
+            # what the rank last reported.
+            r.metrics.update(r.history.extend(points))
         if isinstance(event.get("metrics"), dict):
             r.metrics.update(event["metrics"])
     elif kind == "rendezvous":

@@ -21,6 +21,8 @@ import json
 import os
 import time
 
+from .metrics import MetricHistory
+
 FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
 # folders of binary files a task may send back: TensorBoard's logs; torch's error file of a
 # failed rank (TORCHELASTIC_ERROR_FILE, what `torch.distributed.elastic...errors.record` writes)
@@ -36,13 +38,16 @@ class RunFolder:
         self._logs = {}
         self._attempts = {}          # rank -> its process's attempt, when not the first
         self._events = None
+        self._events_start = 0       # where this run's events begin in events.jsonl
         self._dirty = set()          # files written since the last flush
+        self._read_back = None       # (rank, {higher rank: MetricHistory}) of `metric_history`
 
     def create(self, np):
         os.makedirs(self.path, exist_ok=True)
         for rank in range(np):  # every rank has a log, even one that prints nothing
             self._log(rank)
         self._events = open(os.path.join(self.path, "events.jsonl"), "a", encoding="utf-8")
+        self._events_start = self._events.tell()  # (a run_dir used again: this run's follow)
 
     def log_path(self, rank):
         """Rank `rank`'s log; in an elastic run, that of its latest attempt."""
@@ -74,6 +79,27 @@ class RunFolder:
         """Append an event (not lines, not file chunks) to events.jsonl, with the time."""
         self._events.write(json.dumps(dict(event, time=round(time.time(), 3)), default=str) + "\n")
         self._dirty.add(self._events)
+
+    def metric_history(self, rank):
+        """Every metric point rank `rank` reported, read back from events.jsonl (each progress
+        event is there with its points), as a `MetricHistory` that keeps them all; None if the
+        file cannot be read. What the driver's own history thinned, for `Run.metrics`.
+
+        Run.metrics asks for every rank in turn: the file is read once for the ranks from this
+        one up, each handed out once (none kept after); a rank asked for again or out of order
+        reads the file again. A live run's last `FLUSH_EVERY` seconds may not be there yet."""
+        if self._read_back is None or rank <= self._read_back[0]:
+            try:
+                self._read_back = (rank, _read_histories(
+                    os.path.join(self.path, "events.jsonl"), self._events_start, rank))
+            except OSError:
+                return None
+        histories = self._read_back[1]
+        history = histories.pop(rank, None)
+        for other in [r for r in histories if r < rank]:  # (not asked for: nothing kept)
+            del histories[other]
+        self._read_back = (rank, histories) if histories else None
+        return history
 
     def flush(self):
         """Flush what was written since the last call (the driver loop calls it every
@@ -136,3 +162,26 @@ class RunFolder:
         with open(tmp, "w") as f:
             f.write(json.dumps(meta, default=str))  # one line: the C encoder (indent is pure Python)
         os.replace(tmp, os.path.join(self.path, "run.json"))
+
+
+def _read_histories(path, start, lowest):
+    """{rank: MetricHistory of all its points} from the progress events in an events.jsonl
+    from byte `start` on, for the ranks from `lowest` up (a line cut short is skipped)."""
+    histories = {}
+    with open(path, "rb") as f:
+        f.seek(start)
+        for line in f:
+            if b'"progress"' not in line:  # (most lines are; this skips decoding the rest)
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            rank, points = event.get("rank"), event.get("points")
+            if event.get("t") == "progress" and isinstance(rank, int) and rank >= lowest \
+                    and isinstance(points, list):
+                history = histories.get(rank)
+                if history is None:
+                    history = histories[rank] = MetricHistory(keep=None)
+                history.extend(points)
+    return histories

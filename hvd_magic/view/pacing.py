@@ -46,10 +46,17 @@ class ChartRedraw:
         now = time.monotonic()
         sampled = int(max(((r.usage.latest or {}).get("time") or 0 for r in run.ranks),
                           default=0))
-        key = (sum(len(r.history) for r in run.ranks), sampled, banded)
+        # (points reported: a history thinned as it grows keeps a number it had before)
+        key = (sum(_reported(r.history) for r in run.ranks), sampled, banded)
         if key != self.key and now - self.when >= max(10 * self.cost,
                                                       self.interval * run.np / 256):
             self.drawn = (band_charts_html if banded else charts_html)(run.ranks)
             self.cost = time.monotonic() - now
             self.key, self.when = key, now
         return self.drawn
+
+
+def _reported(history):
+    """Points a rank reported so far (`MetricHistory.reported`; a plain list's length)."""
+    reported = getattr(history, "reported", None)
+    return len(history) if reported is None else reported
