@@ -133,44 +133,52 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     """Start a pickled job as `placement` and `options` say (`hvd_magic.config`, checked
     together here once more: a front door may have made them apart); return the `Run`."""
     placement, options = check_together(placement, options)
-    if placement.elastic is not None:
-        refuse_elastic_without_horovod(job)
-    refuse_without_horovod(job, placement, options)
+    kind = elastic_kind(job) if placement.elastic is not None else None
+    refuse_without_horovod(job, placement, options, kind)
     refuse_nccl_beyond_gpus(job, placement)
     view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
-    launcher = make_launcher(placement)
+    launcher = make_launcher(placement, elastic_kind=kind)
     run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
                elastic=placement.elastic)
     return run_.launch(job, kwargs_pickled, background=background)
 
 
-def refuse_elastic_without_horovod(job):
-    """``--min-np`` runs Horovod's elastic driver: it re-forms Horovod's ring, and nothing else.
-    A cell or script whose code (with the modules it ships) never names Horovod, e.g.
-    torch.distributed's, would get a driver that can do nothing for it: a plain UsageError
-    saying what to do. (A function given to `run` has no text to read: it is not checked.)"""
-    if not job.get("sources"):
-        return
-    if any(re.search(r"\bhorovod\b", text) for text in _texts(job)):
-        return
+def elastic_kind(job):
+    """Which elastic run ``--min-np`` makes of a job: ``"horovod"`` for code that uses Horovod
+    (Horovod's elastic driver runs here and re-forms its ring inside ``hvd.elastic.run``), or
+    ``"torch"`` for code that uses `hvd_magic.elastic` (our membership re-forms the
+    torch.distributed group inside ``elastic.run``: `hvd_magic.launch.elastic_torch`). Code that
+    uses neither could not go on after a loss: a UsageError saying what to do. A function given
+    to `run` has no text: what it imports decides (torch without Horovod: ours)."""
+    texts = _texts(job)
+    if not texts:
+        names = {n.split(".")[0] for n in job.get("imports") or ()}
+        return "torch" if "torch" in names and "horovod" not in names else "horovod"
+    if any(re.search(r"\bhorovod\b", text) for text in texts):
+        return "horovod"
+    if any(re.search(r"\bhvd_magic\b.*\belastic\b|\belastic\.(run|TorchState|ObjectState)\b",
+                     text) for text in texts):
+        return "torch"
     what = "script" if job.get("script") else "cell"
     raise UsageError(
-        f"--min-np makes an elastic Horovod run (a lost rank is replaced and the survivors "
-        f"re-form Horovod's ring inside hvd.elastic.run), but this {what} does not use Horovod; "
-        f"a torch.distributed process group cannot be re-formed that way. Drop --min-np: a lost "
-        f"rank then ends the run with its error, and you rerun it from your last checkpoint. "
-        f"Or train with Horovod's elastic API (hvd.elastic.run and a State: docs/elastic.md).")
+        f"--min-np makes an elastic run: a lost rank is replaced and the survivors go on from "
+        f"their last commit, inside a training function that knows how to. This {what} has "
+        f"none: use hvd_magic.elastic (a TorchState, state.commit() and @elastic.run around "
+        f"the training loop: docs/elastic_ddp.md) for torch.distributed, or Horovod's elastic "
+        f"API (hvd.elastic.run and a State: docs/elastic.md). Or drop --min-np: a lost rank "
+        f"then ends the run with its error, and you rerun it from your last checkpoint.")
 
 
-def refuse_without_horovod(job, placement, options):
-    """What needs Horovod where it is not installed, said before anything starts: an elastic run
-    (Horovod's elastic driver runs here), and where the ranks run on this very Python (``--np
+def refuse_without_horovod(job, placement, options, elastic=None):
+    """What needs Horovod where it is not installed, said before anything starts: a Horovod
+    elastic run (`elastic`: Horovod's elastic driver runs here), and where the ranks run on this very Python (``--np
     -N``, a local Spark session), a job that imports Horovod or records its timeline. Elsewhere
     the executors' Python decides, and a rank that lacks it says so (`driver.ending`)."""
     if installed("horovod"):
         return
-    if placement.elastic is not None:
-        _refuse("--min-np (an elastic run: Horovod's elastic driver runs in this notebook)")
+    if elastic == "horovod":
+        _refuse("--min-np on Horovod code (an elastic run: Horovod's elastic driver runs in "
+                "this notebook)")
     if not _ranks_run_here(placement):
         return
     uses = sorted(n for n in imported_names(job) if n.split(".")[0] == "horovod")

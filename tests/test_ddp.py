@@ -252,19 +252,6 @@ def test_the_watchdog_names_a_rank_stuck_in_a_torch_collective(ip, op):
     assert "rank 1 is running elsewhere" in text
 
 
-def test_min_np_on_code_without_horovod_says_what_to_do(ip, tmp_path):
-    cell = "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
-    runs_before = len(hvd_magic.runs())
-    for run in (lambda: ip.run_cell_magic("horovod", "--np -2 --min-np 1", cell),
-                lambda: hvd_magic.run_script(tmp_path / "train.py", np=-2, min_np=1)):
-        (tmp_path / "train.py").write_text(cell)
-        with pytest.raises(UsageError) as info:
-            run()
-        assert type(info.value) is UsageError  # (a subclass prints a full traceback)
-        assert "does not use Horovod" in str(info.value) and "Drop --min-np" in str(info.value)
-    assert len(hvd_magic.runs()) == runs_before  # refused before anything started
-
-
 def test_rank_0_keeps_the_store_until_every_rank_is_done_with_it(ip, tmp_path):
     """Rank 0's process hosts torch.distributed's store: a cell that ends with no collective
     after making its group must not take the store away from a peer still using it (the peer

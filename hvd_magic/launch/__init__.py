@@ -3,6 +3,7 @@
 - `spark`: one Spark barrier stage of N tasks on the active or an embedded SparkSession;
 - `connect`: the same stage through a Spark Connect session (no SparkContext there);
 - `elastic`, `elastic_spark`, `elastic_session`: ``--min-np``, Horovod's elastic driver here;
+- `elastic_torch`: ``--min-np`` for torch.distributed (`hvd_magic.elastic`), our own membership;
 - `local`: ``--np -N``, N tasks as threads of the driver, no Spark;
 - `envcheck`: ``%horovod_env``, can the executors run ranks at all (versions, GPUs)?
 
@@ -12,13 +13,19 @@ The driver side of ``--data`` (its DataFrame checked and planned) is `hvd_magic.
 from ..needs import installed, missing_message
 
 
-def make_launcher(placement, session=False):
+def make_launcher(placement, session=False, elastic_kind="horovod"):
     """The launcher for a `hvd_magic.config.Placement`: Spark for N > 0, the driver alone for
-    -N; elastic when it asks for `min_np`; for a warm session's ranks if `session`. A Spark JVM
+    -N; elastic when it asks for `min_np` (Horovod's elastic driver, or our own membership for
+    torch.distributed where `elastic_kind` is ``"torch"``); for a warm session's ranks if
+    `session`. A Spark JVM
     it starts writes to its log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr)."""
     np, spark, elastic = placement.np, placement.spark, placement.elastic
     if elastic is not None and session:
         from . import elastic_session
+    torch = elastic is not None and elastic_kind == "torch" and not session
+    if np < 0 and torch:
+        from .elastic_torch import ElasticTorchLocalLauncher
+        return ElasticTorchLocalLauncher(*elastic)
     if np < 0:
         if elastic is not None:
             from .elastic import ElasticLocalLauncher
@@ -43,9 +50,13 @@ def make_launcher(placement, session=False):
         return ConnectLauncher(connect)
     spark_args = dict(session=spark, master=placement.master, conf=placement.spark_conf,
                       log_dir=placement.log_dir, verbose=placement.verbose)
+    if torch:
+        from .elastic_torch import ElasticTorchSparkLauncher
+        return ElasticTorchSparkLauncher(np, *elastic, **spark_args)
     if elastic is not None:
         from .elastic_spark import ElasticSparkLauncher
         return (elastic_session.ElasticSparkSessionLauncher if session
                 else ElasticSparkLauncher)(np, *elastic, **spark_args)
     from .spark import SparkLauncher
     return SparkLauncher(**spark_args)
+

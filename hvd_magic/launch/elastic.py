@@ -320,7 +320,7 @@ class ElasticLocalLauncher(ElasticLauncher):
         try:
             return run_worker(
                 self._settings,
-                types.SimpleNamespace(rank=slot, local_rank=int(env["HOROVOD_LOCAL_RANK"])), env,
+                types.SimpleNamespace(rank=slot, local_rank=local_rank(env)), env,
                 executor=slot_info.hostname, partition=attempt, ranks_on_host=self.max_np,
                 on_link=lambda link: threading.Thread(
                     target=self._watch, args=(link, events, done), daemon=True).start())
@@ -338,6 +338,11 @@ class ElasticLocalLauncher(ElasticLauncher):
             if any(e.is_set() for e in events):
                 link.stop_rank()
                 return
+
+
+def local_rank(env):
+    """A worker's local rank: Horovod's variable in its runs, torch's in ours (elastic_torch)."""
+    return int(env.get("HOROVOD_LOCAL_RANK", env.get("LOCAL_RANK", 0)))
 
 
 def how_lost(summary):

@@ -19,7 +19,8 @@ import traceback
 
 from .. import payload
 from ..errors import name_cells, name_cells_in_warnings
-from . import keras_alias, reporting, script, stacks, stall, stream, torch_store, trainers
+from . import (elastic_world, keras_alias, reporting, script, stacks, stall, stream, torch_store,
+               trainers)
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -154,6 +155,8 @@ def main(workdir):
         fn = pickle.loads(job["fn"])
         args = [pickle.loads(b) for b in job["args"]]
         kwargs = {name: payload.load(b) for name, b in job["kwargs"].items()}
+        if elastic_world.active():  # an elastic torch run: wait for the first world with us
+            elastic_world.world().join()
         global MODULES_BEFORE_CALL  # what was loaded before the cell's own imports ran (tests)
         MODULES_BEFORE_CALL = frozenset(sys.modules)
         value = fn(*args, **kwargs)

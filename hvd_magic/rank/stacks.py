@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 
-from . import debugger, reporting
+from . import debugger, elastic_world, reporting
 from .frames import bounded_locals, frame_record
 
 STACK_SIGNAL = signal.SIGRTMIN + 4
@@ -64,6 +64,9 @@ def _serve(fd):
             buffer += chunk
             *requests, buffer = buffer.split(b"\n")
             for request in requests:
+                if request.startswith(b"{"):  # the driver's word on an elastic world
+                    elastic_world.heard(request)
+                    continue
                 if request in (b"hold", b"release"):  # a peer is held in pdb, or no longer
                     debugger.hold_others(request == b"hold")
                     continue

@@ -25,8 +25,10 @@ import socket
 import types
 
 from .. import frameworks
+from ..frameworks.base import iface_towards
+from ..rank import elastic_world
 from .link import DriverLink
-from .plan import machine_name
+from .plan import _local_ip_towards, machine_name
 from .runner import run_worker
 
 WAIT_STEP = 0.2  # seconds between looks at the driver link while the slot waits for an order
@@ -65,8 +67,12 @@ def run_slot(settings, slot, attempt=0, gpus=()):
                 return (slot, "unused", {"rank": slot, "host": host})
             env = dict(order["env"])
             env.update(frameworks.here(env))  # (Horovod's interface, seen from this executor)
-            outcome = run_worker(settings, types.SimpleNamespace(
-                                     rank=slot, local_rank=int(env["HOROVOD_LOCAL_RANK"])), env,
+            if env.get(elastic_world.ELASTIC) == "torch":  # this machine, as the ranks reach it
+                driver = settings.events_address.rsplit(":", 1)[0]
+                env.setdefault(elastic_world.ADDRESS, _local_ip_towards(driver))
+                env.setdefault("GLOO_SOCKET_IFNAME", iface_towards(driver))
+            local_rank = int(env.get("HOROVOD_LOCAL_RANK", env.get("LOCAL_RANK", 0)))
+            outcome = run_worker(settings, types.SimpleNamespace(rank=slot, local_rank=local_rank), env,
                                  executor=order["key"], partition=attempt, link=link, gpus=gpus,
                                  ranks_on_host=order.get("ranks_on_host", 1))
             if outcome[1] != "died" or link.stopping.is_set():

@@ -129,6 +129,9 @@ class DriverLink:
             self.probe.tell("hold" if msg.get("on") else "release")
         elif kind in ("cell", "cell_part", "interrupt", "debug") and self.session is not None:
             self.session.on_message(msg)
+        elif kind in ("lost", "reform", "world", "leave") and self.probe is not None:
+            if msg.get("slot") in (None, self.forward.rank):  # an elastic world (rank/elastic_world.py)
+                self.probe.tell(json.dumps(msg))
         elif kind in ("worker", "stop_worker", "slots_done") and self.on_order is not None:
             self.on_order(msg)
 

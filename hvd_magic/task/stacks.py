@@ -62,7 +62,8 @@ class StackProbe:
                 self.probe_fd = None
 
     def tell(self, word):
-        """A word for the rank's helper thread: ``hold`` or ``release`` (rank/debugger.py)."""
+        """A word for the rank's helper thread: ``hold`` or ``release`` (rank/debugger.py), or
+        a JSON line: the driver's word on an elastic world (rank/elastic_world.py)."""
         with self._lock:
             try:
                 if self.probe_fd is not None:

@@ -1,0 +1,265 @@
+"""Elastic torch.distributed runs (``--min-np`` on code that uses `hvd_magic.elastic`, not
+Horovod): the membership is ours, kept here in the notebook; no Horovod anywhere.
+
+The slots, their workers and how a loss is heard are the elastic launchers' own
+(`hvd_magic.launch.elastic`, and on Spark a plain task per slot: `elastic_spark`); what Horovod's
+elastic driver decides there, `TorchMembership._drive` decides here:
+
+- each slot's worker is one rank process, started with the run's torch variables but no rank: it
+  says ``join`` (`hvd_magic.rank.elastic_world`) and waits;
+- a world (a generation `g`) is the slots that train together, in rank order. The first forms
+  once the ``np`` first workers joined (or ``min_np`` of them after `START_GRACE` seconds); it is
+  told to them as ``reform``; its rank 0 makes the store and says where (``store``), which is
+  told to all as ``world``; each then makes its process group;
+- a worker that dies is a loss: every worker is told ``lost`` at once (its sockets to the old
+  group are cut, so no collective waits on the dead peer), and the survivors get a new world
+  without it, made on a new store. The lost slot gets a new worker (a new attempt) where it has
+  room, which joins the world at the others' next commit (a ``reform`` they act on in
+  ``state.commit()``), as does a slot beyond ``np`` (up to ``max_np``) that gets room later;
+- fewer than ``min_np`` left: the survivors wait for replacements for the elastic timeout, then
+  the run ends with the launcher's error (`ElasticLauncher._too_few_message`);
+- a worker that raised, or a stop (a Cancel, the timeout), ends the run as in every run.
+
+Each world is told to the driver loop as a ``ring`` event (`hvd_magic.driver.membership`), as
+Horovod's rings are.
+"""
+
+import queue
+import threading
+import time
+import types
+
+from ..rank.elastic_world import ADDRESS, ELASTIC, SLOT
+from . import elastic
+from .elastic import SLOT_KEY, ElasticLauncher, ElasticLocalLauncher
+from .elastic_spark import ElasticSparkLauncher, _SlotEvents
+
+START_GRACE = 10.0       # seconds the first world waits for all `np` workers once min_np joined
+DEFAULT_TIMEOUT = 600.0  # the elastic timeout, as Horovod's default (HOROVOD_ELASTIC_TIMEOUT)
+
+
+class TorchMembership:
+    """Our own membership driver, in place of Horovod's, for an `ElasticLauncher`."""
+
+    def start(self, settings, np):
+        self._lock = threading.RLock()  # (the launcher's own methods take it too)
+        self._changed = threading.Condition(self._lock)
+        self._settings = settings
+        self._rows = np           # the slots (the view's rows)
+        self._world, self._g = [], -1
+        self._joined = set()      # slots whose current worker waits to be in a world
+        self._running = {}        # slot -> its worker's stop event
+        self._attempts = {}       # slot -> its latest attempt
+        self._finished = getattr(self, "_finished", set())
+        self._began = time.monotonic()
+        self._short_since = None  # fewer than min_np since when
+        super().start(settings, np)
+
+    def _drive(self, settings, np):
+        initial = self._initial_np(np)
+        with self._changed:
+            while True:
+                self._start_workers(initial)
+                if not self._running and (self._stopping or self._world or self._ended_all()):
+                    break
+                self._decide(initial)
+                self._changed.wait(0.2)
+        outcomes = self._final_outcomes()
+        if self.error is None and not self._stopping_by_run():
+            self.error = self._ending_error(outcomes)
+        self.outcomes = outcomes
+
+    def _stopping_by_run(self):
+        return self._stopping and self._gave_up is None
+
+    def _ended_all(self):
+        """No worker runs and none can start again."""
+        return all(self._attempts.get(s, 0) > elastic.REPLACEMENTS_PER_SLOT or s in self._finished
+                   for s in range(self._rows))
+
+    # -- workers --------------------------------------------------------------------------------
+    def _start_workers(self, initial):
+        """A worker in every slot that has room and none (the first `initial` slots at the
+        start; a lost slot again; a slot beyond them when it gets room)."""
+        if self._stopping or (self._world and self._done_training()):
+            return
+        for slot in range(self._rows if self._g >= 0 else initial):
+            attempt = self._attempts.get(slot, 0) + 1
+            if slot in self._running or slot in self._finished or \
+                    attempt > elastic.REPLACEMENTS_PER_SLOT + 1 or not self._has_capacity(slot):
+                continue
+            self._attempts[slot] = attempt
+            stop = self._running[slot] = threading.Event()
+            key = self._keys[slot] = SLOT_KEY.format(slot=slot, attempt=attempt)
+            self._in_background(self._worker, f"hvd-magic-slot-{slot}", slot, attempt, key, stop)
+
+    def _worker_env(self, slot):
+        return {ELASTIC: "torch", SLOT: slot, "LOCAL_RANK": self._local_rank(slot),
+                "LOCAL_WORLD_SIZE": self.max_np, "GROUP_WORLD_SIZE": 1,
+                "ROLE_NAME": "default", "TORCHELASTIC_RUN_ID": self._settings.run_id,
+                "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_USE_AGENT_STORE": "False"}
+
+    def _local_rank(self, slot):
+        return slot
+
+    def _worker(self, slot, attempt, key, stop):
+        outcome = self._run_slot(slot, attempt, types.SimpleNamespace(hostname=key),
+                                 self._worker_env(slot), [stop])
+        status = outcome[1]
+        with self._changed:
+            self._running.pop(slot, None)
+            self._joined.discard(slot)
+            self._last[slot] = outcome
+            if status == "died" and not self._stopping:
+                self._dead.add(key)
+                self._lost.append((slot, key, elastic.how_lost(outcome[2]), time.time()))
+                self._tell({"t": "lost", "slot_lost": slot})
+            elif status in ("ok", "error"):
+                self._finished.add(slot)
+            if status == "error" or (status == "stopped" and not stop.is_set()):
+                self._stopping = True  # a rank raised, or the run was stopped: no more worlds
+            self._changed.notify_all()
+
+    # -- worlds ---------------------------------------------------------------------------------
+    def _decide(self, initial):
+        if self._stopping:
+            return
+        if self._g < 0:  # the first world
+            waited = time.monotonic() - self._began
+            if len(self._joined) >= initial or (len(self._joined) >= self.min_np
+                                                and waited > START_GRACE):
+                self._form(sorted(self._joined))
+            else:
+                self._wait_for_enough(waited)
+            return
+        # each slot's worker now (one that finished is still its world's member)
+        current = {slot: self._keys[slot] for slot in set(self._running) | self._finished}
+        members = [s for s in self._world if current.get(s) == self._world_keys[s]]
+        newcomers = sorted(s for s in self._joined if s not in members)
+        if self._done_training():
+            for slot in newcomers:
+                self._running[slot].set()  # a joiner the others no longer need
+            return
+        if len(members) + len(newcomers) < self.min_np:
+            self._short_since = self._short_since or time.monotonic()
+            self._wait_for_enough(time.monotonic() - self._short_since)
+            return
+        self._short_since = None
+        if members != self._world or newcomers:
+            self._form(members + newcomers[:self.max_np - len(members)])
+
+    def _done_training(self):
+        """Every member of the world finished (the others have nothing to join)."""
+        return bool(self._world) and all(
+            s in self._finished and self._keys[s] == self._world_keys[s] for s in self._world)
+
+    def _wait_for_enough(self, waited):
+        timeout = self.elastic_timeout or DEFAULT_TIMEOUT
+        if waited > timeout:
+            self._gave_up = (waited, timeout)
+            self._stop_workers()
+
+    def _form(self, slots):
+        self._g += 1
+        self._world = slots
+        self._world_keys = {slot: self._keys[slot] for slot in slots}
+        self._tell({"t": "reform", "g": self._g, "slots": slots})
+        self._ring_formed([self._keys[s] for s in slots])
+
+    def _heard(self, event):
+        """A worker's ``elastic`` event (on the event server's thread)."""
+        slot, what = event.get("rank"), event.get("what")
+        with self._changed:
+            if what == "join" and slot in self._running:
+                self._joined.add(slot)
+                self._changed.notify_all()
+            elif what == "store" and event.get("g") == self._g:
+                self._tell({"t": "world", "g": self._g, "addr": event.get("addr"),
+                            "port": event.get("port")})
+
+    def _tell(self, message):
+        if self._server is not None:
+            self._server.broadcast(message)
+
+    def _stop_workers(self):
+        self._stopping = True
+        for stop in self._running.values():
+            stop.set()
+
+    def _stop_elastic(self):
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+
+    def ring_working(self):
+        pass
+
+
+class _Heard(queue.Queue):
+    """The run's event queue, the workers' ``elastic`` events taken out for the launcher."""
+
+    def __init__(self, launcher):
+        super().__init__()
+        self.launcher = launcher
+
+    def put(self, event, block=True, timeout=None):
+        if event.get("t") == "elastic":
+            return self.launcher._heard(event)
+        return super().put(event, block, timeout)
+
+
+class _HeardSlots(_SlotEvents):
+    def put(self, event, block=True, timeout=None):
+        if event.get("t") == "elastic":
+            return self.launcher._heard(event)
+        return super().put(event, block, timeout)
+
+
+class ElasticTorchLocalLauncher(TorchMembership, ElasticLocalLauncher):
+    """``--np -N --min-np M``: N rank processes on this machine, our membership."""
+
+    def open_channel(self, sink=None):
+        return ElasticLauncher.open_channel(self, sink or _Heard(self))
+
+    def _worker_env(self, slot):
+        return dict(super()._worker_env(slot), **{ADDRESS: "127.0.0.1",
+                                                  "GLOO_SOCKET_IFNAME": _loopback()})
+
+
+class ElasticTorchSparkLauncher(TorchMembership, ElasticSparkLauncher):
+    """``--np N --min-np M``: a Spark task per slot, our membership."""
+
+    def open_channel(self, sink=None):
+        from ..events import EventServer
+
+        self._events = _HeardSlots(self, sink)
+        self._server = EventServer(host=self.bind_host, sink=self._events, report_drops=True)
+        return self._server
+
+    def _has_capacity(self, slot):
+        """The slot's task is there and free (it offered the slot again once its last worker
+        ended: until then it cannot take an order)."""
+        task = self._slots.get(slot)
+        return task is not None and task.key is None
+
+    def _local_rank(self, slot):
+        task = self._slots.get(slot)
+        if task is None:
+            return 0
+        return sorted(s for s, t in self._slots.items() if t.machine == task.machine).index(slot)
+
+    def _slot_ready(self, event):
+        super()._slot_ready(event)
+        with self._changed:
+            self._changed.notify_all()
+
+    def _stop_workers(self):
+        super()._stop_workers()
+        self._server.announce({"t": "slots_done"})
+
+
+def _loopback():
+    from ..frameworks.base import iface_towards
+    return iface_towards("127.0.0.1")
+
+

@@ -1,0 +1,251 @@
+"""Who this rank trains with, in an elastic torch.distributed run (``--min-np`` on a cell that
+uses `hvd_magic.elastic`, not Horovod): the rank's side of the driver's membership
+(`hvd_magic.launch.elastic_torch`).
+
+The driver numbers each world it forms (a generation) and tells every member twice, through the
+rank's task and its probe pipe (`hvd_magic.rank.stacks` hands the messages here, on its helper
+thread):
+
+- ``lost``: a member of the run was lost. The connected TCP sockets this rank opened for its
+  current process group are shut down at once, so that a collective waiting on a peer that is
+  gone (or on a survivor that has already left the group) returns with an error instead of
+  waiting for Gloo's timeout. Gloo's listener is left alone (shutting it aborts the process);
+- ``reform``: generation `g` will be these slots, in rank order. After a loss the survivors are
+  already waiting for it; when a rank joins, the others leave at their next ``commit()``;
+- ``world``: where generation `g`'s store is, once its rank 0 (the first slot) has made it and
+  said where (an ``elastic`` event with ``what: store``).
+
+``leave``: the run goes on without this rank (it exits). `join` (the rank's start, before the user's code) waits for the first generation that has this
+slot and sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``... so that a plain
+``dist.init_process_group("gloo")`` finds it. `form` (`hvd_magic.elastic.run`, after a change)
+leaves the old group and makes the new one from a store of its own.
+
+Not for: the state rolled back and shared (`hvd_magic.elastic`), or deciding anything (the
+driver decides).
+"""
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from . import reporting
+from .torch_store import PORTS
+
+ELASTIC = "HVD_MAGIC_ELASTIC"             # "torch" in such a run's ranks
+SLOT = "HVD_MAGIC_ELASTIC_SLOT"           # this process's slot (the view's row)
+ADDRESS = "HVD_MAGIC_ELASTIC_ADDR"        # this machine's address, as the other ranks reach it
+STORE_TIMEOUT = 60.0                      # seconds a member waits for a new group's store
+_TCP = (socket.AF_INET, socket.AF_INET6)
+
+
+def active():
+    return os.environ.get(ELASTIC) == "torch"
+
+
+class World:
+    """This rank's latest word from the driver, and the group it is in now."""
+
+    def __init__(self, slot):
+        self.slot = slot
+        self.generation = None   # the generation this rank's group belongs to
+        self.reform = None       # the latest ``reform`` heard
+        self.stores = {}         # generation -> its ``world`` message (where its store is)
+        self.disrupted = False   # a member of this rank's group was lost since it formed
+        self.ended = False       # the driver told this rank it is not in the run any more
+        self._failed = -1        # the newest generation whose forming failed here
+        self._changed = threading.Condition()
+        self._mark = _sockets()  # the sockets open before the current group was made
+
+    # -- the helper thread ----------------------------------------------------------------------
+    def heard(self, message):
+        with self._changed:
+            kind, g = message.get("t"), message.get("g")
+            if kind == "reform" and (self.reform is None or g > self.reform["g"]):
+                self.reform = message
+            elif kind == "world":
+                self.stores[g] = message
+            elif kind in ("lost", "leave"):
+                self.disrupted = True
+                self.ended = self.ended or kind == "leave"
+                self._cut()
+            self._changed.notify_all()
+
+    def _cut(self):
+        """Shut down the connected TCP sockets opened since the current group began: what it
+        waits on returns an error now. (NCCL's transport is not sockets: its group is aborted.)"""
+        _abort_nccl()
+        for fd in _sockets() - self._mark:
+            try:
+                sock = socket.socket(fileno=fd)
+            except OSError:  # closed meanwhile
+                continue
+            try:
+                if sock.family in _TCP and sock.type == socket.SOCK_STREAM and not \
+                        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                sock.detach()  # the descriptor stays its owner's
+
+    # -- the rank's own thread ------------------------------------------------------------------
+    def changed(self):
+        """The driver formed (or is forming) a world with this rank that its group is not."""
+        reform = self.reform
+        return self.ended or (reform is not None and reform["g"] != self.generation
+                              and reform["g"] > self._failed and self.slot in reform["slots"])
+
+    def troubled(self, timeout):
+        """Whether the driver said (or says within `timeout` seconds) that this rank's group
+        lost a member or that a new world is formed."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.disrupted or self.changed(), timeout)
+
+    def _next(self):
+        """The newest ``reform`` this rank is in and its group is not, waited for."""
+        with self._changed:
+            self._changed.wait_for(self.changed)
+            if self.ended:
+                raise SystemExit("hvd_magic: the elastic run ended without this rank")
+            return self.reform
+
+    def _store_of(self, g):
+        """Generation `g`'s ``world`` message, or None once a newer ``reform`` came first."""
+        with self._changed:
+            self._changed.wait_for(lambda: g in self.stores or self.ended
+                                   or self.reform["g"] != g)
+            return self.stores.get(g) if not self.ended and self.reform["g"] == g else None
+
+    def _formed(self, g):
+        self.generation, self.disrupted = g, False
+        self._mark = _sockets()
+
+    def join(self):
+        """The first world with this slot; its variables set for ``init_process_group``."""
+        reporting.send({"t": "elastic", "what": "join"})
+        reporting.send({"t": "blocked", "op": "init", "seconds": 0})
+        while True:
+            reform = self._next()
+            rank = reform["slots"].index(self.slot)
+            if rank == 0:  # our store port: free, announced, and taken by init_process_group
+                self.held = _reserve()  # (kept bound, not listening: no one else can take it)
+                _announce(reform["g"], self.held.getsockname()[1])
+            world = self._store_of(reform["g"])
+            if world is not None:
+                break
+        self._formed(reform["g"])
+        _set_env(rank, len(reform["slots"]), world)
+        reporting.send({"t": "unblocked"})
+        return rank
+
+    def form(self, backend):
+        """Leave the current group and make the newest world's: its rank for this process."""
+        import torch.distributed as dist
+
+        while True:
+            reform = self._next()
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # noqa: BLE001  (a broken group: what is left goes with it)
+                    pass
+            self._mark = _sockets()
+            rank, size = reform["slots"].index(self.slot), len(reform["slots"])
+            try:
+                store = self._store(reform, rank, size)
+                if store is None:
+                    continue  # a newer world came first
+                # (the prefix torch gives an env:// group's store: a joiner's is one)
+                dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
+                                        rank=rank, world_size=size)
+            except Exception:  # noqa: BLE001  (a member lost while it formed)
+                if not self.disrupted and not self.changed():
+                    raise
+                self._failed = reform["g"]  # the driver forms a newer one: wait for it
+                continue
+            self._formed(reform["g"])
+            return rank
+
+    def _store(self, reform, rank, size):
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        g, wait = reform["g"], timedelta(seconds=STORE_TIMEOUT)
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=wait,
+                                  wait_for_workers=False)
+            _announce(g, store.port)
+        world = self._store_of(g)
+        if world is None:
+            return None
+        _set_env(rank, size, world)
+        if rank == 0:
+            return store
+        return dist.TCPStore(world["addr"], int(world["port"]), size, is_master=False,
+                             timeout=wait)
+
+
+def _abort_nccl():
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_initialized() and dist.get_backend() == "nccl":
+            dist.distributed_c10d._get_default_group().abort()
+    except Exception:  # noqa: BLE001  (already gone)
+        pass
+
+
+def _announce(g, port):
+    reporting.send({"t": "elastic", "what": "store", "g": g, "port": port,
+                    "addr": os.environ.get(ADDRESS, "127.0.0.1")})
+
+
+def _set_env(rank, size, world):
+    os.environ.update({
+        "RANK": str(rank), "WORLD_SIZE": str(size), "GROUP_RANK": str(rank),
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(size),
+        "MASTER_ADDR": str(world["addr"]), "MASTER_PORT": str(world["port"]),
+        "TORCHELASTIC_RESTART_COUNT": str(world["g"]),
+        # (rank/torch_store.py: a rank other than 0 probes for the store before torch's client)
+        PORTS: f"{world['port']},{world['port']}",
+    })
+
+
+def _reserve():
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("", 0))
+    return held
+
+
+def _sockets():
+    """This process's open socket descriptors."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                found.add(int(name))
+        except OSError:  # (the listing's own descriptor, or one closed meanwhile)
+            pass
+    return found
+
+
+_world = None
+
+
+def world():
+    """This rank's `World` (None outside an elastic torch run)."""
+    global _world
+    if _world is None and active():
+        _world = World(int(os.environ.get(SLOT, "0")))
+    return _world
+
+
+def heard(line):
+    """A JSON line from the probe pipe (`hvd_magic.rank.stacks`)."""
+    here = world()
+    if here is not None:
+        here.heard(json.loads(line))

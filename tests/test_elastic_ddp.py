@@ -1,0 +1,174 @@
+"""Elastic torch.distributed (`hvd_magic.elastic`, no Horovod): a rank process SIGKILLed from
+outside mid-training; the survivors go on in the same processes from their last commit, a
+replacement joins at a later commit, and every rank ends with the weights one process gets by
+training the same batches (real processes, real Gloo, real kills; on the driver and on Spark)."""
+
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import hvd_magic
+from hvd_magic.errors import LaunchError, RankError
+from hvd_magic.launch import elastic
+
+from conftest import spark_session
+
+COMMIT_EVERY = 5
+
+# A DDP loop written with hvd_magic.elastic, as a user writes it. Each step's batch depends on the
+# step and the rank; each step's world size is kept in the state (rolled back with it), so a
+# reference can replay the committed trajectory. After the loop, the ranks wait at commits
+# until the world is `grow_to` again (where a replacement joins). Free names: steps, grow_to,
+# raise_at (slot 1 raises a ValueError at that step).
+CELL = """\
+import os, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import hvd_magic
+from hvd_magic import elastic
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+start = [p.detach().clone() for p in model.parameters()]
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+state = elastic.TorchState(model=model, optimizer=optimizer, step=0, worlds=[])
+
+@elastic.run
+def train(state):
+    ddp = DDP(state.model)
+    while state.step < steps:
+        seed = 1000 * state.step + dist.get_rank()
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(seed))
+        optimizer.zero_grad()
+        (ddp(x) - x.sum(1, keepdim=True)).pow(2).mean().backward()
+        optimizer.step()
+        state.worlds.append(dist.get_world_size())
+        state.step += 1
+        if state.step == raise_at and os.environ["HVD_MAGIC_ELASTIC_SLOT"] == "1":
+            raise ValueError(f"a bad batch at step {state.step}")
+        if state.step % 5 == 0:
+            state.commit()
+        hvd_magic.report(step=state.step, total=steps)
+        time.sleep(0.02)
+    give_up = time.monotonic() + 120
+    while dist.get_world_size() < grow_to and time.monotonic() < give_up:
+        state.commit()
+        time.sleep(0.05)
+
+train(state)
+{"weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
+ "moved": any(not torch.equal(p, s) for p, s in zip(model.parameters(), start)),
+ "worlds": state.worlds, "size": dist.get_world_size(), "rank": dist.get_rank()}
+"""
+
+
+def reference_weights(worlds):
+    """One process, the same start, each step on the batches of that step's ranks (DDP's mean
+    of their gradients is the gradient of the mean loss over all their rows)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step, size in enumerate(worlds):
+        x = torch.cat([torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * step + r))
+                       for r in range(size)])
+        optimizer.zero_grad()
+        (model(x) - x.sum(1, keepdim=True)).pow(2).mean().backward()
+        optimizer.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+
+@contextlib.contextmanager
+def _elastic_run(ip, options):
+    """CELL in the background; cancelled if a test fails half-way."""
+    run = ip.run_cell_magic("distributed", f"{options} --background --quiet", CELL)
+    try:
+        yield run
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+
+
+def _kill_at_step(run, slot, step):
+    """SIGKILL slot `slot`'s rank process from outside once it reported `step`."""
+    victim = run.ranks[slot]
+    deadline = time.monotonic() + 120
+    while (victim.step or 0) < step:
+        assert run.state == "running", f"the run ended ({run.state}: {run.error}) first"
+        assert time.monotonic() < deadline, f"slot {slot} never reached step {step}"
+        time.sleep(0.02)
+    pid = victim.pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+@pytest.mark.parametrize("np", ["-3", "3"], ids=["driver", "spark"])
+def test_survivors_of_a_killed_rank_go_on_and_train_what_one_process_would(ip, fresh_ns, np):
+    if np == "3":
+        spark_session(4)  # the shared embedded session: each slot a plain task
+    fresh_ns.update(steps=80, grow_to=3, raise_at=None)
+    with _elastic_run(ip, f"--np {np} --min-np 2") as run:
+        pid = _kill_at_step(run, 2, 20)
+        results = run.wait(240)
+
+    assert run.state == "done", run.error
+    assert len(results) == 3  # the replacement joined and finished with the others
+    worlds = results[0]["worlds"]
+    assert len(worlds) == 80 and 2 in worlds and worlds[0] == worlds[-1] == 3, worlds
+    expected = reference_weights(worlds)
+    for r in results:
+        assert r["moved"] and r["size"] == 3 and r["worlds"] == worlds
+        assert r["weights"] == pytest.approx(expected, abs=1e-5)
+    assert sorted(r["rank"] for r in results) == [0, 1, 2]
+
+    # membership: slot 2 lost by SIGKILL, a world of 2 at once, a replacement, a world of 3
+    changes = [(c["t"], c.get("rank"), c.get("size")) for c in run.membership]
+    lost = next(c for c in run.membership if c["t"] == "lost")
+    assert lost["rank"] == 2 and lost["pid"] == pid and lost["code"] == -signal.SIGKILL
+    after = changes[changes.index(("lost", 2, None)):]
+    assert after[1] == ("ring", None, 2), changes
+    assert ("joined", 2, None) in after and after[-1] == ("ring", None, 3), changes
+    assert [c["t"] for c in run.membership].count("ring") == 3, changes  # no world but these
+
+
+def test_a_rank_that_raises_ends_the_run_with_its_traceback(ip, fresh_ns):
+    fresh_ns.update(steps=80, grow_to=0, raise_at=12)
+    with pytest.raises(RankError) as info:
+        ip.run_cell_magic("distributed", "--np -3 --min-np 2 --quiet", CELL)
+    text = "\n".join(info.value._render_traceback_())
+    assert "rank 1" in text and "ValueError: a bad batch at step 12" in text, text
+    run = hvd_magic.last_run()
+    assert [c["t"] for c in run.membership] == ["ring"]  # no loss: an error, not a lost rank
+
+
+def test_too_few_left_for_the_elastic_timeout_ends_the_run_saying_so(ip, fresh_ns, monkeypatch):
+    monkeypatch.setattr(elastic, "REPLACEMENTS_PER_SLOT", 0)  # a lost rank stays lost
+    fresh_ns.update(steps=100_000, grow_to=0, raise_at=None)
+    with _elastic_run(ip, "--np -2 --min-np 2 --elastic-timeout 3") as run:
+        _kill_at_step(run, 1, 5)
+        with pytest.raises(LaunchError) as info:
+            run.wait(120)
+    message = str(info.value)
+    assert "fewer than --min-np 2 ranks were left" in message, message
+    assert "rank 1 (hvd-s1-a1) killed by SIGKILL" in message, message
+    assert run.ranks[0].state == "stopped"  # the survivor waited, then was stopped
+
+
+def test_min_np_on_code_with_no_elastic_api_says_what_to_do(ip, tmp_path):
+    cell = "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+    runs_before = len(hvd_magic.runs())
+    for run in (lambda: ip.run_cell_magic("distributed", "--np -2 --min-np 1", cell),
+                lambda: hvd_magic.run_script(tmp_path / "train.py", np=-2, min_np=1)):
+        (tmp_path / "train.py").write_text(cell)
+        with pytest.raises(UsageError) as info:
+            run()
+        assert type(info.value) is UsageError  # (a subclass prints a full traceback)
+        message = str(info.value)
+        assert "use hvd_magic.elastic" in message and "Or drop --min-np" in message, message
+    assert len(hvd_magic.runs()) == runs_before  # refused before anything started
