@@ -301,3 +301,92 @@ def test_executors_without_horovod_run_ddp_and_say_what_horovod_needs(ip, standa
     assert "needs Horovod, which is not installed in the Python of the executor on" in message
     assert f"({env_without_horovod})" in message
     assert "python -m hvd_magic.build_horovod" in message
+
+
+# The same loop with torch.distributed and hvd_magic.elastic (no Horovod on the ranks' side).
+ELASTIC_DDP_TRAINING = """\
+import os, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import hvd_magic
+from hvd_magic import elastic
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+state = elastic.TorchState(model=model, optimizer=optimizer, step=0, done=False)
+
+@elastic.run
+def train(state):
+    ddp = DDP(state.model)
+    while not state.done:
+        optimizer.zero_grad()
+        ddp(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % 10 == 0:
+            flag = torch.tensor([float(os.path.exists(stop_file))])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            state.done = bool(flag.item())
+            state.commit()
+        hvd_magic.report(step=state.step, size=dist.get_world_size())
+        time.sleep(0.05)
+
+train(state)
+{"step": state.step, "size": dist.get_world_size(),
+ "weights": [p.detach().flatten().tolist() for p in model.parameters()]}
+"""
+
+
+def test_elastic_ddp_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standalone, tmp_path):
+    """--np 4 --min-np 2 of torch.distributed code (hvd_magic.elastic) on two workers of two
+    slots: one worker is SIGKILLed mid-training; the two survivors go on in a world of 2; the
+    worker is started again, the lost slots' tasks run there again and the world is 4 again."""
+    import time
+
+    session = standalone.session()
+    stop_file = tmp_path / "stop"
+    fresh_ns.update(stop_file=str(stop_file))
+    run = ip.run_cell_magic("distributed", "--np 4 --min-np 2 --background --quiet",
+                            ELASTIC_DDP_TRAINING)
+
+    def wait_for(predicate, what, timeout=180):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert run.state == "running", f"the run ended ({run.state}: {run.error}) before {what}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)
+
+    try:
+        wait_for(lambda: all((r.step or 0) >= 20 for r in run.ranks), "every rank at step 20")
+        on_worker_1 = [r.rank for r in run.ranks
+                       if r.pid in _ranks_under(standalone.workers[1].pid, run.ranks)]
+        assert len(on_worker_1) == 2, [(r.rank, r.pid) for r in run.ranks]
+        seen = max(r.step for r in run.ranks)
+        standalone.kill_worker(1)  # its executor, the Python workers and their ranks die with it
+        survivors = [r for r in run.ranks if r.rank not in on_worker_1]
+        wait_for(lambda: all(r.metrics.get("size") == 2 and (r.step or 0) >= seen + 20
+                             for r in survivors), "the survivors to train on in a world of 2")
+        standalone.restart_worker(1)
+        wait_for(lambda: all(r.metrics.get("size") == 4 for r in run.ranks),
+                 "every rank to train in a world of 4 again")
+        stop_file.write_text("")
+        results = run.wait(120)
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+        session.stop()
+
+    assert run.state == "done", run.error
+    assert len(results) == 4 and all(r["size"] == 4 for r in results)
+    assert all(r["weights"] == results[0]["weights"] for r in results)
+    assert len({r["step"] for r in results}) == 1
+    lost = [c for c in run.membership if c["t"] == "lost"]
+    assert sorted(c["rank"] for c in lost) == sorted(on_worker_1), lost
+    assert all("the executor was lost" in c["how"] for c in lost), lost
+    assert {c["rank"] for c in run.membership if c["t"] == "joined"} == set(on_worker_1)
+    sizes = [c["size"] for c in run.membership if c["t"] == "ring"]
+    assert sizes[0] == 4 and sizes[-1] == 4 and 2 in sizes, sizes
+    assert not run.unended()

@@ -272,10 +272,14 @@ class ElasticLauncher(Launcher):
             self._stop_elastic()  # our driver stopped it (cancel, timeout): no replacement
         with self._lock:
             self._last[slot] = outcome
-            if outcome[1] == "died" and not self._stopping:
+            lost = outcome[1] == "died" and not self._stopping
+            if lost:
                 self._dead.add(slot_info.hostname)
                 self._waiting.add(slot)
                 self._lost.append((slot, slot_info.hostname, how_lost(outcome[2]), time.time()))
+        if lost and self._server is not None:  # before Horovod's driver hears it: the
+            # survivors' sockets are cut (rank/elastic_world.py), no wait for Gloo's timeout
+            self._server.broadcast({"t": "lost", "slot_lost": slot})
         return (0 if outcome[1] == "ok" else 1), time.time()
 
     def _stop_elastic(self):

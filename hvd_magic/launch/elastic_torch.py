@@ -8,9 +8,10 @@ elastic driver decides there, `TorchMembership._drive` decides here:
 - each slot's worker is one rank process, started with the run's torch variables but no rank: it
   says ``join`` (`hvd_magic.rank.elastic_world`) and waits;
 - a world (a generation `g`) is the slots that train together, in rank order. The first forms
-  once the ``np`` first workers joined (or ``min_np`` of them after `START_GRACE` seconds); it is
-  told to them as ``reform``; its rank 0 makes the store and says where (``store``), which is
-  told to all as ``world``; each then makes its process group;
+  once the ``np`` first workers joined (or the ``min_np`` or more that had room after
+  `START_GRACE` seconds; a worker that started is waited for up to `JOIN_WAIT`). It is told to
+  them as ``reform``; its rank 0 makes the store and says where (``store``), which is told to
+  all as ``world``; each then makes its process group;
 - a worker that dies is a loss: every worker is told ``lost`` at once (its sockets to the old
   group are cut, so no collective waits on the dead peer), and the survivors get a new world
   without it, made on a new store. The lost slot gets a new worker (a new attempt) where it has
@@ -34,7 +35,8 @@ from . import elastic
 from .elastic import SLOT_KEY, ElasticLauncher, ElasticLocalLauncher
 from .elastic_spark import ElasticSparkLauncher, _SlotEvents
 
-START_GRACE = 10.0       # seconds the first world waits for all `np` workers once min_np joined
+START_GRACE = 10.0       # seconds the first world waits for room for all `np` workers
+JOIN_WAIT = 60.0         # ... and for a started worker to join (a slow start: imports)
 DEFAULT_TIMEOUT = 600.0  # the elastic timeout, as Horovod's default (HOROVOD_ELASTIC_TIMEOUT)
 
 
@@ -124,10 +126,11 @@ class TorchMembership:
     def _decide(self, initial):
         if self._stopping:
             return
-        if self._g < 0:  # the first world
+        if self._g < 0:  # the first world: every worker started, once `initial` started
             waited = time.monotonic() - self._began
-            if len(self._joined) >= initial or (len(self._joined) >= self.min_np
-                                                and waited > START_GRACE):
+            started = self._joined == set(self._running) or waited > JOIN_WAIT
+            if len(self._joined) >= self.min_np and started and (
+                    len(self._joined) >= initial or waited > START_GRACE):
                 self._form(sorted(self._joined))
             else:
                 self._wait_for_enough(waited)

@@ -155,8 +155,9 @@ def main(workdir):
         fn = pickle.loads(job["fn"])
         args = [pickle.loads(b) for b in job["args"]]
         kwargs = {name: payload.load(b) for name, b in job["kwargs"].items()}
+        here = elastic_world.world()  # an elastic run's (None in others)
         if elastic_world.active():  # an elastic torch run: wait for the first world with us
-            elastic_world.world().join()
+            here.join()
         global MODULES_BEFORE_CALL  # what was loaded before the cell's own imports ran (tests)
         MODULES_BEFORE_CALL = frozenset(sys.modules)
         value = fn(*args, **kwargs)

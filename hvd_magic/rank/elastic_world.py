@@ -45,6 +45,12 @@ def active():
     return os.environ.get(ELASTIC) == "torch"
 
 
+def horovod_elastic():
+    """A rank of Horovod's elastic run: of the driver's words it takes ``lost`` alone (its ring
+    is Horovod's to re-form), whose cut ends a wait on the dead peer before Gloo's timeout."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
 class World:
     """This rank's latest word from the driver, and the group it is in now."""
 
@@ -63,6 +69,9 @@ class World:
     def heard(self, message):
         with self._changed:
             kind, g = message.get("t"), message.get("g")
+            if not active() and (kind != "lost" or not _horovod_ready()):
+                return  # (Horovod's ring: ``lost`` only, and never inside hvd.init(), where a
+                # Gloo error aborts the process)
             if kind == "reform" and (self.reform is None or g > self.reform["g"]):
                 self.reform = message
             elif kind == "world":
@@ -189,6 +198,17 @@ class World:
                              timeout=wait)
 
 
+def _horovod_ready():
+    for name in ("horovod.torch", "horovod.tensorflow", "horovod.keras"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "is_initialized"):
+            try:
+                return bool(module.is_initialized())
+            except Exception:  # noqa: BLE001
+                return False
+    return False
+
+
 def _abort_nccl():
     dist = sys.modules.get("torch.distributed")
     try:
@@ -237,15 +257,16 @@ _world = None
 
 
 def world():
-    """This rank's `World` (None outside an elastic torch run)."""
+    """This rank's `World` (None outside an elastic run): made at the rank's start, before the
+    code opens any socket."""
     global _world
-    if _world is None and active():
+    if _world is None and (active() or horovod_elastic()):
         _world = World(int(os.environ.get(SLOT, "0")))
     return _world
 
 
 def heard(line):
-    """A JSON line from the probe pipe (`hvd_magic.rank.stacks`)."""
-    here = world()
-    if here is not None:
-        here.heard(json.loads(line))
+    """A JSON line from the probe pipe (`hvd_magic.rank.stacks`), for the `World` the rank made
+    at its start (a warm session's rank makes none: its ring is reset between cells)."""
+    if _world is not None:
+        _world.heard(json.loads(line))
