@@ -172,3 +172,46 @@ def test_min_np_on_code_with_no_elastic_api_says_what_to_do(ip, tmp_path):
         message = str(info.value)
         assert "use hvd_magic.elastic" in message and "Or drop --min-np" in message, message
     assert len(hvd_magic.runs()) == runs_before  # refused before anything started
+
+
+SCRIPT = """\
+import os, signal, sys, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from hvd_magic import elastic
+
+dist.init_process_group("gloo")
+model = torch.nn.Linear(4, 1)
+state = elastic.TorchState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                           step=0)
+marker = sys.argv[1]
+
+@elastic.run
+def train(state):
+    ddp = DDP(state.model)
+    while state.step < 30:
+        ddp(torch.randn(4, 4)).sum().backward()
+        state.step += 1
+        if state.step == 12 and dist.get_rank() == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)  # once: its replacement goes on
+        if state.step % 5 == 0:
+            state.commit()
+    while dist.get_world_size() < 2:  # the replacement joins at a commit
+        state.commit()
+        time.sleep(0.05)
+
+train(state)
+print("trained", state.step, "steps in a world of", dist.get_world_size())
+"""
+
+
+def test_a_script_is_elastic_too(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    run = hvd_magic.run_script(script, [str(tmp_path / "killed")], np=-2, min_np=1, timeout=180)
+    assert run.state == "done" and (tmp_path / "killed").exists()
+    assert [c["t"] for c in run.membership][:3] == ["ring", "lost", "ring"], run.membership
+    for slot in (0, 1):  # (slot 1's latest attempt: the replacement)
+        with open(run.log_path(slot)) as log:
+            assert "trained 30 steps in a world of 2" in log.read()
