@@ -107,6 +107,9 @@ class ElasticLauncher(Launcher):
         """A worker may run in `slot` now (a Spark task holds it; on the driver, always)."""
         return True
 
+    def _replacements(self):  # (read when asked: tests lower it)
+        return REPLACEMENTS_PER_SLOT
+
     def _machine_of(self, key):
         """The machine the worker of host key `key` runs on (on the driver: this one)."""
         return "driver"
@@ -277,8 +280,7 @@ class ElasticLauncher(Launcher):
                 self._dead.add(slot_info.hostname)
                 self._waiting.add(slot)
                 self._lost.append((slot, slot_info.hostname, how_lost(outcome[2]), time.time()))
-        if lost and self._server is not None:  # before Horovod's driver hears it: the
-            # survivors' sockets are cut (rank/elastic_world.py), no wait for Gloo's timeout
+        if lost and self._server is not None:  # survivors cut their sockets: rank/elastic_world.py
             self._server.broadcast({"t": "lost", "slot_lost": slot})
         return (0 if outcome[1] == "ok" else 1), time.time()
 

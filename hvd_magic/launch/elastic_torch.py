@@ -31,8 +31,7 @@ import time
 import types
 
 from ..rank.elastic_world import ADDRESS, ELASTIC, SLOT
-from . import elastic
-from .elastic import SLOT_KEY, ElasticLauncher, ElasticLocalLauncher
+from .elastic import SLOT_KEY, ElasticLauncher, ElasticLocalLauncher, how_lost
 from .elastic_spark import ElasticSparkLauncher, _SlotEvents
 
 START_GRACE = 10.0       # seconds the first world waits for room for all `np` workers
@@ -76,7 +75,7 @@ class TorchMembership:
 
     def _ended_all(self):
         """No worker runs and none can start again."""
-        return all(self._attempts.get(s, 0) > elastic.REPLACEMENTS_PER_SLOT or s in self._finished
+        return all(self._attempts.get(s, 0) > self._replacements() or s in self._finished
                    for s in range(self._rows))
 
     # -- workers --------------------------------------------------------------------------------
@@ -88,7 +87,7 @@ class TorchMembership:
         for slot in range(self._rows if self._g >= 0 else initial):
             attempt = self._attempts.get(slot, 0) + 1
             if slot in self._running or slot in self._finished or \
-                    attempt > elastic.REPLACEMENTS_PER_SLOT + 1 or not self._has_capacity(slot):
+                    attempt > self._replacements() + 1 or not self._has_capacity(slot):
                 continue
             self._attempts[slot] = attempt
             stop = self._running[slot] = threading.Event()
@@ -114,7 +113,7 @@ class TorchMembership:
             self._last[slot] = outcome
             if status == "died" and not self._stopping:
                 self._dead.add(key)
-                self._lost.append((slot, key, elastic.how_lost(outcome[2]), time.time()))
+                self._lost.append((slot, key, how_lost(outcome[2]), time.time()))
                 self._tell({"t": "lost", "slot_lost": slot})
             elif status in ("ok", "error"):
                 self._finished.add(slot)
