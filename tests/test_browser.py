@@ -447,12 +447,24 @@ def test_a_hang_in_chromium(tmp_path, chromium):
                 f"rank {i} before the collective")
         # A log's link looks like a link in the live dashboard too, not like the text around it.
         cell.get_by_text("rank 0 log").click()  # (its panel, folded until then)
-        link = cell.get_by_role("link", name="rank-0.log").first
-        jupyterlabs = page.evaluate("""() => {
+        expect(cell.get_by_role("link", name="rank-0.log").first).to_be_visible()
+        # Both colours in one turn of the page's script, once the link shows and the theme
+        # defines its colour: the click is answered by the kernel, which redraws the dashboard's
+        # HTML (about 0.15 s later): a link found before that redraw and read after it is out of
+        # the page, and a detached element's computed colour is ''. (Nor is a colour read before
+        # the theme's CSS applies the theme's.)
+        link, jupyterlabs = page.wait_for_function("""cell => {
+            const link = [...cell.querySelectorAll("a")].find(
+                a => a.textContent === "rank-0.log" && a.checkVisibility());
+            const theme = getComputedStyle(document.documentElement)
+                .getPropertyValue("--jp-content-link-color").trim();
+            if (!link || !theme) return null;
             const a = document.body.appendChild(document.createElement("a"));
             a.style.color = "var(--jp-content-link-color)";
-            return getComputedStyle(a).color; }""")
-        assert link.evaluate("e => getComputedStyle(e).color") == jupyterlabs
+            const colours = [getComputedStyle(link).color, getComputedStyle(a).color];
+            a.remove();
+            return colours; }""", arg=cell.element_handle()).json_value()
+        assert link == jupyterlabs and link, (link, jupyterlabs)
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=os.path.join(ARTIFACTS, "hang.png"))
         cancel.click()

@@ -146,18 +146,25 @@ def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):
     assert rank_processes_left(run) == []
 
 
-def test_a_rank_failing_only_because_the_timeout_stopped_its_peer_is_no_cause(ip):
+def test_a_rank_failing_only_because_the_timeout_stopped_its_peer_is_no_cause(ip, tmp_path):
     """Rank 1 goes at the timeout's stop; rank 0, in a collective with it, ignores that stop
     (as a rank whose stop comes a moment later on a busy cluster) and fails with Horovod's
-    follow-on error. The run still ends with its timeout, rank 0 stopped."""
-    cell = ("import signal, time, torch, horovod.torch as hvd\nhvd.init()\n"
-            "if hvd.rank() == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "else:\n    time.sleep(600)\n"
-            "hvd.allreduce(torch.ones(1), name='never')\n")
-    with pytest.raises(hvd_magic.RunTimeout):
-        ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 6", cell)
-    run = hvd_magic.last_run()
-    assert run.state == "timeout"
+    follow-on error. The run still ends with its timeout, rank 0 stopped. The timeout comes
+    (`Run.expire`) once each rank has written its file: rank 0 ignores SIGTERM and has begun its
+    allreduce, rank 1 is about to sleep (a deadline of a few seconds could pass before, on a
+    loaded machine, and the stop would find rank 0 still heeding SIGTERM)."""
+    cell = (f"import os, signal, time, torch, horovod.torch as hvd\nhvd.init()\n"
+            f"if hvd.rank() == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            f"    pending = hvd.allreduce_async(torch.ones(1), name='never')\n"
+            f"open(os.path.join({str(tmp_path)!r}, f'rank-{{hvd.rank()}}'), 'w').close()\n"
+            f"if hvd.rank() == 0:\n    hvd.synchronize(pending)\n"
+            f"time.sleep(600)\n")
+    run = ip.run_cell_magic("horovod", "--np -2 --quiet --background --timeout 600", cell)
+    wait_for_files(run, [tmp_path / "rank-0", tmp_path / "rank-1"])
+    run.expire()
+    with pytest.raises(hvd_magic.RunTimeout, match="--timeout of 600 s"):
+        run.wait(timeout=60)
+    assert hvd_magic.last_run() is run and run.state == "timeout"
     assert [f["type"] for f in run.failures] == ["HorovodInternalError"]  # what it failed with
     assert [r.state for r in run.ranks] == ["stopped", "stopped"]
     assert rank_processes_left(run) == []

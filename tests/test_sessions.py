@@ -180,18 +180,21 @@ def test_an_elastic_session_goes_on_with_the_survivors_of_a_killed_rank(ip, fres
 
 def test_survivors_of_a_rank_killed_between_cells_are_ready_at_once(ip, fresh_ns, capfd):
     """Horovod's default Gloo timeout (60 s): a survivor left waiting on the old ring must not
-    hold the next cell for it; what Horovod says about the lost peer is in the log only."""
+    hold the next cell for it; what Horovod says about the lost peer is in the logs only: the
+    session's when a survivor said it before its reset (whenever its line arrives, the next cell
+    running or not), that cell's rank log when it said it during its reset."""
     magics = ip.magics_manager.registry["HorovodMagics"]
     ip.run_line_magic("horovod_session", "start --np -3 --min-np 2")
     session = magics.session
     try:
         pids = rank_pids(session)
         cell(ip, INIT + "x = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()")
-        noticed, put = threading.Event(), session.put
+        noticed, put, said = threading.Event(), session.put, []
 
-        def put_noting(event):  # (what a rank prints between cells comes here, and goes no further)
+        def put_noting(event):  # (every event of the session's ranks comes here)
             if event.get("t") == "lines" and any("background loop" in line
                                                   for line in event["lines"]):
+                said.append(event)
                 noticed.set()
             put(event)
 
@@ -211,6 +214,14 @@ def test_survivors_of_a_rank_killed_between_cells_are_ready_at_once(ip, fresh_ns
         # (whether Horovod prints its "background loop uncaught exception" line at all depends on
         # when its old ring noticed the loss: under load, sometimes only later; never here)
         assert "background loop" not in out.out + out.err
+        # each survivor's line, whenever it came: before its reset, the session's (not the cell's,
+        # though the cell may have been running when it arrived); during it, the cell's log only
+        assert said and all(e.get("between_cells") or e.get("log_only") for e in said), said
+        first = said[0]
+        assert first.get("between_cells"), first  # (noticed while no cell ran)
+        with open(session.log_path(first["rank"])) as log:
+            assert "background loop" in log.read()
+        assert session.folder in session.status()
     finally:
         ip.run_line_magic("horovod_session", "stop")
     assert wait_gone(pids, 10) == []

@@ -91,6 +91,12 @@ def _env(**extra):
     # this checkout's hvd_magic, and nothing of this interpreter's site-packages (a system
     # python3 given those would import pyarrow and hide what the test is about)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # pyspark's in-process Connect server (``remote("local[2]")``) listens on 15002, and its
+    # client always dials that port: a second suite on this machine would fail to bind it, or
+    # its client would reach the first suite's server. pyspark's own switch for suites that run
+    # side by side (SPARK-42272): the server takes a port the kernel picks (0), and the client
+    # asks that JVM which one it got.
+    env["SPARK_TESTING"] = "1"
     env.update(extra)
     return env
 

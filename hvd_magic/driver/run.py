@@ -218,6 +218,11 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         """Stop every rank (as a kernel interrupt would); the run ends 'cancelled'."""
         self._driver.request_stop("cancelled")
 
+    def expire(self):
+        """Its ``--timeout`` is over now: what the driver loop does at the deadline (every rank
+        stopped, the run ends 'timeout' with `RunTimeout`), at a moment the caller chose."""
+        self._driver.request_stop("timeout")
+
     def unended(self):
         """Ranks that started and did not report their end."""
         return [r for r in self.ranks if r.pid is not None and r.exit is None]

@@ -13,6 +13,10 @@ cell's job tells them to reset Horovod first (``"reset"``: `hvd_magic.rank.sessi
 forms the smaller ring through Horovod's elastic driver. A lost slot is not refilled; fewer
 than ``min_np`` survivors end the session.
 
+What a rank prints while no cell's code runs (`hvd_magic.rank.session.BetweenCells`: before the
+first cell, between cells, a survivor's Horovod on its lost peer) is no cell's output: it goes to
+the session's log, ``hvd_runs/<session id>/rank-<k>.log``, whenever it arrives.
+
 Ends: `stop` (or the kernel's exit, or the idle limit) stops every rank and frees the Spark
 slots; a rank whose driver link drops (the notebook was killed) is stopped by its task.
 """
@@ -51,6 +55,7 @@ class Session:
         self.fresh = fresh_by_default() if fresh is None else fresh
         self.debug = debug           # a rank whose cell raises is held in pdb (rank/debugger.py)
         self.run_root = run_root
+        self.folder = os.path.abspath(os.path.join(run_root, self.id))  # the between-cells logs
         self.server = None
         self.gathering = frameworks.Gathering(self.np)  # the tasks' rendezvous values
         self.where = None
@@ -191,6 +196,9 @@ class Session:
             self._ring(event)
         elif not isinstance(rank, int) or not 0 <= rank < self.np:
             return
+        if kind == "lines" and event.get("between_cells"):  # no cell's, whichever runs now
+            self._between_cells(rank, event.get("lines") or [])
+            return
         if kind == "rendezvous":  # the frameworks' rendezvous: every task's, to all
             relayed = self.gathering.add(rank, event)
             if relayed is not None:
@@ -213,6 +221,15 @@ class Session:
         current = self._current
         if current is not None:
             current.deliver(event)
+
+    def log_path(self, rank):
+        """What rank `rank` printed while no cell ran."""
+        return os.path.join(self.folder, f"rank-{rank}.log")
+
+    def _between_cells(self, rank, lines):
+        os.makedirs(self.folder, exist_ok=True)
+        with open(self.log_path(rank), "a", encoding="utf-8", errors="replace") as log:
+            log.write("".join(f"{line}\n" for line in lines))
 
     def _lost(self, rank, event, how):
         self.lost[rank] = {"code": event.get("code"), "how": how, "time": time.time(),
@@ -255,6 +272,8 @@ class Session:
             lines += self.lost_text()
         if self.broken and not self.stopped:
             lines.append(f"  {self.broken}: %horovod_session restart")
+        if os.path.isdir(self.folder):
+            lines.append(f"  what the ranks printed between cells: {self.folder}")
         for rank in self.live:
             info = self.ranks.get(rank, {})
             memory = _rss(info.get("pid")) if info.get("host") == _hostname() else None

@@ -17,6 +17,11 @@ From its task, on stdin, length-prefixed pickled jobs: ``{"cell", "code", "kwarg
 - flushes stdout and stderr, marks their end with `END_OF_CELL` (so the task knows every line of
   this cell has been forwarded), writes the value or the error to ``WORKDIR/cell-<n>.*`` and
   sends a ``cell_done`` event.
+
+While no cell's code runs (before the first cell, between cells, during a reset), what the
+process writes to stdout and stderr, any thread's, Horovod's C++ lines too, goes to the
+session's log, not to a cell (`BetweenCells`): a survivor's old ring failing after a peer died
+says so whenever it notices, and that is no line of the next cell.
 """
 
 import builtins
@@ -25,10 +30,12 @@ import json
 import marshal
 import os
 import pickle
+import select
 import signal
 import struct
 import sys
 import tempfile
+import threading
 
 from ..payload import cloud_dumps
 from . import debugger, reporting, stream
@@ -50,6 +57,71 @@ def _interrupt(signum, frame):
     # never breaks the end of a cell or the wait for the next one.
     if _running:
         raise KeyboardInterrupt
+
+
+class BetweenCells:
+    """The rank's stdout and stderr while no cell's code runs: file descriptors 1 and 2 point to
+    pipes of this process, whose lines a thread sends as ``lines`` events marked
+    ``between_cells`` (the driver writes them to the session's log, whatever cell runs when they
+    arrive). The switch is of the descriptors themselves, in this thread, at a cell's edges: a
+    line is the cell's if and only if it was written while the cell's code ran, whichever
+    thread (or C++ library) wrote it and whenever it reaches the driver."""
+
+    def __init__(self):
+        self.pipes = {fd: os.pipe() for fd in (1, 2)}   # fd -> (read end, write end)
+        self.saved = {}              # fd -> a copy of the task's pipe while we hold fd
+        threading.Thread(target=self._pump, daemon=True, name="hvd_magic between cells").start()
+
+    def begin(self):
+        """From now on no cell runs: what anyone writes goes to the session's log."""
+        if self.saved:
+            return
+        _flush()
+        for fd, (_, write) in self.pipes.items():
+            self.saved[fd] = os.dup(fd)
+            os.dup2(write, fd)
+
+    def end(self):
+        """A cell's code runs from now on: its lines go to the task, which sends them as the
+        cell's."""
+        if not self.saved:
+            return
+        _flush()
+        for fd, saved in self.saved.items():
+            os.dup2(saved, fd)
+            os.close(saved)
+        self.saved = {}
+
+    def mark_end_of_cell(self):
+        """`END_OF_CELL` on the task's own stdout and stderr (after `begin`): every line the
+        cell wrote is before it, and nothing written after it reaches the cell."""
+        for saved in self.saved.values():
+            data = (END_OF_CELL + "\n").encode()  # after a partial line too: the task splits it off
+            while data:
+                data = data[os.write(saved, data):]
+
+    def _pump(self):
+        streams = {read: ("stdout" if fd == 1 else "stderr") for fd, (read, _) in self.pipes.items()}
+        partial = dict.fromkeys(streams, b"")
+        while True:
+            waiting = any(partial.values())
+            ready, _, _ = select.select(list(streams), [], [], 0.2 if waiting else None)
+            for read in streams if not ready else ready:
+                chunk = os.read(read, 65536) if ready else b""
+                *lines, partial[read] = (partial[read] + chunk).split(b"\n")
+                if not ready and partial[read]:  # a partial line, 0.2 s old: as it is
+                    lines, partial[read] = lines + [partial[read]], b""
+                if lines:
+                    reporting.send({"t": "lines", "stream": streams[read], "between_cells": True,
+                                    "lines": [x.decode("utf-8", "replace") for x in lines]})
+
+
+def _flush():
+    for out in (sys.stdout, sys.stderr):
+        try:
+            out.flush()
+        except (OSError, ValueError):  # (a stream the user's code closed or replaced)
+            pass
 
 
 def read_job(pipe):
@@ -201,6 +273,8 @@ def serve(workdir, error_record, exports, register_source, install_modules):
     jobs = sys.stdin.buffer
     started_env = framework_env()
     debugger.next_job = lambda: read_job(jobs)  # (pdb's commands come there too)
+    between = BetweenCells()
+    between.begin()
     reporting.state("ready", fresh=reporting.fresh())
     while True:
         job = read_job(jobs)
@@ -219,12 +293,13 @@ def serve(workdir, error_record, exports, register_source, install_modules):
         try:
             _running = True
             try:
+                if job.get("reset"):  # (still between cells: the old ring's last words are no
+                    reset_horovod(job.get("peers"))  # line of this cell, whichever rank says them)
+                _cell_streams(between)
                 for name, data in job["kwargs"].items():
                     if name not in assigned:
                         namespace[name] = pickle.loads(data)
                 namespace.pop(VALUE_NAME, None)
-                if job.get("reset"):
-                    reset_horovod(job.get("peers"))
                 exec(marshal.loads(job["code"]), namespace)
             finally:
                 _running = False
@@ -240,13 +315,23 @@ def serve(workdir, error_record, exports, register_source, install_modules):
                 debugger.hold(f"{type(exc).__name__}: {exc}", tb=exc.__traceback__)
             status = "error"
             summary = error_record(exc)  # its frames and locals too, for %debug
-        _end_cell(workdir, cell, status, summary, payload)
+        _end_cell(workdir, cell, status, summary, payload, between)
 
 
-def _end_cell(workdir, cell, status, summary, payload):
-    for out in (sys.stdout, sys.stderr):
-        out.write(END_OF_CELL + "\n")  # after a partial line too: the task splits it off
-        out.flush()
+def _cell_streams(between):
+    """`between.end()`, which an interrupt must not cut half-way (the task repeats an interrupt
+    until the cell ends: none is lost)."""
+    global _running
+    _running = False
+    try:
+        between.end()
+    finally:
+        _running = True
+
+
+def _end_cell(workdir, cell, status, summary, payload, between):
+    between.begin()
+    between.mark_end_of_cell()
     path = os.path.join(workdir, f"cell-{cell}")
     with open(path + ".tmp", "wb") as f:
         f.write(payload)
