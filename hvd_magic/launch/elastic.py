@@ -338,7 +338,7 @@ class ElasticLocalLauncher(ElasticLauncher):
     def _watch(self, link, events, done):
         """End the worker when Horovod's driver says so; end the elastic run when ours does."""
         while not done.wait(0.1):
-            if link.stopping.is_set():
+            if link.stopping.is_set() and not link.closing:  # (not the worker's own end)
                 self._stop_elastic()
                 return
             if any(e.is_set() for e in events):

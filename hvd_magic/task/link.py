@@ -108,6 +108,7 @@ class DriverLink:
         self.session = None          # a warm session's `SessionRank`, which takes cells
         self.on_order = None         # an elastic slot's handler of the driver's orders
         self.stopping = threading.Event()
+        self.closing = False         # this task closes the connection itself
         self._rendezvous = threading.Event()
         if client is None:
             client = EventClient(settings.events_address, settings.token)
@@ -150,6 +151,7 @@ class DriverLink:
         return self.relayed
 
     def close(self):
+        self.closing = True  # (the "closed" this causes is no stop from the driver)
         self.client.close()
 
 
