@@ -83,6 +83,10 @@ BENCHMARKS = {
             ["--np", "2", "--train-np", "2", "--reps", "1", "--steps", "50"]),
     "elastic": ("bench_elastic.py", ["--reps", "3", "--cost-reps", "5"],
                 ["--reps", "1", "--cost-reps", "2", "--cost-steps", "300"]),
+    # elastic torch.distributed without Horovod (hvd_magic.elastic, #53): recovery beside
+    # torchrun's restart of every worker, on the driver and on Spark; cost when nothing fails
+    "elastic-ddp": ("bench_elastic_ddp.py", ["--reps", "3", "--cost-reps", "5"],
+                    ["--reps", "1", "--cost-reps", "2", "--cost-steps", "300"]),
     # --- DataFrame shards (issue #17): bench/bench_shards.py, when it exists, writes the same
     # rows (bench "shards": shard throughput, ratio to toPandas()) and takes --json PATH and
     # --quick; until then the file notes it as not run, and make bench does not fail for it.
