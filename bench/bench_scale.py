@@ -97,11 +97,13 @@ def simulate(address, token, ranks, np, seconds, tick, lines_per_tick, points_pe
         delay = start + (k + 1) * tick - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-    for chunk in range(0, memory_points, 1000):
-        # paced as the driver takes them (~2.5 us a point, decoding included): a real rank's
-        # points come over the whole run; a burst would measure the event queue's backlog (see
-        # docs/SCALING.md), not what is kept
-        time.sleep(max(0.2, 0.01 * len(ranks)))
+    every, start = max(0.2, 0.01 * len(ranks)), time.monotonic()
+    for k, chunk in enumerate(range(0, memory_points, 1000)):
+        # a chunk every `every` s, about the pace the driver takes them at (~2.5 us a point,
+        # decoding included): a real rank's points come over the whole run. Sends the driver
+        # holds back (its event queue is bounded: docs/SCALING.md) delay the next chunk, not
+        # add to the pause.
+        time.sleep(max(0.0, start + (k + 1) * every - time.monotonic()))
         for r in ranks:
             points = [[total + s + 1, {"loss": 1.0 / (total + s + 1), "accuracy": 0.9}]
                       for s in range(chunk, min(memory_points, chunk + 1000))]

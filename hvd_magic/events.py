@@ -11,10 +11,16 @@ What this module guarantees, because the port is reachable from the network:
 - a frame larger than `MAX_FRAME` bytes, bytes that are not JSON, or a wrong token close that
   connection and are counted in `EventServer.rejected`; they never raise into the run or block it.
 
+The driver's memory stays bounded however fast ranks send: the run's events wait in an
+`EventQueue` bounded by the bytes of their frames, and the reading thread waits while it is full,
+so a burst the driver applies slower than it arrives waits in the ranks' sockets (TCP holds their
+senders back), as bytes, not here as decoded objects (~7 times larger).
+
 Not for: rank results. Those come back through Spark's own task results (or the local launcher's
 files), so this channel can stay free of pickle.
 """
 
+import collections
 import hmac
 import json
 import queue
@@ -29,6 +35,7 @@ MAX_FRAME = 4 * 1024 * 1024
 _HEADER = struct.Struct("!I")
 _HELLO_TIMEOUT = 10.0
 _RECV_BYTES = 256 * 1024   # read at most this much of one connection at a time
+MAX_BACKLOG = 4 * 1024 * 1024  # bytes of frames read, not yet taken by the driver (`EventQueue`)
 
 
 def encode_frame(obj):
@@ -64,22 +71,81 @@ def _no_delay(sock):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class EventQueue:
+    """The run's events in the order they were read, at most `max_bytes` of frames held.
+
+    `put` with the frame's size (the server's reading thread, the only one that does) waits
+    while there is no room, until half of it is free (a wake per half a queue, not per event);
+    an event bigger than the bound goes into an empty queue. Events made on the driver (size 0:
+    a connection dropped, a ring formed) never wait, nor does anything once `close` was called:
+    a run that ended takes no more, and its reader must not wait for it.
+    The `queue.Queue` methods the driver uses: `get`, `get_nowait`, `qsize`, `empty`.
+    """
+
+    def __init__(self, max_bytes=MAX_BACKLOG):
+        self.max_bytes = max_bytes
+        self.held = 0            # bytes of the frames in the queue
+        self.waited = 0.0        # seconds `put` waited for room, in all
+        self._items = collections.deque()   # (event, frame bytes)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._taken = threading.Condition(self._lock)
+        self._added = threading.Condition(self._lock)
+
+    def put(self, event, size=0):
+        with self._lock:
+            if size and self.held + size > self.max_bytes and not self._closed:
+                started = time.monotonic()
+                while self.held and self.held + size > self.max_bytes // 2 and not self._closed:
+                    self._taken.wait()
+                self.waited += time.monotonic() - started
+            self._items.append((event, size))
+            self.held += size
+            self._added.notify()
+
+    def get(self, block=True, timeout=None):
+        with self._lock:
+            if not self._added.wait_for(lambda: self._items, timeout if block else 0):
+                raise queue.Empty
+            event, size = self._items.popleft()
+            self.held -= size
+            if self.held <= self.max_bytes // 2:
+                self._taken.notify()
+            return event
+
+    def get_nowait(self):
+        return self.get(block=False)
+
+    def qsize(self):
+        return len(self._items)
+
+    def empty(self):
+        return not self._items
+
+    def close(self):
+        """Never wait for room again (the reader goes on, or ends, at once)."""
+        with self._lock:
+            self._closed = True
+            self._taken.notify_all()
+
+
 class _Peer:
     """One task's connection, as the server's reading thread sees it."""
 
     __slots__ = ("sock", "buffer", "authenticated", "deadline", "rank")
 
-    def __init__(self, sock):
+    def __init__(self, sock, now):
         self.sock = sock
         self.rank = None          # the rank its events are labelled with (`report_drops`)
         self.buffer = bytearray()
         self.authenticated = False
-        self.deadline = time.monotonic() + _HELLO_TIMEOUT  # for its hello
+        self.deadline = now + _HELLO_TIMEOUT  # for its hello (the reader's clock: `_now`)
 
 
 class EventServer:
-    """Driver side: accepts task connections, puts their events on `self.events` (a Queue, or
-    any `sink` with a thread-safe `put`, which then sees each event as it is read).
+    """Driver side: accepts task connections, puts their events on `self.events` (an
+    `EventQueue`, bounded: its reader waits for room; or any `sink` with a thread-safe `put`,
+    which then sees each event as it is read, unbounded: a warm session routes it on at once).
 
     One thread reads every connection (`selectors`): a thread per connection was most of the
     driver's cost at hundreds of ranks (each small frame woke a thread that then waited for the
@@ -88,12 +154,14 @@ class EventServer:
     as before.
     """
 
-    def __init__(self, host="127.0.0.1", max_frame=MAX_FRAME, sink=None, report_drops=False):
+    def __init__(self, host="127.0.0.1", max_frame=MAX_FRAME, sink=None, report_drops=False,
+                 max_backlog=None):
         self.token = secrets.token_hex(16)
         # a connection that ends puts {"t": "dropped", "rank": r} on `events` (an elastic run's
         # slots: a task whose executor was lost says nothing more)
         self.report_drops = report_drops
-        self.events = queue.Queue() if sink is None else sink
+        self._backlog = EventQueue(max_backlog or MAX_BACKLOG) if sink is None else None
+        self.events = self._backlog if sink is None else sink
         self.max_frame = max_frame
         self.rejected = 0
         self._lock = threading.Lock()
@@ -116,10 +184,17 @@ class EventServer:
     def address(self):
         return f"{self.host}:{self.port}"
 
+    def _now(self):
+        """The reader's clock: time spent waiting for room in the queue does not count, so a
+        hello that came meanwhile is not late."""
+        return time.monotonic() - (self._backlog.waited if self._backlog is not None else 0.0)
+
     def _loop(self):
         try:
             while not self._closed:
                 for key, _ in self._selector.select(timeout=0.5):
+                    if self._closed:  # (woken from a wait for room by `close`)
+                        return
                     if key.data == "accept":
                         self._accept()
                     elif key.data == "wake":
@@ -138,13 +213,13 @@ class EventServer:
         except OSError:
             return
         _no_delay(conn)
-        peer = _Peer(conn)
+        peer = _Peer(conn, self._now())
         with self._lock:
             self._open[conn] = peer
         self._selector.register(conn, selectors.EVENT_READ, peer)
 
     def _expire_hellos(self):
-        now = time.monotonic()
+        now = self._now()
         for peer in [p for p in self._open.values() if not p.authenticated and p.deadline < now]:
             self._reject()
             self._drop(peer)
@@ -193,7 +268,10 @@ class EventServer:
                     raise ValueError("a frame must be a JSON object")
                 if peer.authenticated:
                     peer.rank = obj.get("rank", peer.rank)
-                    self.events.put(obj)
+                    if self._backlog is not None:
+                        self._backlog.put(obj, size)  # waits while the queue is full
+                    else:
+                        self.events.put(obj)
                 else:
                     self._hello(peer, obj)
         # not JSON, absurdly deep, or nonsense a sink could not take (a warm session's routing of
@@ -243,15 +321,20 @@ class EventServer:
 
     def wait_read(self, timeout):
         """Wait (at most `timeout` s) until every connection has been read to its end: a task
-        closes its own once its rank ended, so its last events are in `events` after this."""
+        closes its own once its rank ended, so its last events are in `events` after this. True
+        if so, False if `timeout` passed first. The reader waits for room in `events`: whoever
+        waits for more than a queue's worth takes them meanwhile (the driver loop calls this with
+        timeout 0 between takes)."""
         with self._lock:
-            self._all_read.wait_for(lambda: not self._open or self._closed, timeout)
+            return self._all_read.wait_for(lambda: not self._open or self._closed, timeout)
 
     def close(self):
         with self._lock:
             self._closed = True
             self._all_read.notify_all()
             peers = list(self._peers)
+        if self._backlog is not None:
+            self._backlog.close()  # a reader waiting for room ends now; the queue keeps its events
         for conn in peers:
             try:
                 conn.shutdown(socket.SHUT_RDWR)

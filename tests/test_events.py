@@ -4,12 +4,17 @@ Connections are made to the live `EventServer` of a real run while its ranks wai
 an oversized frame, frames that are not JSON objects, and (hypothesis) arbitrary bytes. Each one
 is refused, closed and counted in `EventServer.rejected`; the run then completes with the right
 values and complete logs.
+
+The server also keeps the driver's memory bounded: with a consumer slower than its senders, its
+queue never holds more than its bound of frames, the senders are held back, nothing is lost or
+reordered, and `close` lets a reader that waits for room go at once.
 """
 
 import os
 import socket
 import struct
 import threading
+import time
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -161,3 +166,97 @@ def test_one_reading_thread_takes_hundreds_of_connections_in_order_and_loses_not
         assert threading.active_count() < 20  # not a thread per connection
     finally:
         server.close()
+
+
+def _send_all_in_thread(client, events):
+    """Send `events` from a thread (its sends block while the server holds the sender back);
+    the thread's outcome: the events sent, and the error that ended it, if any."""
+    outcome = {"sent": 0, "error": None}
+
+    def send():
+        try:
+            for event in events:
+                client.send(event)
+                outcome["sent"] += 1
+        except OSError as exc:  # the server closed the connection
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_slow_consumer_holds_a_fast_sender_back_and_every_event_arrives_in_order():
+    bound = 64 * 1024
+    server = EventServer(max_backlog=bound)
+    try:
+        client = EventClient(server.address, server.token)
+        count = 3000  # ~3 MB of frames: 48 times the bound
+        thread, outcome = _send_all_in_thread(
+            client, ({"t": "lines", "rank": 0, "seq": seq, "pad": "x" * 1000}
+                     for seq in range(count)))
+        got, largest = [], 0
+        while len(got) < count:
+            largest = max(largest, server.events.held)
+            got.append(server.events.get(timeout=30)["seq"])
+            if len(got) % 100 == 0:
+                time.sleep(0.01)  # the driver applying events slower than they come
+        assert got == list(range(count))  # in order, none lost, none twice
+        assert 0 < largest <= bound
+        assert server.events.waited > 0  # the reader did wait for room: TCP held the sender
+        thread.join(30)
+        assert outcome == {"sent": count, "error": None}
+        client.close()
+        assert server.wait_read(timeout=30)
+        assert server.events.empty()
+    finally:
+        server.close()
+
+
+def test_close_ends_a_reader_that_waits_for_room_at_once_and_keeps_what_was_read():
+    bound = 64 * 1024
+    server = EventServer(max_backlog=bound)
+    client = EventClient(server.address, server.token)
+    frame_bytes = len(encode_frame({"t": "lines", "rank": 0, "seq": 0, "pad": "x" * 1000}))
+    thread, outcome = _send_all_in_thread(
+        client, ({"t": "lines", "rank": 0, "seq": seq, "pad": "x" * 1000}
+                 for seq in range(100_000)))   # far more than the bound and the sockets hold
+    deadline = time.monotonic() + 30
+    while server.events.held + frame_bytes <= bound:  # nobody takes: the queue fills up
+        assert time.monotonic() < deadline, "the queue never filled"
+        time.sleep(0.01)
+    started = time.monotonic()
+    server.close()
+    assert time.monotonic() - started < 2
+    assert not server._thread.is_alive()
+    thread.join(30)
+    assert not thread.is_alive() and outcome["error"] is not None  # the sender was let go too
+    client.close()
+    got = []
+    while not server.events.empty():
+        got.append(server.events.get_nowait()["seq"])
+    assert got == list(range(len(got))) and len(got) * frame_bytes >= bound // 2
+    server.events.put({"t": "late"}, 10 * bound)  # a closed queue never waits
+    assert server.events.get_nowait() == {"t": "late"}
+
+
+def test_a_run_whose_ranks_print_faster_than_the_driver_takes_loses_no_line(tmp_path,
+                                                                            monkeypatch):
+    import hvd_magic.events
+
+    monkeypatch.setattr(hvd_magic.events, "MAX_BACKLOG", 32 * 1024)
+
+    def prints_a_burst():
+        import os
+        rank = int(os.environ["HOROVOD_RANK"])
+        for i in range(20_000):  # ~1 MB a rank, at once: 30 times the bound
+            print(f"rank {rank} line {i:05d} " + "y" * 30)
+        return rank
+
+    run = hvd_magic.run(prints_a_burst, np=-2, run_dir=str(tmp_path / "run"))
+    assert run.results == [0, 1]
+    assert run._server.events.waited > 0  # the bound was reached: the reader waited
+    for rank in range(2):
+        with open(run.log_path(rank)) as f:
+            assert f.read().splitlines() == [f"rank {rank} line {i:05d} " + "y" * 30
+                                             for i in range(20_000)]

@@ -167,27 +167,28 @@ class Driver:
 
     # -- events -------------------------------------------------------------------------------
     def _pump(self, timeout):
-        events = self.run._server.events
+        """Apply the events waiting (the first waited for at most `timeout` s); how many."""
+        events, taken = self.run._server.events, 0
         try:
             event = events.get(timeout=timeout)
-        except queue.Empty:
-            return
-        self._handle(event)
-        while True:  # take everything already waiting, without blocking
-            try:
+            while True:  # then everything already waiting, without blocking
+                self._handle(event)
+                taken += 1
                 event = events.get_nowait()
-            except queue.Empty:
-                return
-            self._handle(event)
+        except queue.Empty:
+            return taken
 
     def _drain(self):
         run = self.run
         if run._server is None:
             return
         run.launcher.join(timeout=5)
+        to_end = hasattr(run._server, "wait_read")  # (a warm session's channel stays open)
+        if to_end:  # first: a stop sent to a task that closed its end resets the connection,
+            read_to_end(run._server, self._pump)  # dropping its events not read yet
         self._stop_orphans()
-        if hasattr(run._server, "wait_read"):  # (a warm session's channel stays open)
-            run._server.wait_read(timeout=2)  # the tasks' last events, before the sockets close
+        if to_end:
+            read_to_end(run._server, self._pump)
         run._server.close()
         while True:
             try:
@@ -277,3 +278,18 @@ class Driver:
         run.write_meta()
         if run.view is not None:
             run.view.finish(run)
+
+
+def read_to_end(server, pump, limit=30.0):
+    """The tasks' last events, before the sockets close (a task closes its connection once its
+    rank ended), applied by `pump` as they are read: the server's queue is bounded and its reader
+    waits for room, so a backlog left in the sockets takes as long as it takes to apply. Given up
+    on after 2 s without an event (a connection open and quiet), or `limit` s in all (a rank that
+    Spark left running and that prints on: `_stop_orphans` stops it)."""
+    now = time.monotonic()
+    quiet_until, end = now + 2, now + limit
+    while not server.wait_read(timeout=0) and time.monotonic() < end:
+        if pump(0.05):
+            quiet_until = time.monotonic() + 2
+        elif time.monotonic() > quiet_until:
+            return
