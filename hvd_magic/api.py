@@ -232,14 +232,17 @@ def _ranks_run_here(placement):
 
 
 def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,
-                  idle_timeout=None, progress=None, min_np=None, fresh=None, debug=False):
+                  idle_timeout=None, progress=None, min_np=None, fresh=None, debug=False,
+                  elastic_api=None):
     """Start a warm session of `np` ranks (placed as `run` places them) and wait until every
     rank is ready; return the `Session`. Its ranks keep their state between cells.
 
     `min_np` makes it elastic: a lost rank process (or executor) no longer ends the
     session; the survivors keep their namespaces, Horovod is reset on them before the next
     cell (`hvd.size()` is then smaller), and the session ends when fewer than `min_np` are left.
-    Lost ranks are not replaced. `fresh`: start the ranks as new interpreters, not forked from
+    Lost ranks are not replaced. `elastic_api`: ``"horovod"`` (Horovod's elastic driver resets
+    Horovod's ring) or ``"torch"`` (ours re-forms the torch.distributed group:
+    `hvd_magic.launch.elastic_torch`); None: Horovod's where Horovod is installed. `fresh`: start the ranks as new interpreters, not forked from
     the template (`hvd_magic.template`; None: `hvd_magic.config.fresh_by_default`).
 
     `debug`: a rank whose cell raises is held in pdb at its exception (``%horovod_debug``,
@@ -249,9 +252,12 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     from .driver.session import Session
 
     placement = Placement(np, spark=spark, master=master, spark_conf=spark_conf, min_np=min_np)
-    if placement.elastic is not None and not installed("horovod"):
-        _refuse("An elastic session (--min-np)")
-    launcher = make_launcher(placement, session=True)
+    kind = elastic_api or ("horovod" if installed("horovod") else "torch")
+    if kind not in ("horovod", "torch"):
+        raise UsageError(f'elastic_api is "horovod" or "torch", not {elastic_api!r}.')
+    if placement.elastic is not None and kind == "horovod" and not installed("horovod"):
+        _refuse("An elastic Horovod session (--min-np)")
+    launcher = make_launcher(placement, session=True, elastic_kind=kind)
     session = Session(launcher, placement,
                       horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
                       extra_env={**DEFAULT_RANK_ENV, **(env or {})},  # as a run's ranks get

@@ -215,3 +215,30 @@ def test_a_script_is_elastic_too(tmp_path):
     for slot in (0, 1):  # (slot 1's latest attempt: the replacement)
         with open(run.log_path(slot)) as log:
             assert "trained 30 steps in a world of 2" in log.read()
+
+
+def test_an_elastic_torch_session_goes_on_with_its_survivors(ip):
+    """``%horovod_session start --min-np 2 --elastic-api torch``: a rank SIGKILLed between cells;
+    the next cell runs on the survivors in a world of 2, their earlier cells' values kept."""
+    magics = ip.magics_manager.registry["HorovodMagics"]
+    ip.run_line_magic("horovod_session", "start --np -3 --min-np 2 --elastic-api torch")
+    session = magics.session
+    try:
+        ip.run_cell_magic("distributed", "--quiet", (
+            "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            "model = torch.nn.Linear(4, 1)\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+            "first = (dist.get_world_size(), t.item())"))
+        pid = session.ranks[2]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not any(slots == [0, 1] for _, slots in session.rings):
+            assert time.monotonic() < deadline, "no world of the 2 survivors"
+            time.sleep(0.05)
+        ip.run_cell_magic("distributed", "--quiet", (
+            "t = torch.ones(1)\ndist.all_reduce(t)\n"
+            "(first, dist.get_world_size(), dist.get_rank(), t.item(), type(model).__name__)"))
+        assert sorted(hvd_magic.last_run().results) == [
+            ((3, 3.0), 2, 0, 2.0, "Linear"), ((3, 3.0), 2, 1, 2.0, "Linear")]
+        assert 2 in session.lost
+    finally:
+        ip.run_line_magic("horovod_session", "stop")

@@ -27,6 +27,10 @@ from .options import env_option, summary_first
                "no longer ends the session; the next cell runs on the survivors (their "
                "namespaces kept, Horovod reset to the smaller ring). Lost ranks are not "
                "replaced; fewer than M left ends the session.")
+@argument("--elastic-api", choices=("horovod", "torch"), default=None,
+          help="With --min-np: horovod (Horovod's ring reset before the next cell; the default "
+               "where Horovod is installed) or torch (the torch.distributed group re-formed "
+               "before the next cell: docs/elastic_ddp.md).")
 @argument("--debug", action="store_true",
           help="A rank whose cell raises is held in pdb at its exception (the others wait "
                "before their next Horovod collective): the cell opens it, or %%horovod_debug for a "
@@ -101,7 +105,7 @@ def horovod_session(magics, line):
         options = {}
     if args.np is not None or args.action == "start":
         options = {"np": magics.np if args.np is None else args.np, "master": args.master,
-                   "min_np": args.min_np, "debug": args.debug,
+                   "min_np": args.min_np, "debug": args.debug, "elastic_api": args.elastic_api,
                    "env": env_option(args.env),
                    "idle_timeout": magics.session_idle_timeout if args.idle_timeout is None
                    else args.idle_timeout}
@@ -114,6 +118,6 @@ def horovod_session(magics, line):
         options["np"], master=options["master"], spark_conf=dict(magics.spark_conf),
         horovod_env=dict(magics.horovod_settings), env=options["env"],
         idle_timeout=options["idle_timeout"] or None, min_np=options.get("min_np"),
-        debug=options.get("debug", False))
+        debug=options.get("debug", False), elastic_api=options.get("elastic_api"))
     magics.session.options = options
     print(magics.session.status())

@@ -22,10 +22,11 @@ def make_launcher(placement, session=False, elastic_kind="horovod"):
     np, spark, elastic = placement.np, placement.spark, placement.elastic
     if elastic is not None and session:
         from . import elastic_session
-    torch = elastic is not None and elastic_kind == "torch" and not session
+    torch = elastic is not None and elastic_kind == "torch"
     if np < 0 and torch:
-        from .elastic_torch import ElasticTorchLocalLauncher
-        return ElasticTorchLocalLauncher(*elastic)
+        from . import elastic_torch
+        return (elastic_torch.ElasticTorchSessionLauncher if session
+                else elastic_torch.ElasticTorchLocalLauncher)(*elastic)
     if np < 0:
         if elastic is not None:
             from .elastic import ElasticLocalLauncher
@@ -51,8 +52,9 @@ def make_launcher(placement, session=False, elastic_kind="horovod"):
     spark_args = dict(session=spark, master=placement.master, conf=placement.spark_conf,
                       log_dir=placement.log_dir, verbose=placement.verbose)
     if torch:
-        from .elastic_torch import ElasticTorchSparkLauncher
-        return ElasticTorchSparkLauncher(np, *elastic, **spark_args)
+        from . import elastic_torch
+        return (elastic_torch.ElasticTorchSparkSessionLauncher if session
+                else elastic_torch.ElasticTorchSparkLauncher)(np, *elastic, **spark_args)
     if elastic is not None:
         from .elastic_spark import ElasticSparkLauncher
         return (elastic_session.ElasticSparkSessionLauncher if session

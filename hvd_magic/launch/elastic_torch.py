@@ -198,15 +198,18 @@ class TorchMembership:
 
 
 class _Heard(queue.Queue):
-    """The run's event queue, the workers' ``elastic`` events taken out for the launcher."""
+    """The run's event queue (or, for a warm session, its `sink`), the workers' ``elastic``
+    events taken out for the launcher."""
 
-    def __init__(self, launcher):
+    def __init__(self, launcher, sink=None):
         super().__init__()
-        self.launcher = launcher
+        self.launcher, self.sink = launcher, sink
 
     def put(self, event, block=True, timeout=None):
         if event.get("t") == "elastic":
             return self.launcher._heard(event)
+        if self.sink is not None:
+            return self.sink.put(event)
         return super().put(event, block, timeout)
 
 
@@ -221,7 +224,7 @@ class ElasticTorchLocalLauncher(TorchMembership, ElasticLocalLauncher):
     """``--np -N --min-np M``: N rank processes on this machine, our membership."""
 
     def open_channel(self, sink=None):
-        return ElasticLauncher.open_channel(self, sink or _Heard(self))
+        return ElasticLauncher.open_channel(self, _Heard(self, sink))
 
     def _worker_env(self, slot):
         return dict(super()._worker_env(slot), **{ADDRESS: "127.0.0.1",
@@ -258,6 +261,23 @@ class ElasticTorchSparkLauncher(TorchMembership, ElasticSparkLauncher):
     def _stop_workers(self):
         super()._stop_workers()
         self._server.announce({"t": "slots_done"})
+
+
+class _Survivors:
+    """A warm session's: a lost slot gets no new process (it would start with an empty
+    namespace); the session goes on with the survivors, in a smaller world."""
+
+    def _start_workers(self, initial):
+        if self._g < 0:
+            super()._start_workers(initial)
+
+
+class ElasticTorchSessionLauncher(_Survivors, ElasticTorchLocalLauncher):
+    """An elastic torch.distributed session, ``--np -N --min-np M``."""
+
+
+class ElasticTorchSparkSessionLauncher(_Survivors, ElasticTorchSparkLauncher):
+    """An elastic torch.distributed session on Spark, ``--np N --min-np M``."""
 
 
 def _loopback():

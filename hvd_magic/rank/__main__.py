@@ -239,6 +239,9 @@ def main_session(workdir):
     torch_store.install()
     trainers.install()
     keras_alias.install()  # `import keras` as in a cell that is not a session's
+    here = elastic_world.world()  # an elastic session's (None in others)
+    if elastic_world.active():  # torch.distributed's: the first world's variables
+        here.join()
     return session.serve(workdir, error_record, _exports, _register_source, install_modules)
 
 

@@ -132,9 +132,11 @@ class World:
         self.generation, self.disrupted = g, False
         self._mark = _sockets()
 
-    def join(self):
-        """The first world with this slot; its variables set for ``init_process_group``."""
-        reporting.send({"t": "elastic", "what": "join"})
+    def join(self, announce=True):
+        """The first world with this slot (`announce`: tell the driver this rank is here); its
+        variables set for ``init_process_group``."""
+        if announce:
+            reporting.send({"t": "elastic", "what": "join"})
         reporting.send({"t": "blocked", "op": "init", "seconds": 0})
         while True:
             reform = self._next()
@@ -149,6 +151,17 @@ class World:
         _set_env(rank, len(reform["slots"]), world)
         reporting.send({"t": "unblocked"})
         return rank
+
+    def refresh(self):
+        """A warm session's rank, before a cell: into the newest world, if there is one (the
+        group re-formed where the cells made one, else the variables set for the next)."""
+        if not self.changed():
+            return
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_initialized():
+            self.form(dist.get_backend())
+        else:
+            self.join(announce=False)
 
     def form(self, backend):
         """Leave the current group and make the newest world's: its rank for this process."""

@@ -38,7 +38,7 @@ import tempfile
 import threading
 
 from ..payload import cloud_dumps
-from . import debugger, reporting, stream
+from . import debugger, elastic_world, reporting, stream
 
 END_OF_CELL = "\x00hvd_magic end of cell\x00"
 # Names the rank's frameworks' variables (`hvd_magic.frameworks`), comma-separated.
@@ -293,7 +293,9 @@ def serve(workdir, error_record, exports, register_source, install_modules):
         try:
             _running = True
             try:
-                if job.get("reset"):  # (still between cells: the old ring's last words are no
+                if elastic_world.active():  # an elastic torch session: into its newest world
+                    elastic_world.world().refresh()
+                elif job.get("reset"):  # (still between cells: the old ring's last words are no
                     reset_horovod(job.get("peers"))  # line of this cell, whichever rank says them)
                 _cell_streams(between)
                 for name, data in job["kwargs"].items():
