@@ -37,6 +37,9 @@ def __getattr__(name):
     if name == "timeline":  # `with hvd_magic.timeline():` on a rank
         from .timelines.record import timeline
         return timeline
+    if name == "elastic":  # `hvd_magic.elastic.TorchState` on a rank
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     if name == "breakpoint":  # a warm session's rank stopped in pdb, driven from the notebook
         from .rank.debugger import breakpoint
         return breakpoint
