@@ -84,6 +84,9 @@ class TorchMembership:
         start; a lost slot again; a slot beyond them when it gets room)."""
         if self._stopping or (self._world and self._done_training()):
             return
+        if self._g < 0 and time.monotonic() - self._began < START_GRACE and not all(
+                s in self._running or self._has_capacity(s) for s in range(initial)):
+            return  # (all of the first at once: each counts the others on its host, threads.py)
         for slot in range(self._rows if self._g >= 0 else initial):
             attempt = self._attempts.get(slot, 0) + 1
             if slot in self._running or slot in self._finished or \

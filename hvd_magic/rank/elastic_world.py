@@ -38,6 +38,7 @@ ELASTIC = "HVD_MAGIC_ELASTIC"             # "torch" in such a run's ranks
 SLOT = "HVD_MAGIC_ELASTIC_SLOT"           # this process's slot (the view's row)
 ADDRESS = "HVD_MAGIC_ELASTIC_ADDR"        # this machine's address, as the other ranks reach it
 STORE_TIMEOUT = 60.0                      # seconds a member waits for a new group's store
+HOROVOD_GRACE = 0.3                       # seconds Horovod's ring may notice a loss by itself
 _TCP = (socket.AF_INET, socket.AF_INET6)
 
 
@@ -62,6 +63,7 @@ class World:
         self.disrupted = False   # a member of this rank's group was lost since it formed
         self.ended = False       # the driver told this rank it is not in the run any more
         self._failed = -1        # the newest generation whose forming failed here
+        self._forming = None     # the generation this rank is forming now
         self._changed = threading.Condition()
         self._mark = _sockets()  # the sockets open before the current group was made
 
@@ -69,11 +71,14 @@ class World:
     def heard(self, message):
         with self._changed:
             kind, g = message.get("t"), message.get("g")
-            if not active() and (kind != "lost" or not _horovod_ready()):
-                return  # (Horovod's ring: ``lost`` only, and never inside hvd.init(), where a
-                # Gloo error aborts the process)
+            if not active():  # Horovod's ring: ``lost`` only
+                if kind == "lost":
+                    self._cut_if_stuck()
+                return
             if kind == "reform" and (self.reform is None or g > self.reform["g"]):
                 self.reform = message
+                if self._forming is not None and g > self._forming:
+                    self._cut()  # the world this rank is forming is gone: leave its wait
             elif kind == "world":
                 self.stores[g] = message
             elif kind in ("lost", "leave"):
@@ -82,11 +87,26 @@ class World:
                 self._cut()
             self._changed.notify_all()
 
-    def _cut(self):
-        """Shut down the connected TCP sockets opened since the current group began: what it
-        waits on returns an error now. (NCCL's transport is not sockets: its group is aborted.)"""
+    def _cut_if_stuck(self, after=HOROVOD_GRACE):
+        """Horovod's ring: the connections open now and opened since the rank began, cut
+        `after` seconds from now if they are still open then (Horovod has not noticed the loss
+        by itself) and Horovod is not inside ``hvd.init()`` (where a Gloo error aborts the
+        process). A new ring's connections, made meanwhile, are never touched."""
+        held = {fd: _identity(fd) for fd in _sockets() - self._mark}
+
+        def later():
+            time.sleep(after)
+            if _horovod_ready():
+                self._cut([fd for fd, what in held.items() if _identity(fd) == what])
+
+        threading.Thread(target=later, name="hvd-magic-cut", daemon=True).start()
+
+    def _cut(self, fds=None):
+        """Shut down the connected TCP sockets opened since the current group began (or
+        `fds`): what it waits on returns an error now. (NCCL's transport is not sockets: its
+        group is aborted.)"""
         _abort_nccl()
-        for fd in _sockets() - self._mark:
+        for fd in (_sockets() - self._mark) if fds is None else fds:
             try:
                 sock = socket.socket(fileno=fd)
             except OSError:  # closed meanwhile
@@ -129,7 +149,7 @@ class World:
             return self.stores.get(g) if not self.ended and self.reform["g"] == g else None
 
     def _formed(self, g):
-        self.generation, self.disrupted = g, False
+        self.generation, self.disrupted, self._forming = g, False, None
         self._mark = _sockets()
 
     def join(self, announce=True):
@@ -175,6 +195,7 @@ class World:
                 except Exception:  # noqa: BLE001  (a broken group: what is left goes with it)
                     pass
             self._mark = _sockets()
+            self._forming = reform["g"]
             rank, size = reform["slots"].index(self.slot), len(reform["slots"])
             try:
                 store = self._store(reform, rank, size)
@@ -252,6 +273,14 @@ def _reserve():
     held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     held.bind(("", 0))
     return held
+
+
+def _identity(fd):
+    """What descriptor `fd` is now (``socket:[inode]``), or None."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
 
 
 def _sockets():
