@@ -140,6 +140,19 @@ train(state)
 """
 
 
+def _waiter(run):
+    """wait_for(predicate, what): until `predicate()`, failing if the run ends first."""
+    import time
+
+    def wait_for(predicate, what, timeout=180):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert run.state == "running", f"the run ended ({run.state}: {run.error}) before {what}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)
+    return wait_for
+
+
 def _ranks_under(pid, ranks):
     """The pids of those `ranks` (the run's) that run under process `pid` (`conftest.ancestry`)."""
     return {r.pid for r in ranks if pid in ancestry(r.pid)}
@@ -157,12 +170,7 @@ def test_elastic_run_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standal
     run = ip.run_cell_magic("horovod", "--np 4 --min-np 2 --background --quiet --env "
                                        "HOROVOD_GLOO_TIMEOUT_SECONDS=10", ELASTIC_TRAINING)
 
-    def wait_for(predicate, what, timeout=180):
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert run.state == "running", f"the run ended ({run.state}: {run.error}) before {what}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.1)
+    wait_for = _waiter(run)
 
     try:
         wait_for(lambda: all((r.step or 0) >= 20 for r in run.ranks), "every rank at step 20")
@@ -351,12 +359,7 @@ def test_elastic_ddp_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standal
     run = ip.run_cell_magic("distributed", "--np 4 --min-np 2 --background --quiet",
                             ELASTIC_DDP_TRAINING)
 
-    def wait_for(predicate, what, timeout=180):
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert run.state == "running", f"the run ended ({run.state}: {run.error}) before {what}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.1)
+    wait_for = _waiter(run)
 
     try:
         wait_for(lambda: all((r.step or 0) >= 20 for r in run.ranks), "every rank at step 20")
