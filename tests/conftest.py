@@ -262,7 +262,16 @@ class StandaloneCluster:
     def session(self, python=None, **conf):
         """A session on this cluster; `python` is what executors run (PYSPARK_PYTHON)."""
         _stop_spark()
+        from pyspark import SparkContext
         from pyspark.sql import SparkSession
+        if SparkContext._jvm is not None:
+            # The JVM keeps the settings it was launched with as `spark.*` system properties,
+            # and every later SparkConf in it starts from them: the session that launched it
+            # would set the next ones' spark.cores.max, dynamic allocation...
+            system = SparkContext._jvm.System
+            for key in list(system.getProperties().stringPropertyNames()):
+                if key.startswith("spark."):
+                    system.clearProperty(key)
         os.environ["PYSPARK_PYTHON"] = python or sys.executable
         builder = (SparkSession.builder.master(self.url).appName("hvd_magic-tests")
                    .config("spark.driver.host", self.master_host)

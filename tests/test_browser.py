@@ -547,7 +547,11 @@ def test_debug_answers_what_a_person_asks_of_a_ranks_values_in_chromium(tmp_path
         cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
         cell.click()
         page.keyboard.press("Shift+Enter")
-        box = cell.locator(".jp-Stdin-input").last  # (each answered prompt stays, greyed)
+        # The prompt still open: an answered one stays in the page, greyed, for another 0.5 s
+        # (class jp-OutputArea-stdin-hiding), and ignores what is typed into it; the answer to
+        # a `p` often comes back sooner.
+        box = cell.locator(".jp-OutputArea-stdin-item:not(.jp-OutputArea-stdin-hiding) "
+                           ".jp-Stdin-input")
         for command, answer in [("p x.shape", "torch.Size([3, 4])"),
                                 ("p x.dtype", "torch.float32"),
                                 ("p list(batch)", "['w', 'step']"),

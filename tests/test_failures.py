@@ -339,17 +339,41 @@ def test_rendezvous_failure_is_explained(ip):
 
 
 def test_np_above_the_slots_of_a_cluster_is_refused_at_once(ip, standalone):
+    """spark.cores.max bounds what the session can ever get: refused from the setting, before
+    any executor is waited for."""
     from IPython.core.error import UsageError
-    session = standalone.session()
+    session = standalone.session(**{"spark.cores.max": "3"})  # 1 whole 2-core executor
     runs_before = len(hvd_magic.runs())
     try:
         with pytest.raises(UsageError) as info:
-            ip.run_cell_magic("horovod", "--np 6", "1")
+            ip.run_cell_magic("horovod", "--np 4", "1")
+        text = str(info.value)
+        assert "np=4" in text and "at most 2 task slots" in text and "spark.cores.max=3" in text
+        assert "--np 2" in text
+        # refused before a run started: no barrier stage waited for slots it could never have
+        assert len(hvd_magic.runs()) == runs_before
+    finally:
+        session.stop()
+
+
+def test_np_above_the_registered_slots_says_what_the_cluster_has(standalone):
+    """No setting bounds the session: the executors that registered are what it has, once the
+    session has been up for the launcher's wait."""
+    from IPython.core.error import UsageError
+
+    from hvd_magic.launch.spark import SparkLauncher, cluster_slots
+    session = standalone.session()
+    try:
+        sc = session.sparkContext
+        deadline = time.monotonic() + 90
+        while cluster_slots(sc) < 4:  # both executors registered
+            assert time.monotonic() < deadline, "the cluster's two executors never registered"
+            time.sleep(0.2)
+        with pytest.raises(UsageError) as info:
+            SparkLauncher(session, slot_wait=0).prepare(6)
         text = str(info.value)
         assert "np=6" in text and "4 task slots" in text and "2 executors" in text
         assert "--np 4" in text
-        # refused before a run started: no barrier stage waited for slots it could never have
-        assert len(hvd_magic.runs()) == runs_before
     finally:
         session.stop()
 

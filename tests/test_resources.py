@@ -7,11 +7,12 @@ are skipped with the reason elsewhere. Each makes a child of this process's memo
 small limit, and the rank that is to grow moves itself into it first.
 """
 
+import contextlib
 import json
-import re
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -144,6 +145,8 @@ import os, time
 if os.environ.get("RANK", os.environ.get("HOROVOD_RANK")) == "1":
     with open({procs!r}, "w") as f:
         f.write(str(os.getpid()))  # into the 300 MB cgroup
+    while not os.path.exists({sampled!r}):  # until its task has read that limit (the test says)
+        time.sleep(0.05)
     blocks = []
     for _ in range(100):
         blocks.append(b"x" * (20 << 20))
@@ -153,18 +156,42 @@ else:
 """
 
 
+@contextlib.contextmanager
+def growing(memory_limit, tmp_path):
+    """GROWS for `memory_limit`, and a thread that lets rank 1 grow once its task's sampler has
+    seen the rank in the cgroup: so it is its cgroup's limit the rank dies at, not an older
+    sample's (the host's), however late the sampler runs on a loaded machine."""
+    sampled, before, done = str(tmp_path / "sampled"), hvd_magic.last_run(), threading.Event()
+
+    def watch():
+        deadline = time.monotonic() + 60  # then it grows anyway, and the test says what it saw
+        while not done.is_set():
+            run = hvd_magic.last_run()
+            latest = (run.ranks[1].usage.latest or {}) if run is not before else {}
+            if latest.get("limit") == 300 * MB or time.monotonic() > deadline:
+                open(sampled, "w").close()  # (300 MB: the cgroup's limit, read by the sampler)
+                return
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield GROWS.format(procs=os.path.join(memory_limit, "cgroup.procs"), sampled=sampled)
+    finally:
+        done.set()
+        watcher.join()
+
+
 @pytest.mark.parametrize("np", ["-2", "2"])
-def test_a_rank_past_its_memory_limit_is_named_out_of_memory(ip, memory_limit, np):
+def test_a_rank_past_its_memory_limit_is_named_out_of_memory(ip, memory_limit, np, tmp_path):
     if np == "2":
         spark_session(2)
-    cell = GROWS.format(procs=os.path.join(memory_limit, "cgroup.procs"))
-    with pytest.raises(hvd_magic.RankError) as caught:
+    with growing(memory_limit, tmp_path) as cell, pytest.raises(hvd_magic.RankError) as caught:
         ip.run_cell_magic("horovod", f"--np {np} --quiet", cell)
     text = str(caught.value)
     assert caught.value.rank == 1
-    # (its cgroup's OOM killer, and its limit, once a sample saw it there; on a loaded host the
-    # rank can die before one did: the kernel's, then)
-    assert re.search(r"out of memory: killed by (its cgroup's|the kernel's) OOM killer", text)
+    assert "out of memory: killed by its cgroup's OOM killer" in text, text
+    assert "(its limit: 300 MB" in text, text
     assert "fewer ranks a host" in text, text
     oom = int(open(os.path.join(memory_limit, "memory.oom_control")).read().split()[-1])
     assert oom >= 1  # the kernel's own count: it was the OOM killer
@@ -172,13 +199,12 @@ def test_a_rank_past_its_memory_limit_is_named_out_of_memory(ip, memory_limit, n
     assert run.ranks[1].usage.peak_rss > 100 * MB  # its climb was seen on the way
 
 
-def test_a_warm_sessions_rank_out_of_memory_is_named(ip, memory_limit, capsys):
-    cell = GROWS.format(procs=os.path.join(memory_limit, "cgroup.procs")).replace(
-        "time.sleep(60)", "pass")
+def test_a_warm_sessions_rank_out_of_memory_is_named(ip, memory_limit, capsys, tmp_path):
     ip.run_line_magic("horovod_session", "start --np -2")
     try:
-        with pytest.raises(hvd_magic.RankError) as caught:
-            ip.run_cell_magic("horovod", "--quiet", cell)
+        with growing(memory_limit, tmp_path) as cell, \
+                pytest.raises(hvd_magic.RankError) as caught:
+            ip.run_cell_magic("horovod", "--quiet", cell.replace("time.sleep(60)", "pass"))
         assert "out of memory: killed by its cgroup's OOM killer" in str(caught.value)
         said = capsys.readouterr()
         assert "ended (out of memory). Run %horovod_session restart" in said.out + said.err

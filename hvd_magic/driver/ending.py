@@ -151,6 +151,12 @@ def _lost_task_error(run):
         error = (str(error).strip().splitlines() or [type(error).__name__])[0]
     lost = run.unended()
     failed = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", str(error))
+    if not lost and failed:
+        # Every rank had an end: the failed task's rank was stopped with the others before its
+        # own end was heard (a rank forked from a template outlives its task until the
+        # template sees the task gone). Spark's word names it.
+        lost = [r for r in run.ranks
+                if r.partition == int(failed.group(1)) and r.state != "done"]
     # the task Spark names as the failed one, else the first without an ending
     lost.sort(key=lambda r: r.partition != (int(failed.group(1)) if failed else None))
     if not lost:

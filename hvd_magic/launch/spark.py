@@ -46,7 +46,7 @@ def cluster_slots(sc):
 
 def _executor_summary(sc):
     try:
-        executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1
+        executors = sc._jsc.sc().getExecutorIds().size()  # those holding slots, as counted
     except Exception:
         return ""
     cores = sc.getConf().get("spark.executor.cores")
@@ -57,6 +57,23 @@ def _executor_summary(sc):
     if task_cpus != "1":
         text += f", {task_cpus} cpus per task"
     return text
+
+
+def promised_slots(master, conf_get):
+    """(the most task slots the session's settings allow, the setting that says so), or None
+    where they set no bound: ``spark.cores.max`` on a standalone cluster, else
+    ``spark.executor.instances`` with a known number of cores per executor."""
+    task_cpus = int(conf_get("spark.task.cpus") or 1)
+    cores = executor_cores(master, conf_get)
+    cores_max = conf_get("spark.cores.max")
+    if cores_max and master.startswith("spark://"):
+        most = (int(cores_max) // cores * (cores // task_cpus) if cores  # whole executors
+                else int(cores_max) // task_cpus)
+        return most, f"spark.cores.max={cores_max}"
+    instances = conf_get("spark.executor.instances")
+    if instances and cores:
+        return int(instances) * (cores // task_cpus), f"spark.executor.instances={instances}"
+    return None
 
 
 def java_message(exc, workers_python=None):
@@ -250,10 +267,17 @@ class SparkLauncher(Launcher):
                     f"np={np} but the Spark session ({sc.master}) has {slots} task slots; use "
                     f"--np {slots} or start the session with local[{np}].")
             return
-        deadline = time.monotonic() + self.slot_wait
-        while True:  # executors register a few seconds after a session starts
+        promise = promised_slots(sc.master, (self._conf or sc.getConf()).get)
+        if promise is not None and promise[0] < np:  # no need to wait for executors to see it
+            most, setting = promise
+            raise UsageError(f"np={np} but the session's {setting} allows at most {most} task "
+                             f"slots; use --np {max(most, 1)} or raise {setting.split('=')[0]}.")
+        # executors register a few seconds after a session starts: wait from its start, so that
+        # a session that has been up for a while is judged at once
+        deadline = sc.startTime / 1000 + self.slot_wait
+        while True:
             slots = cluster_slots(sc)
-            if slots >= np or time.monotonic() > deadline:
+            if slots >= np or time.time() > deadline:
                 break
             if self._cancelled:
                 raise RunCancelled(f"Cancelled while waiting for {np} Spark task slots "

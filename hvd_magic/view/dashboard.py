@@ -146,7 +146,9 @@ class Dashboard:
                 widget.value = value  # one comm message each
                 self._pushed_at[widget] = now
             if changed:
-                self._pace.took(now, len(changed))
+                # counted from when they went, not from the look above: a slow render would
+                # otherwise let the next tick's messages follow within the second
+                self._pace.took(time.monotonic(), len(changed))
                 return
 
     def _due(self, run):
