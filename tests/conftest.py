@@ -75,6 +75,7 @@ def fresh_ns(ip):
 
 
 def _stop_spark():
+    """Stop the active session, and forget the settings of the one that launched the JVM."""
     from pyspark import SparkContext
     sc = SparkContext._active_spark_context
     if sc is not None:
@@ -82,6 +83,16 @@ def _stop_spark():
         from pyspark.sql import SparkSession
         SparkSession._instantiatedSession = None
         SparkSession._activeSession = None
+    if SparkContext._jvm is not None:
+        # The JVM keeps the settings it was launched with as `spark.*` system properties, and
+        # every later SparkConf in it starts from them: a GPU cluster's session that launched it
+        # would give the next test's local[4] session tasks that each need a GPU (and never
+        # start), a spark.cores.max would bound the next cluster session.
+        with contextlib.suppress(Exception):  # (a JVM already ended: nothing lingers)
+            system = SparkContext._jvm.System
+            for key in list(system.getProperties().stringPropertyNames()):
+                if key.startswith("spark."):
+                    system.clearProperty(key)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -262,16 +273,7 @@ class StandaloneCluster:
     def session(self, python=None, **conf):
         """A session on this cluster; `python` is what executors run (PYSPARK_PYTHON)."""
         _stop_spark()
-        from pyspark import SparkContext
         from pyspark.sql import SparkSession
-        if SparkContext._jvm is not None:
-            # The JVM keeps the settings it was launched with as `spark.*` system properties,
-            # and every later SparkConf in it starts from them: the session that launched it
-            # would set the next ones' spark.cores.max, dynamic allocation...
-            system = SparkContext._jvm.System
-            for key in list(system.getProperties().stringPropertyNames()):
-                if key.startswith("spark."):
-                    system.clearProperty(key)
         os.environ["PYSPARK_PYTHON"] = python or sys.executable
         builder = (SparkSession.builder.master(self.url).appName("hvd_magic-tests")
                    .config("spark.driver.host", self.master_host)

@@ -83,24 +83,35 @@ def install():
 
 
 def release(timeout=30.0):
-    """Keep torch.distributed's store alive until every rank is done with it.
+    """Keep torch.distributed's group and store alive until every rank is done with them.
 
     A cell that ends without a collective after making its group (``dist.get_world_size()`` as
-    its value) lets rank 0 exit while a peer still reads the store to finish its own start:
-    "Connection reset by peer" there. So each rank says it is done on the store, and rank 0
-    waits (at most `timeout` s) until all have. A group the cell destroyed, or torch never
+    its value) lets a rank exit while a slower peer is still in its own
+    ``init_process_group``: that peer reads rank 0's store, and finishes Gloo's full mesh over
+    the pairs with every other rank. An exit there is "Connection reset by peer" in the store,
+    or "Gloo connectFullMesh failed ... Connection closed by peer". So each rank says it is
+    done on the store and waits until all have (at most `timeout` s; a rank that failed is
+    stopped by the driver, its peers with it). Rank 0, whose store it is, leaves last: once
+    every other rank has said it read the count. A group the cell destroyed, or torch never
     loaded, costs nothing."""
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return
         store = dist.distributed_c10d._get_default_store()
-        done = store.add("hvd_magic/ranks_done", 1)
-        if dist.get_rank() != 0:
-            return
-        deadline = time.monotonic() + timeout
-        while done < dist.get_world_size() and time.monotonic() < deadline:
-            time.sleep(0.02)
-            done = store.add("hvd_magic/ranks_done", 0)
+        size, deadline = dist.get_world_size(), time.monotonic() + timeout
+        _count_up(store, "hvd_magic/ranks_done", size, deadline)
+        if dist.get_rank() == 0:
+            _count_up(store, "hvd_magic/ranks_left", size, deadline)
+        else:
+            store.add("hvd_magic/ranks_left", 1)  # (its last word to the store)
     except Exception:  # a peer already gone: nothing left to wait for
         pass
+
+
+def _count_up(store, key, size, deadline):
+    """Add one to `key`, then wait until `size` ranks have."""
+    count = store.add(key, 1)
+    while count < size and time.monotonic() < deadline:
+        time.sleep(0.02)
+        count = store.add(key, 0)
