@@ -166,10 +166,13 @@ class Sampler(threading.Thread):
                     raise
         self._processes = {p.pid: self._processes[p.pid] for p in tree if p.pid in self._processes}
         self.peak = max(self.peak, rss)
-        folder = _memory_cgroup(self.pid)  # (a process may be moved to another cgroup)
-        if folder != self.cgroup:
-            self.cgroup, self._oom_before = folder, (oom_kills(folder), self._oom_before[1])
-        self.limit = memory_limit(folder)
+        # (a process may be moved to another cgroup; a killed one, not yet reaped, is shown
+        # out of its cgroup, and `oom` must still read the one it died in)
+        if root.status() != psutil.STATUS_ZOMBIE:
+            folder = _memory_cgroup(self.pid)
+            if folder != self.cgroup:
+                self.cgroup, self._oom_before = folder, (oom_kills(folder), self._oom_before[1])
+            self.limit = memory_limit(folder)
         gpus = [g for g in (nvml.read(i) for i in self.gpus) if g] if nvml and nvml.lib else []
         return {"t": "resources", "time": round(time.time(), 2), "cpu": round(cpu, 1),
                 "rss": rss, "peak": self.peak, "limit": self.limit[0], "limit_of": self.limit[1],
