@@ -7,6 +7,7 @@ process holds one JVM, whose environment is fixed when it starts):
   kernel whose virtualenv is not activated): a classic local session and pyspark's in-process
   local Connect server just work (their workers are on this machine and can run ours), with no
   Java trace on stderr, and leave the user's session as it was.
+- a session the user made and stopped: its JVM stays, and ours on it has none of its settings.
 """
 
 import json
@@ -78,11 +79,23 @@ print("RESULT " + json.dumps(out))
 
 def _run(script, tmp_path, env):
     """What the script printed as its RESULT, and its stderr."""
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=400)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, (done.stdout[-3000:], done.stderr[-5000:])
-    return json.loads(lines[-1][len("RESULT "):]), done.stderr
+    return _result(_start(script, tmp_path, env))
+
+
+def _start(script, cwd, env):
+    return subprocess.Popen([sys.executable, "-c", script], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _result(proc):
+    try:
+        stdout, stderr = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # (its JVM, left alone, ends with its parent's gateway socket)
+        stdout, stderr = proc.communicate()
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (stdout[-3000:], stderr[-5000:])
+    return json.loads(lines[-1][len("RESULT "):]), stderr
 
 
 def _env(**extra):
@@ -150,3 +163,67 @@ def test_workers_on_another_venv_of_the_same_base_python(tmp_path, env_without_h
     out, _ = _run(OTHER_VENV, tmp_path, _env(PYSPARK_PYTHON=env_without_horovod))
     assert out["results"] == [2, 2]
     assert out["python_exec_after"] == env_without_horovod
+
+
+
+STOPPED_SESSION = r'''
+import json
+import hvd_magic
+from pyspark.sql import SparkSession
+
+def one():
+    return 1
+
+spark = (SparkSession.builder.master("local[4]").config("spark.task.cpus", "4")
+         .config("spark.ui.enabled", "false").getOrCreate())
+spark.stop()
+out = {"results": hvd_magic.run(one, np=2).results, "where": hvd_magic.last_run().where}
+ours = SparkSession.getActiveSession()
+out["our_task_cpus"] = ours.sparkContext._jsc.sc().getConf().get("spark.task.cpus", None)
+ours.stop()
+spark = SparkSession.builder.master("local[4]").getOrCreate()
+out["user_task_cpus_after"] = spark.sparkContext._jsc.sc().getConf().get("spark.task.cpus", None)
+spark.stop()
+print("RESULT " + json.dumps(out))
+'''
+
+STOPPED_OURS = r'''
+import json
+import hvd_magic
+from pyspark.sql import SparkSession
+
+def one():
+    return 1
+
+hvd_magic.run(one, np=2)
+SparkSession.getActiveSession().stop()
+spark = SparkSession.builder.master("local[2]").config("spark.task.cpus", "2").getOrCreate()
+try:
+    hvd_magic.run(one, np=3)
+    out = {"error": None}
+except Exception as exc:
+    out = {"error": str(exc)}
+out["user_session_kept"] = (SparkSession.getActiveSession() is spark
+                            and not spark.sparkContext._jsc.sc().isStopped())
+spark.stop()
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_a_stopped_session_leaves_none_of_its_settings_to_the_next(tmp_path):
+    """The user's session launched the JVM, with one slot of 4 cores, and was stopped: the JVM
+    stays, keeping those settings, and our embedded session on it has only its own (two ranks
+    run); the user's next session gets them again, as PySpark gives them. The other way round,
+    a session the user makes once ours (which launched the JVM) is stopped is theirs: a run that
+    wants more slots than it has (2 cores, 2 per task) is refused, and the session kept."""
+    env = _env(PYSPARK_PYTHON=sys.executable)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    procs = [_start(STOPPED_SESSION, tmp_path / "a", env), _start(STOPPED_OURS, tmp_path / "b", env)]
+    (theirs_first, _), (ours_first, _) = [_result(proc) for proc in procs]
+    assert theirs_first["results"] == [1, 1] and theirs_first["where"].startswith("local[")
+    assert theirs_first["our_task_cpus"] is None
+    assert theirs_first["user_task_cpus_after"] == "4"
+    assert ours_first["error"] is not None
+    assert "(local[2], 2 cpus per task) has 1 task slots" in ours_first["error"]
+    assert ours_first["user_session_kept"]

@@ -32,7 +32,7 @@ from .base import Launcher
 from ..data.frames import check_data, data_plan
 from .prestart import adopt as adopt_prestart
 from .sparkstart import (EMBEDDED_MARK, SparkStart, _active_context, _quiet,  # noqa: F401
-                         embedded_session, embedded_settings, local_slots)
+                         context_conf, embedded_session, embedded_settings, local_slots)
 
 def cluster_slots(sc):
     """How many tasks of the default resource profile can run at once right now."""
@@ -49,8 +49,8 @@ def _executor_summary(sc):
         executors = sc._jsc.sc().getExecutorIds().size()  # those holding slots, as counted
     except Exception:
         return ""
-    cores = sc.getConf().get("spark.executor.cores")
-    task_cpus = sc.getConf().get("spark.task.cpus", "1")
+    conf = context_conf(sc)
+    cores, task_cpus = conf.get("spark.executor.cores"), conf.get("spark.task.cpus", "1")
     text = f"{executors} executor{'s' if executors != 1 else ''}"
     if cores:
         text += f" × {cores} cores"
@@ -186,7 +186,7 @@ class SparkLauncher(Launcher):
             self._adopt_prestart(np)
             if _active_context() is not None:
                 session = SparkSession.builder.getOrCreate()
-                ours = session.sparkContext.getConf().get(EMBEDDED_MARK) == "true"
+                ours = context_conf(session.sparkContext).get(EMBEDDED_MARK) == "true"
                 slots = local_slots(session.sparkContext.master)
                 if ours and slots is not None and slots < np and self.master is None:
                     self._set_phase(f"stopping Spark ({session.sparkContext.master}: room for "
@@ -199,7 +199,7 @@ class SparkLauncher(Launcher):
         if not self._started_here:
             self._note_shared_cores(self.session.sparkContext.master, np)
         sc = self.session.sparkContext
-        conf = self._conf = sc.getConf()
+        conf = self._conf = context_conf(sc)
         if conf.get("spark.dynamicAllocation.enabled", "false").lower() != "true":
             self._check_slots(sc, np)
         elif not self.plain_tasks:
@@ -260,14 +260,19 @@ class SparkLauncher(Launcher):
                        f"so expect them to be slow.")
 
     def _check_slots(self, sc, np):
+        conf = self._conf or context_conf(sc)
         slots = local_slots(sc.master)
         if slots is not None:
+            task_cpus = int(conf.get("spark.task.cpus") or 1)
+            slots //= task_cpus
             if slots < np:
+                per_task = f", {task_cpus} cpus per task" if task_cpus > 1 else ""
                 raise UsageError(
-                    f"np={np} but the Spark session ({sc.master}) has {slots} task slots; use "
-                    f"--np {slots} or start the session with local[{np}].")
+                    f"np={np} but the Spark session ({sc.master}{per_task}) has {slots} task "
+                    f"slots; use --np {max(slots, 1)} or start the session with "
+                    f"local[{np * task_cpus}].")
             return
-        promise = promised_slots(sc.master, (self._conf or sc.getConf()).get)
+        promise = promised_slots(sc.master, conf.get)
         if promise is not None and promise[0] < np:  # no need to wait for executors to see it
             most, setting = promise
             raise UsageError(f"np={np} but the session's {setting} allows at most {most} task "
@@ -292,7 +297,7 @@ class SparkLauncher(Launcher):
                 + f"; use --np {max(slots, 1)} or add executors.")
 
     def _conf_get(self, key):
-        conf = self._conf if self._conf is not None else self.session.sparkContext.getConf()
+        conf = self._conf if self._conf is not None else context_conf(self.session.sparkContext)
         return conf.get(key)
 
     @property

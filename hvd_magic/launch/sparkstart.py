@@ -10,6 +10,8 @@ cell that started it. No PySpark function is patched.
 
 PySpark keeps its JVM for the life of the process (a stopped session leaves it running and the
 next session reuses it), so only the first start in a kernel launches a JVM and picks its log.
+Our session on a JVM someone else launched has only its own settings, none of the launcher's
+(`_launch_settings_hidden`).
 
 Cancelling (`SparkStart.cancel`, from another thread) while a JVM we launched is starting stops
 that JVM, so that nothing is left running. Only that case tears PySpark's gateway down; a session
@@ -22,6 +24,7 @@ and what a master string says of its slots (`local_slots`).
 Not for: choosing a session or checking its slots (`hvd_magic.launch.spark`).
 """
 
+import contextlib
 import datetime
 import os
 import re
@@ -44,7 +47,7 @@ def _active_context():
 
 def embedded_settings(np, conf=None, master=None):
     """The settings of the session we run on when the user has none: local[N], at least N slots."""
-    slots = max(np, os.cpu_count() or 1, 4)
+    slots = max(np * int((conf or {}).get("spark.task.cpus", 1)), os.cpu_count() or 1, 4)
     # PySpark starts its workers with $PYSPARK_PYTHON (default: whatever python3 is on PATH);
     # ours must be this very interpreter, which has torch, horovod and hvd_magic.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -73,6 +76,13 @@ def embedded_session(np, conf=None, master=None, log_dir="hvd_runs", verbose=Fal
 def _quiet(session):
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def context_conf(sc):
+    """The settings SparkContext `sc` runs with. (PySpark's `sc.getConf()` starts from the JVM's
+    `spark.*` system properties: on a JVM another session launched, it shows that one's too.)"""
+    from pyspark import SparkConf
+    return SparkConf(_jconf=sc._jsc.sc().getConf())
 
 
 def local_slots(master):
@@ -107,14 +117,19 @@ class SparkStart:
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
-        conf = SparkConf()
+        conf = SparkConf(loadDefaults=False)
         for key, value in self.settings.items():
             conf.set(key, str(value))
         gateway = None
         if SparkContext._gateway is None:  # no JVM in this process yet: ours to launch
-            gateway = self._launch_jvm(conf)
+            # (without our mark: the JVM keeps its launch settings for every later session in
+            # it, and a user's session made there once ours is stopped is not ours)
+            launch = SparkConf(loadDefaults=False).setAll(
+                (key, value) for key, value in conf.getAll() if key != EMBEDDED_MARK)
+            gateway = self._launch_jvm(launch)
         try:
-            context = SparkContext(conf=conf, gateway=gateway)
+            with _launch_settings_hidden():
+                context = SparkContext(conf=conf, gateway=gateway)
         except Exception:
             if self._cancelled:  # the JVM was stopped under it: that is the cancel
                 self._undo()
@@ -188,6 +203,29 @@ class SparkStart:
         return RunCancelled(
             f"Cancelled while starting Spark ({where}): no rank was started and the Spark it was "
             "starting was stopped. Run the cell again to start it.")
+
+
+@contextlib.contextmanager
+def _launch_settings_hidden():
+    """A JVM keeps the settings of the session that launched it as `spark.*` system properties,
+    and every SparkContext made in it starts from them (PySpark's `SparkConf(_jvm=...)`): a user's
+    session, stopped since, would give ours its spark.task.cpus or spark.cores.max. They are
+    hidden while ours is made, and put back for the sessions the user makes next."""
+    from pyspark import SparkContext
+
+    system = SparkContext._jvm.System if SparkContext._jvm is not None else None
+    kept = {}
+    if system is not None:
+        for key in list(system.getProperties().stringPropertyNames()):
+            if key.startswith("spark."):
+                kept[key] = system.getProperty(key)
+                system.clearProperty(key)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):  # (a cancelled start's JVM is gone, and they with it)
+            for key, value in kept.items():
+                system.setProperty(key, value)
 
 
 def _end_gateway(gateway):
