@@ -270,8 +270,11 @@ class StandaloneCluster:
         """Worker `i` again, as an operator brings a machine back (it registers in seconds)."""
         self.workers[i] = self._start_worker(i)
 
-    def session(self, python=None, **conf):
-        """A session on this cluster; `python` is what executors run (PYSPARK_PYTHON)."""
+    def session(self, python=None, wait=True, **conf):
+        """A session on this cluster; `python` is what executors run (PYSPARK_PYTHON). With
+        `wait`, once every running worker's executor has registered: a test's run must not
+        count on their doing so within the launcher's wait (a loaded host's, or the one of a
+        worker a test restarted, came 30 s late)."""
         _stop_spark()
         from pyspark.sql import SparkSession
         os.environ["PYSPARK_PYTHON"] = python or sys.executable
@@ -287,6 +290,13 @@ class StandaloneCluster:
             builder = builder.config(key, value)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")
+        if wait:
+            from hvd_magic.launch.spark import cluster_slots
+            slots = self.cores * sum(worker.poll() is None for worker in self.workers)
+            deadline = time.monotonic() + 180
+            while cluster_slots(session.sparkContext) < slots:
+                assert time.monotonic() < deadline, f"{slots} slots never registered in 180 s"
+                time.sleep(0.2)
         return session
 
     def stop(self):

@@ -342,7 +342,7 @@ def test_np_above_the_slots_of_a_cluster_is_refused_at_once(ip, standalone):
     """spark.cores.max bounds what the session can ever get: refused from the setting, before
     any executor is waited for."""
     from IPython.core.error import UsageError
-    session = standalone.session(**{"spark.cores.max": "3"})  # 1 whole 2-core executor
+    session = standalone.session(wait=False, **{"spark.cores.max": "3"})  # 1 2-core executor
     runs_before = len(hvd_magic.runs())
     try:
         with pytest.raises(UsageError) as info:
@@ -362,13 +362,9 @@ def test_np_above_the_registered_slots_says_what_the_cluster_has(standalone):
     from IPython.core.error import UsageError
 
     from hvd_magic.launch.spark import SparkLauncher, cluster_slots
-    session = standalone.session()
+    session = standalone.session()  # (both executors registered)
     try:
-        sc = session.sparkContext
-        deadline = time.monotonic() + 90
-        while cluster_slots(sc) < 4:  # both executors registered
-            assert time.monotonic() < deadline, "the cluster's two executors never registered"
-            time.sleep(0.2)
+        assert cluster_slots(session.sparkContext) == 4
         with pytest.raises(UsageError) as info:
             SparkLauncher(session, slot_wait=0).prepare(6)
         text = str(info.value)
@@ -403,8 +399,9 @@ def test_a_dead_spark_task_fails_the_run_once_without_retraining(ip, standalone)
 
 def test_dynamic_allocation_is_refused_with_advice(ip, standalone):
     from IPython.core.error import UsageError
-    session = standalone.session(**{"spark.dynamicAllocation.enabled": "true",
-                                    "spark.dynamicAllocation.shuffleTracking.enabled": "true"})
+    session = standalone.session(wait=False, **{
+        "spark.dynamicAllocation.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true"})
     try:
         with pytest.raises(UsageError) as info:
             ip.run_cell_magic("horovod", "--np 2", "1")

@@ -77,14 +77,19 @@ def test_a_busy_ranks_cpu_counts_its_child_processes():
     """The rank's tree: a child process that spins counts, one that sleeps does not."""
     spinner = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
                                 "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
-                                "import time; time.sleep(60)"])
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                                "import time; time.sleep(600)"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         _wait(lambda: len(psutil.Process(spinner.pid).children()) == 1, what="the child")
+        child = psutil.Process(spinner.pid).children()[0]
         busy, idle = Sampler(spinner.pid, None), Sampler(sleeper.pid, None)
         busy.sample(), idle.sample()  # (the baseline: CPU is measured between two samples)
-        time.sleep(2.0)  # (a spinning process gets a good share of a core even on a busy host)
-        assert busy.sample()["cpu"] > 10 > 5 > idle.sample()["cpu"]
+        # what the child spent meanwhile, read from outside: at least a second of CPU, however
+        # small its share of a loaded host's cores (the samples' window holds this one)
+        start, spent = time.monotonic(), sum(child.cpu_times()[:2])
+        _wait(lambda: sum(child.cpu_times()[:2]) - spent >= 1.0, timeout=120, what="1 s of CPU")
+        share = 100 * (sum(child.cpu_times()[:2]) - spent) / (time.monotonic() - start)
+        assert busy.sample()["cpu"] > 0.8 * share and idle.sample()["cpu"] < min(5, share / 2)
     finally:
         for proc in psutil.Process(spinner.pid).children() + [spinner, sleeper]:
             proc.kill()

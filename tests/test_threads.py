@@ -97,10 +97,13 @@ def test_a_warm_sessions_ranks_share_the_cores(ip):
 @pytest.mark.parametrize("np", [-2, 2])
 def test_an_elastic_runs_ranks_share_the_cores(np):
     # Horovod's elastic driver gives each worker a host of its own (local size 1): the share
-    # counts the slots on this machine (on Spark, the slots' tasks on this host)
+    # counts the slots on this machine (on Spark, the slots' tasks on this host). Both ranks
+    # start together (min_np: np); with fewer required, a loaded host's second task may come
+    # too late, and the first rank, alone, rightly takes every core.
     if np > 0:
         spark_session(max(np, CORES))
-    run = hvd_magic.run(probe(), np=np, min_np=1)
+    run = hvd_magic.run(probe(), np=np, min_np=abs(np))
+    assert len(run.results) == abs(np)
     assert_share(run.results, share(abs(np)))
 
 
