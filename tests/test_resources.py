@@ -187,6 +187,34 @@ def growing(memory_limit, tmp_path):
         watcher.join()
 
 
+def test_an_oom_kill_is_named_by_every_cgroup_the_process_was_seen_in(memory_limit):
+    """A sample that shows the process elsewhere (a dying process is shown in its hierarchy's
+    root a moment before it is a zombie, cgroup v1) does not forget the cgroup it was seen in
+    before: its OOM kill there is still its cgroup's, at that cgroup's limit."""
+    def move(folder):
+        with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+            f.write(str(grower.pid))
+
+    grower = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdin.readline()\n"
+                               "blocks = []\nwhile True: blocks.append(b'x' * (20 << 20))"],
+                              stdin=subprocess.PIPE)
+    try:
+        sampler = Sampler(grower.pid, None)
+        move(memory_limit)
+        assert sampler.sample()["limit"] == 300 * MB
+        move(os.path.dirname(memory_limit))  # where the next sample sees it
+        assert sampler.sample()["limit"] != 300 * MB
+        move(memory_limit)
+        grower.stdin.write(b"go\n")
+        grower.stdin.flush()
+        assert grower.wait(60) == -9
+        oom = sampler.oom()
+        assert oom["by"] == "its cgroup's OOM killer" and oom["limit"] == 300 * MB, oom
+    finally:
+        grower.kill()
+        grower.wait()
+
+
 @pytest.mark.parametrize("np", ["-2", "2"])
 def test_a_rank_past_its_memory_limit_is_named_out_of_memory(ip, memory_limit, np, tmp_path):
     if np == "2":

@@ -129,8 +129,11 @@ class Sampler(threading.Thread):
         self.interval = interval
         self.peak = 0
         self.limit = (None, None)
-        self.cgroup = _memory_cgroup(pid)
-        self._oom_before = (oom_kills(self.cgroup), host_oom_kills())
+        # every memory cgroup the rank was seen in -> its OOM kills then; none is forgotten, for a
+        # dying process is shown in its hierarchy's root before it is a zombie (cgroup v1)
+        self._cgroups = {}
+        self._seen_in(_memory_cgroup(pid))
+        self._host_oom_before = host_oom_kills()
         self._processes = {}   # pid -> psutil.Process: cpu_percent compares with its last call
         self._tree = []        # the rank's descendants, as last looked for
         self._samples = 0
@@ -167,11 +170,10 @@ class Sampler(threading.Thread):
         self._processes = {p.pid: self._processes[p.pid] for p in tree if p.pid in self._processes}
         self.peak = max(self.peak, rss)
         # (a process may be moved to another cgroup; a killed one, not yet reaped, is shown
-        # out of its cgroup, and `oom` must still read the one it died in)
+        # out of its cgroup: its limit stays the last one it lived under)
         if root.status() != psutil.STATUS_ZOMBIE:
             folder = _memory_cgroup(self.pid)
-            if folder != self.cgroup:
-                self.cgroup, self._oom_before = folder, (oom_kills(folder), self._oom_before[1])
+            self._seen_in(folder)
             self.limit = memory_limit(folder)
         gpus = [g for g in (nvml.read(i) for i in self.gpus) if g] if nvml and nvml.lib else []
         return {"t": "resources", "time": round(time.time(), 2), "cpu": round(cpu, 1),
@@ -190,13 +192,19 @@ class Sampler(threading.Thread):
     def oom(self):
         """What the rank's SIGKILL was, if the kernel's OOM killer sent it: {"peak", "limit",
         "limit_of", "by"}; None if no OOM kill was counted while it ran."""
-        cgroup, host = self._oom_before
-        now = oom_kills(self.cgroup)
-        if cgroup is not None and now is not None and now > cgroup:
+        risen = [folder for folder, before in self._cgroups.items()
+                 if before is not None and (oom_kills(folder) or 0) > before]
+        # (an ancestor may count its descendants' kills too: the tightest limit bit)
+        limit, limit_of = min(memory_limit(folder) for folder in risen) if risen else (0, "host")
+        if limit_of == "cgroup":
             by = "its cgroup's OOM killer"
-        elif host is not None and (host_oom_kills() or 0) > host:
+        elif self._host_oom_before is not None and (host_oom_kills() or 0) > self._host_oom_before:
+            limit, limit_of = self.limit if self.limit[0] else memory_limit(None)
             by = "the kernel's OOM killer"
         else:
             return None
-        limit, limit_of = self.limit if self.limit[0] else memory_limit(self.cgroup)
         return {"peak": self.peak, "limit": limit, "limit_of": limit_of, "by": by}
+
+    def _seen_in(self, folder):
+        if folder is not None and folder not in self._cgroups:
+            self._cgroups[folder] = oom_kills(folder)
