@@ -101,6 +101,28 @@ def test_a_notebook_module_travels_with_the_job(ip, connect, tmp_path, monkeypat
         ip.user_ns.pop("here", None)
 
 
+def test_a_run_returns_once_its_results_are_released_on_the_server(connect, monkeypatch):
+    """pyspark releases a read result from a thread pool; a `spark.stop()` right after the run
+    would close the server's session before that call, and the server logs an ERROR with its
+    Java stack (seen under load). Here every release is held back 1 s: the run waits for it."""
+    from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator as It
+
+    pool, late = It._release_thread_pool.fget, []
+
+    class Late:  # the release thread pool, each call a second late
+        def __init__(self, it):
+            self.pool = pool(it)
+
+        def submit(self, fn):
+            late.append(1)
+            return self.pool.submit(lambda: (time.sleep(1), fn())[1])
+
+    monkeypatch.setattr(It, "_release_thread_pool", property(Late))
+    assert hvd_magic.run(lambda: 1, np=2).results == [1, 1]
+    assert late, "no release was sent"
+    assert all(f.done() for f in connect.client._release_futures)
+
+
 def test_a_rank_error_comes_back_through_connect(ip, connect):
     with pytest.raises(RankError) as info:
         ip.run_cell_magic("horovod", "--np 2 --text",

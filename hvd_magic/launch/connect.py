@@ -145,6 +145,7 @@ class ConnectLauncher(Launcher):
                 java_message(exc, self.workers_python()))
         finally:
             self.session.removeTag(self.tag)
+            released(self.session)
 
     def workers_python(self):
         """The interpreter the server's Python workers run: the server reads PYSPARK_PYTHON from
@@ -164,6 +165,19 @@ class ConnectLauncher(Launcher):
                 self.session.interruptTag(self.tag)
             except Exception:
                 pass
+
+
+def released(session, timeout=10):
+    """Wait (at most `timeout` seconds) for the client's ReleaseExecute calls still in flight.
+    pyspark sends them from a thread pool once a result is read, and a ``spark.stop()`` right
+    after the run closes the server's session first: a release arriving after that is logged by
+    the server as an ERROR with its Java stack (in-process server: on the notebook's stderr).
+    pyspark's own ``close()`` waits the same way, after the session is gone. (`_release_futures`:
+    a private attribute of pyspark's Connect client, 3.5 to 4.x.)"""
+    import concurrent.futures
+    futures = getattr(getattr(session, "client", None), "_release_futures", None)
+    if futures:
+        concurrent.futures.wait(list(futures), timeout=timeout)
 
 
 @contextlib.contextmanager
