@@ -20,7 +20,7 @@ import pytest
 
 import hvd_magic
 from conftest import spark_session
-from hvd_magic.task.resources import Sampler, _memory_cgroup
+from hvd_magic.task.resources import Sampler, _memory_cgroup, named_by_kernel
 
 MB = 1 << 20
 
@@ -213,6 +213,34 @@ def test_an_oom_kill_is_named_by_every_cgroup_the_process_was_seen_in(memory_lim
     finally:
         grower.kill()
         grower.wait()
+
+
+def test_a_sigkill_while_another_process_is_killed_out_of_memory_is_not_one(memory_limit):
+    """The host's OOM count rises for any process: here another one, in a cgroup of its own,
+    while a second is SIGKILLed by hand (two test suites on one machine did that, fresh-clone
+    run Y). The kernel's log names whom its OOM killer killed: not the second."""
+    if named_by_kernel(os.getpid()) is None:
+        pytest.skip("the kernel's log (/dev/kmsg) cannot be read here")
+    victim = subprocess.Popen([sys.executable, "-c", "import time\ntime.sleep(120)"])
+    grower = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdin.readline()\n"
+                               "blocks = []\nwhile True: blocks.append(b'x' * (20 << 20))"],
+                              stdin=subprocess.PIPE)
+    try:
+        sampler = Sampler(victim.pid, None)
+        sampler.sample()
+        with open(os.path.join(memory_limit, "cgroup.procs"), "w") as f:
+            f.write(str(grower.pid))
+        grower.stdin.write(b"go\n")
+        grower.stdin.flush()
+        assert grower.wait(60) == -9
+        assert named_by_kernel(grower.pid) is True  # the kernel's own word: an OOM kill
+        victim.kill()
+        assert victim.wait(10) == -9
+        assert sampler.oom() is None
+    finally:
+        for proc in (victim, grower):
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize("np", ["-2", "2"])

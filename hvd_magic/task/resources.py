@@ -14,7 +14,8 @@ it has one below the host's memory, else the host's. GPUs are read through NVML
 
 `Sampler.oom` says, once the rank died by SIGKILL, whether the kernel's OOM killer did it: the
 count of OOM kills of the rank's cgroup (v1 ``memory.oom_control``, v2 ``memory.events``) or of the
-host (``/proc/vmstat``) grew while it ran.
+host (``/proc/vmstat``) grew while it ran, and the kernel's log (``/dev/kmsg``), where it can be
+read, names the rank's process: a count rises for any process there, another cgroup's on the host.
 
 Not for: showing any of it (`hvd_magic.view`), or keeping it (`hvd_magic.driver`).
 """
@@ -84,6 +85,32 @@ def oom_kills(folder):
 
 def host_oom_kills():
     return _count(_read("/proc/vmstat"))
+
+
+def named_by_kernel(pid):
+    """Whether the kernel's log names process `pid` as killed by an OOM killer (True, False),
+    or None where that log cannot be read here (``/dev/kmsg``: root, outside most containers)
+    or its pids are another namespace's."""
+    nspid = [line for line in (_read("/proc/self/status") or "").splitlines()
+             if line.startswith("NSpid:")]
+    if not nspid or len(nspid[0].split()) != 2:  # (a pid namespace of our own: other numbers)
+        return None
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    needle = f"Killed process {pid} (".encode()
+    try:
+        while True:
+            try:
+                if needle in os.read(fd, 8192):
+                    return True
+            except BlockingIOError:  # (every record read)
+                return False
+            except BrokenPipeError:  # (a record overwritten while read: the next one)
+                continue
+    finally:
+        os.close(fd)
 
 
 class _Nvml:
@@ -202,6 +229,10 @@ class Sampler(threading.Thread):
             limit, limit_of = self.limit if self.limit[0] else memory_limit(None)
             by = "the kernel's OOM killer"
         else:
+            return None
+        # a count is of every process there (the host's: another cgroup's kill counts too); where
+        # the kernel's log can be read, it says whose
+        if named_by_kernel(self.pid) is False:
             return None
         return {"peak": self.peak, "limit": limit, "limit_of": limit_of, "by": by}
 
