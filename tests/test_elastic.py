@@ -337,3 +337,30 @@ def test_elastic_options_are_checked():
         hvd_magic.run(print, np=-3, min_np=4)
     with pytest.raises(UsageError, match="add --min-np"):
         hvd_magic.run(print, np=-3, max_np=4)
+
+
+def test_a_worker_waiting_in_a_barrier_our_stop_broke_is_answered(capfd):
+    """`ElasticLauncher._stop_horovod_later` breaks the barrier of Horovod's real driver where a
+    worker's ``rank_and_size`` waits: the worker gets an answer (503), and no thread prints a
+    traceback (it did, in a fresh-clone run, outside any cell)."""
+    import urllib.error
+    import urllib.request
+
+    from horovod.runner.elastic.discovery import FixedHosts
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.http.http_server import RendezvousServer
+
+    from hvd_magic.launch.elastic_hosts import machine_rendezvous
+
+    rendezvous = RendezvousServer()
+    driver = ElasticDriver(rendezvous, FixedHosts({}), min_num_proc=1, max_num_proc=2)
+    try:
+        port = rendezvous.start(machine_rendezvous(driver, dict))
+        driver._worker_registry.reset(2)
+        driver._worker_registry._barrier.abort()
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/rank_and_size/hvd-s0-a1:0", timeout=30)
+        assert answer.value.code == 503
+    finally:
+        driver.stop()
+    assert "Traceback" not in capfd.readouterr().err

@@ -17,6 +17,8 @@ rank to GPU 0. Here each ring Horovod forms is regrouped by machine, and the ran
 Not for: which keys exist or when (`ElasticLauncher`).
 """
 
+import threading
+
 GET_RANK_AND_SIZE = "rank_and_size"
 PUT_WORKER_ADDRESSES = "worker_addresses"
 _LOCAL = "local_"
@@ -59,7 +61,13 @@ def machine_rendezvous(driver, placed_now):
     class MachineRendezvousHandler(create_rendezvous_handler(driver)):
         def do_GET(self):
             self._route()
-            super().do_GET()
+            try:
+                super().do_GET()
+            except threading.BrokenBarrierError:
+                # a worker's ``rank_and_size`` waited in Horovod's barrier, which our stop broke
+                # (`ElasticLauncher._stop_horovod_later`): the run ends, and the worker with it; an
+                # answer, not a traceback on the notebook's stderr
+                self.send_status_code(503)
 
         def do_PUT(self):
             self._route()
