@@ -82,7 +82,7 @@ class SessionRank:
     def _interrupt(self, proc, cell):
         with self.lock:
             while self.running == cell and proc.poll() is None:
-                os.kill(proc.pid, signal.SIGINT)
+                proc.send_signal(signal.SIGINT)  # (nothing if the rank ended since the poll)
                 self.cell_ended.wait(INTERRUPT_EVERY)
 
     def cell_done(self, event):
