@@ -364,3 +364,47 @@ def test_a_worker_waiting_in_a_barrier_our_stop_broke_is_answered(capfd):
     finally:
         driver.stop()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_worker_exit_recorded_in_a_barrier_our_stop_broke_ends_quietly():
+    """A worker's exit is recorded in the barrier of Horovod's real driver; our stop
+    (`ElasticLauncher._stop_horovod_later`) breaks it: the thread that recorded it ends without
+    an error (it printed a traceback from Horovod's thread in a fresh-clone run)."""
+    import threading
+    import types
+
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.elastic.discovery import FixedHosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    from hvd_magic.launch.elastic_horovod import elastic_driver
+
+    rendezvous = RendezvousServer()
+    launcher = types.SimpleNamespace(_waiting_since=None)
+    driver = elastic_driver(launcher, rendezvous, FixedHosts({}), min_num_proc=1, max_num_proc=2)
+    slot = SlotInfo(hostname="hvd-s0-a1", rank=0, local_rank=0, cross_rank=0, size=2,
+                    local_size=1, cross_size=2)
+    driver._host_assignments = {slot.hostname: [slot]}
+    driver._worker_registry.reset(2)
+    raised = []
+
+    def record_exit():
+        try:
+            driver._handle_worker_exit(slot, 1, time.time())
+        except BaseException as exc:  # what Horovod's thread would have printed
+            raised.append(exc)
+
+    try:
+        rendezvous.start()
+        recorder = threading.Thread(target=record_exit)
+        recorder.start()
+        deadline = time.monotonic() + 30
+        while driver._worker_registry._barrier.n_waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert driver._worker_registry._barrier.n_waiting == 1  # the exit waits in the barrier
+        driver.stop()
+        driver._worker_registry._barrier.abort()
+        recorder.join(30)
+        assert not recorder.is_alive() and raised == []
+    finally:
+        driver.stop()

@@ -3,12 +3,14 @@
 - `ring_rendezvous`: Horovod's rendezvous server; each ring it is given goes to the launcher,
   and Gloo's scopes become the machines' (`hvd_magic.launch.elastic_hosts`);
 - `elastic_driver`: Horovod's `ElasticDriver`, saying while it waits for ``min_np`` slots and
-  when it gives up (how long it waited, its timeout); its `stop` ends such a wait at once;
+  when it gives up (how long it waited, its timeout); its `stop` ends such a wait at once, and a
+  worker's exit recorded after it ends quietly;
 - `discovery`: the slots the launcher offers, as Horovod's host discovery.
 
 Not for: what a slot is or when it is offered (the launcher's).
 """
 
+import threading
 import time
 
 from .elastic_hosts import placement
@@ -51,6 +53,16 @@ def elastic_driver(launcher, *args, **kwargs):
             super().stop(error_message)
             with self._wait_hosts_cond:  # (the wait sees the shutdown when woken, not sooner)
                 self._wait_hosts_cond.notify_all()
+
+        def _handle_worker_exit(self, slot_info, exit_code, timestamp):
+            # A worker's exit is recorded in the registry's barrier, which our stop breaks
+            # (`ElasticLauncher._stop_horovod_later`): the run is over, its thread ends quietly
+            # rather than with a traceback on the notebook's stderr.
+            try:
+                super()._handle_worker_exit(slot_info, exit_code, timestamp)
+            except threading.BrokenBarrierError:
+                if not self.finished():
+                    raise
 
     return WaitingDriver(*args, **kwargs)
 
