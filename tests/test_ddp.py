@@ -1,5 +1,6 @@
 """torch.distributed in a %%horovod cell: the environment torchrun gives (env://), real ranks."""
 
+import json
 import os
 import re
 import subprocess
@@ -224,6 +225,36 @@ def test_a_sigkilled_rank_ends_the_run_and_is_named(ip):
         ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 120", cell)
     assert info.value.rank == 1 and "SIGKILL" in str(info.value)
     assert hvd_magic.last_run().state == "failed"
+
+
+def test_a_rank_that_killed_itself_before_the_stop_came_is_named(ip, tmp_path):
+    """The order of a fresh-clone run: rank 1 SIGKILLs itself, rank 0's collective fails at once
+    and the run stops every rank, before rank 1's task has told how its rank ended. It was
+    named "stopped" then, and rank 0's follow-on error the cause. Here a process rank 1 started
+    in a session of its own holds rank 1's output open, so its task waits for the end of that
+    output while the stop comes."""
+    holder = tmp_path / "holder.pid"
+    cell = ("import os, subprocess, sys, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "if dist.get_rank() == 1:\n"
+            "    p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+            "                         start_new_session=True)\n"
+            f"    open({str(holder)!r}, 'w').write(str(p.pid))\n"
+            "    os.kill(os.getpid(), 9)\n"
+            "dist.all_reduce(torch.ones(1))\n")
+    try:
+        with pytest.raises(hvd_magic.RankError) as info:
+            ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 120", cell)
+        run = hvd_magic.last_run()
+        with open(os.path.join(run.run_dir, "events.jsonl")) as f:
+            exits = {e["rank"]: e for e in map(json.loads, f) if e.get("t") == "exit"}
+        # the order this test is for: rank 0's failure (which stops the run) told first
+        assert run.stop_reason == "failed" and exits[0]["time"] < exits[1]["time"]
+        assert info.value.rank == 1 and "killed by SIGKILL" in str(info.value)
+        assert exits[1]["status"] == "died"
+    finally:
+        if holder.exists():
+            os.kill(int(holder.read_text()), 9)
 
 
 # Rank 0 takes one step more than rank 1, which then goes on with other work: rank 0 waits in a

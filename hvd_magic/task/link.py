@@ -108,6 +108,7 @@ class DriverLink:
         self.session = None          # a warm session's `SessionRank`, which takes cells
         self.on_order = None         # an elastic slot's handler of the driver's orders
         self.stopping = threading.Event()
+        self.signalled = set()       # the signals the stop sent the rank (`stop_group`)
         self.closing = False         # this task closes the connection itself
         self._rendezvous = threading.Event()
         if client is None:
@@ -141,7 +142,8 @@ class DriverLink:
         self.stopping.set()
         self._rendezvous.set()
         if self.proc is not None:
-            threading.Thread(target=stop_group, args=(self.proc,), daemon=True).start()
+            threading.Thread(target=stop_group, args=(self.proc,),
+                             kwargs={"sent": self.signalled}, daemon=True).start()
 
     def wait_rendezvous(self, timeout):
         """What the tasks serve and reserve (by framework: ports), relayed by the driver once

@@ -63,6 +63,7 @@ class OfflineLink(DriverLink):
         self.relayed = None
         self.session = None
         self.stopping = threading.Event()
+        self.signalled = set()
         self._rendezvous = threading.Event()
         self.coord = coord
         self.np = settings.np

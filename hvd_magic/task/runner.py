@@ -37,7 +37,7 @@ from .session import SessionRank
 from .stacks import StackProbe
 from .settings import Coordinator, SparkCoordinator, TaskSettings
 from .spawn import start_rank
-from .stopping import kill_group, stop_group
+from .stopping import ended_by, kill_group, stop_group
 from .threads import rank_threads, thread_env
 
 
@@ -186,7 +186,8 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         link.probe = StackProbe(proc, probe_w, dump_path, forward)
         forward.on_stacks = link.probe.answer
         if link.stopping.is_set():  # the stop came while the rank was being started
-            threading.Thread(target=stop_group, args=(proc,), daemon=True).start()
+            threading.Thread(target=stop_group, args=(proc,), kwargs={"sent": link.signalled},
+                             daemon=True).start()
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
                       "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
                       "partition": partition, "threads": env.get("OMP_NUM_THREADS")})
@@ -216,7 +217,9 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         send_folder(forward, tensorboard, "tensorboard")  # what the rank logged, whatever happened
         if code != 0:
             send_folder(forward, torch_errors, "torchelastic")
-        outcome = _outcome(workdir, code, rank, host, link.stopping.is_set(), env, sampler)
+        # stopped: by the stop's own signals (a rank that killed itself as the stop came died)
+        stopped = link.stopping.is_set() and ended_by(code, link.signalled)
+        outcome = _outcome(workdir, code, rank, host, stopped, env, sampler)
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})
         return outcome
