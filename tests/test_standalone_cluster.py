@@ -148,7 +148,11 @@ def _waiter(run):
         deadline = time.monotonic() + timeout
         while not predicate():
             assert run.state == "running", f"the run ended ({run.state}: {run.error}) before {what}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            assert time.monotonic() < deadline, (
+                f"timed out waiting for {what}; the ranks (rank, state, step, size): "
+                f"{[(r.rank, r.state, r.step, r.metrics.get('size')) for r in run.ranks]}; "
+                f"the membership: {run.membership}; their logs' ends: "
+                f"{ {r.rank: run.folder.log_tail(r.rank) for r in run.ranks} }")
             time.sleep(0.1)
     return wait_for
 
