@@ -10,7 +10,8 @@
 # which otherwise bind to what the hostname resolves to and break ranks on hosts whose name
 # resolves to a loopback address; Keras 2 (tf_keras) for Horovod's Keras wrappers where `keras` is
 # Keras 3; in elastic mode, the background loop ended by a collective that failed, whose next
-# negotiation would otherwise make Gloo abort a survivor still inside it), build ONE wheel with PyTorch and TensorFlow, Gloo, without MPI/MXNet, and keep it in
+# negotiation would otherwise make Gloo abort a survivor still inside it), build ONE wheel with
+# PyTorch and TensorFlow, Gloo, without MPI/MXNet, and keep it in
 # ~/.cache/hvd_magic/wheels/<key>/ where <key> names the Python, torch and TensorFlow versions and
 # a hash of the patches: the second run installs in seconds. Without TensorFlow in the environment
 # the wheel is for torch alone (its key says tfnone). A wheel is tied to the torch and TensorFlow

@@ -186,8 +186,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         link.probe = StackProbe(proc, probe_w, dump_path, forward)
         forward.on_stacks = link.probe.answer
         if link.stopping.is_set():  # the stop came while the rank was being started
-            threading.Thread(target=stop_group, args=(proc,), kwargs={"sent": link.signalled},
-                             daemon=True).start()
+            link.stop_rank()
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
                       "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
                       "partition": partition, "threads": env.get("OMP_NUM_THREADS")})
@@ -218,8 +217,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         if code != 0:
             send_folder(forward, torch_errors, "torchelastic")
         # stopped: by the stop's own signals (a rank that killed itself as the stop came died)
-        stopped = link.stopping.is_set() and ended_by(code, link.signalled)
-        outcome = _outcome(workdir, code, rank, host, stopped, env, sampler)
+        outcome = _outcome(workdir, code, rank, host, ended_by(code, link.signalled), env, sampler)
         forward.send({"t": "exit", "code": code, "status": outcome[1],
                       "summary": outcome[2] if outcome[1] != "ok" else None})
         return outcome
