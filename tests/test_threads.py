@@ -31,12 +31,16 @@ import torch
 """ % (threads.THREAD_VARS,)
 
 
-def probe():
-    """The same as a function (nested: cloudpickle sends it by value, not as this module's)."""
+def probe(together=False):
+    """The same as a function (nested: cloudpickle sends it by value, not as this module's);
+    `together`: the ranks first meet in hvd.init(), so none ends before every rank started."""
     def probe():
         import os
         import torch
         from hvd_magic.task.threads import THREAD_VARS
+        if together:
+            import horovod.torch as hvd
+            hvd.init()
         return {name: os.environ.get(name) for name in THREAD_VARS} | \
             {"torch": torch.get_num_threads()}
     return probe
@@ -98,11 +102,11 @@ def test_a_warm_sessions_ranks_share_the_cores(ip):
 def test_an_elastic_runs_ranks_share_the_cores(np):
     # Horovod's elastic driver gives each worker a host of its own (local size 1): the share
     # counts the slots on this machine (on Spark, the slots' tasks on this host). Both ranks
-    # start together (min_np: np); with fewer required, a loaded host's second task may come
-    # too late, and the first rank, alone, rightly takes every core.
+    # start together (min_np: np) and meet in hvd.init(): with fewer required, or a rank done
+    # before the other's worker started (a loaded host), a rank alone rightly takes every core.
     if np > 0:
         spark_session(max(np, CORES))
-    run = hvd_magic.run(probe(), np=np, min_np=abs(np))
+    run = hvd_magic.run(probe(together=True), np=np, min_np=abs(np))
     assert len(run.results) == abs(np)
     assert_share(run.results, share(abs(np)))
 
