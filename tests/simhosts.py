@@ -10,8 +10,9 @@ is removed on the way out, also on failure, and every process still running in a
 worker's executor and its Python workers, started by the caller) is killed before its namespace
 goes.
 
-Not a pytest module: tests/test_four_hosts.py and bench/bench_multihost.py both use it (it needs
-root and iproute2; `unavailable()` says why not, for a skip).
+Not a pytest module: tests/test_four_hosts.py, tests/test_multihost.py and
+bench/bench_multihost.py use it (it needs root and iproute2; `unavailable()` says why not, for a
+skip).
 """
 
 import contextlib

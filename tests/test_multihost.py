@@ -1,22 +1,21 @@
 """Issue 7: where ranks run. A standalone worker that dies mid-run, and ranks on another host.
 
-"Another host" is a Spark worker in a network namespace this test makes (``ip netns``), joined to
-the root namespace by a veth pair on a private /24: its executor, the ranks it starts, their Gloo
-interface and the rendezvous server all see a machine of their own, reached over the veth. The
-master, the driver, the event channel and the other worker stay in the root namespace, on the
-veth's address. Everything made here is removed at the end, also on failure.
+"Another host" is a Spark worker in a network namespace (tests/simhosts.py: the root namespace
+and one namespace on a bridge, on a private /24 no interface uses yet): its executor, the ranks it
+starts, their Gloo interface and the rendezvous server all see a machine of their own, reached
+over the bridge. The master, the driver, the event channel and the other worker stay in the root
+namespace, on the bridge's address. Everything made here is removed at the end, also on failure.
 """
 
 import contextlib
 import os
-import shutil
 import signal
-import subprocess
 
 import psutil
 import pytest
 
 import hvd_magic
+import simhosts
 from conftest import StandaloneCluster, ancestry
 
 LONG_CELL = """\
@@ -82,8 +81,6 @@ def test_a_worker_killed_mid_run_ends_the_run_clearly(ip, doomed_cluster):
 
 # --- ranks on another host: a worker in a network namespace --------------------------------------
 
-SUBNET = "10.213.77"            # a private /24 for this test's own veth pair
-ROOT_IP, NS_IP = f"{SUBNET}.1", f"{SUBNET}.2"
 
 TWO_HOSTS_CELL = """\
 import os, torch, horovod.torch as hvd, torch.distributed as dist
@@ -99,11 +96,7 @@ dist.all_reduce(ddp_total)
 """
 
 
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
-
-
-def _veth_bytes(name):
+def _link_bytes(name):
     stats = f"/sys/class/net/{name}/statistics"
     with open(f"{stats}/rx_bytes") as rx, open(f"{stats}/tx_bytes") as tx:
         return int(rx.read()) + int(tx.read())
@@ -121,59 +114,31 @@ trainer.fit(model, data)
 
 
 @pytest.fixture
-def netns():
-    """A network namespace joined to this one by a veth pair: ROOT_IP here, NS_IP there."""
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (ip netns add)")
-    if shutil.which("ip") is None:
-        apt = subprocess.run(["apt-get", "install", "-y", "-q", "iproute2"], capture_output=True,
-                             text=True)
-        if apt.returncode != 0 or shutil.which("ip") is None:
-            pytest.skip(f"iproute2 is missing and could not be installed: {apt.stderr[-300:]}")
-    if _ip("-o", "addr", "show", "to", f"{SUBNET}.0/24").stdout.strip() or \
-            _ip("route", "show", f"{SUBNET}.0/24").stdout.strip():
-        pytest.skip(f"{SUBNET}.0/24 is already in use on this machine")
-    name, here, there = (f"hvd{kind}{os.getpid()}" for kind in ("ns", "r", "n"))
-    made = _ip("netns", "add", name, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"ip netns add does not work here: {made.stderr.strip()}")
-    try:
-        _ip("link", "add", here, "type", "veth", "peer", "name", there)
-        _ip("link", "set", there, "netns", name)
-        _ip("addr", "add", f"{ROOT_IP}/24", "dev", here)
-        _ip("link", "set", here, "up")
-        _ip("-n", name, "addr", "add", f"{NS_IP}/24", "dev", there)
-        _ip("-n", name, "link", "set", there, "up")
-        _ip("-n", name, "link", "set", "lo", "up")  # PySpark's workers talk to their daemon on it
-        yield name, here, there
-    finally:
-        # whatever still runs in the namespace was started by this test (the worker's executor
-        # and its Python workers): it goes before the namespace does
-        for pid in _ip("netns", "pids", name, check=False).stdout.split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        left = [psutil.Process(int(p)) for p in _ip("netns", "pids", name, check=False).stdout.split()
-                if psutil.pid_exists(int(p))]
-        psutil.wait_procs(left, timeout=10)
-        _ip("link", "del", here, check=False)
-        _ip("netns", "del", name, check=False)
+def two_hosts():
+    """The root namespace and a network namespace on one bridge (tests/simhosts.py)."""
+    why = simhosts.unavailable()
+    if why:
+        pytest.skip(why)
+    with simhosts.simulated_hosts(2) as hosts:
+        yield hosts
 
 
 @pytest.fixture
-def two_host_cluster(tmp_path, netns):
-    name, _, _ = netns
-    cluster = StandaloneCluster(str(tmp_path), worker_hosts=(ROOT_IP, NS_IP), master_host=ROOT_IP,
-                                worker_prefixes={1: ["ip", "netns", "exec", name]}).start()
+def two_host_cluster(tmp_path, two_hosts):
+    root, other = two_hosts
+    cluster = StandaloneCluster(str(tmp_path), worker_hosts=(root.address, other.address),
+                                master_host=root.address, worker_prefixes={1: other.prefix}).start()
     try:
         yield cluster
     finally:
         cluster.stop()
 
 
-def test_ranks_on_two_hosts_across_a_veth(ip, netns, two_host_cluster):
-    name, here, there = netns
+def test_ranks_on_two_hosts_across_a_bridge(ip, two_hosts, two_host_cluster):
+    root, other = two_hosts
+    ROOT_IP, NS_IP = root.address, other.address
     session = two_host_cluster.session()
-    before = _veth_bytes(here)
+    before = _link_bytes(root.iface)
     try:
         ip.run_cell_magic("horovod", "--np 4 --quiet", TWO_HOSTS_CELL)
     except hvd_magic.RankError as exc:
@@ -185,8 +150,6 @@ def test_ranks_on_two_hosts_across_a_veth(ip, netns, two_host_cluster):
         raise
     run = hvd_magic.last_run()
     assert run.where == f"spark://{ROOT_IP}:{two_host_cluster.port}"
-    root_netns = os.readlink("/proc/self/ns/net")
-    test_netns = f"net:[{os.stat(f'/run/netns/{name}').st_ino}]"
     by_host, groups = {}, {}
     for total, cross_size, local_size, host, iface, net, ddp_total, horovods, torchruns in \
             run.results:
@@ -196,11 +159,12 @@ def test_ranks_on_two_hosts_across_a_veth(ip, netns, two_host_cluster):
         # cross ranks; two ranks on each of the two hosts
         assert torchruns[:2] == horovods and torchruns[2:] == (2, 2)
         groups.setdefault(host, set()).add(torchruns[1])
-    # two ranks in each namespace, each using its own end of the veth for Gloo
-    assert by_host == {ROOT_IP: {(here, root_netns)}, NS_IP: {(there, test_netns)}}
+    # two ranks in each namespace, each using its own interface for Gloo (the bridge, the veth)
+    assert by_host == {ROOT_IP: {(root.iface, root.netns_id())},
+                       NS_IP: {(other.iface, other.netns_id())}}
     assert sorted(groups.values()) == [{0}, {1}]
     assert sorted(r.executor.rsplit(":", 1)[0] for r in run.ranks) == [ROOT_IP] * 2 + [NS_IP] * 2
-    assert _veth_bytes(here) - before > 100_000  # the run's traffic went through the veth
+    assert _link_bytes(root.iface) - before > 100_000  # the run's traffic went through the bridge
 
     # %horovod_env reaches the executor in the namespace too, and explains the hostname trap
     report = ip.run_line_magic("horovod_env", "")
