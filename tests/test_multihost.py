@@ -81,7 +81,6 @@ def test_a_worker_killed_mid_run_ends_the_run_clearly(ip, doomed_cluster):
 
 # --- ranks on another host: a worker in a network namespace --------------------------------------
 
-
 TWO_HOSTS_CELL = """\
 import os, torch, horovod.torch as hvd, torch.distributed as dist
 hvd.init()
@@ -136,7 +135,7 @@ def two_host_cluster(tmp_path, two_hosts):
 
 def test_ranks_on_two_hosts_across_a_bridge(ip, two_hosts, two_host_cluster):
     root, other = two_hosts
-    ROOT_IP, NS_IP = root.address, other.address
+    here, there = root.address, other.address
     session = two_host_cluster.session()
     before = _link_bytes(root.iface)
     try:
@@ -149,7 +148,7 @@ def test_ranks_on_two_hosts_across_a_bridge(ip, two_hosts, two_host_cluster):
                         f"`python -m hvd_magic.build_horovod`).\n{exc}")
         raise
     run = hvd_magic.last_run()
-    assert run.where == f"spark://{ROOT_IP}:{two_host_cluster.port}"
+    assert run.where == f"spark://{here}:{two_host_cluster.port}"
     by_host, groups = {}, {}
     for total, cross_size, local_size, host, iface, net, ddp_total, horovods, torchruns in \
             run.results:
@@ -160,15 +159,15 @@ def test_ranks_on_two_hosts_across_a_bridge(ip, two_hosts, two_host_cluster):
         assert torchruns[:2] == horovods and torchruns[2:] == (2, 2)
         groups.setdefault(host, set()).add(torchruns[1])
     # two ranks in each namespace, each using its own interface for Gloo (the bridge, the veth)
-    assert by_host == {ROOT_IP: {(root.iface, root.netns_id())},
-                       NS_IP: {(other.iface, other.netns_id())}}
+    assert by_host == {here: {(root.iface, root.netns_id())},
+                       there: {(other.iface, other.netns_id())}}
     assert sorted(groups.values()) == [{0}, {1}]
-    assert sorted(r.executor.rsplit(":", 1)[0] for r in run.ranks) == [ROOT_IP] * 2 + [NS_IP] * 2
+    assert sorted(r.executor.rsplit(":", 1)[0] for r in run.ranks) == [here] * 2 + [there] * 2
     assert _link_bytes(root.iface) - before > 100_000  # the run's traffic went through the bridge
 
     # %horovod_env reaches the executor in the namespace too, and explains the hostname trap
     report = ip.run_line_magic("horovod_env", "")
-    assert sorted(r.where.rsplit(":", 1)[0] for r in report.executors) == [ROOT_IP, NS_IP]
+    assert sorted(r.where.rsplit(":", 1)[0] for r in report.executors) == [here, there]
     assert not report.mismatches, report.text()
     if report.executors[0].values["hostname_address"].startswith("127."):
         assert "hostname resolves to 127." in report.text()
@@ -180,6 +179,6 @@ def test_ranks_on_two_hosts_across_a_bridge(ip, two_hosts, two_host_cluster):
     for host, node_rank, local_rank, world, weights in results:
         assert world == 4 and weights == results[0][4]  # DDP averaged every rank's gradients
         nodes.setdefault(host, set()).add((node_rank, local_rank))
-    assert nodes.keys() == {ROOT_IP, NS_IP}
+    assert nodes.keys() == {here, there}
     assert sorted(nodes.values(), key=min) == [{(0, 0), (0, 1)}, {(1, 0), (1, 1)}]
     session.stop()
