@@ -9,12 +9,15 @@ environment is (a CUDA torch, Lightning, accelerate; no pyspark, no Java, no Hor
    (``--no-index``), built from this checkout when none is given. A dependency the machine
    lacks is named in the report.
 2. In that venv, a real IPython shell (this file again, ``--cells``):
+   - the seeds' pinning line (``set_device(LOCAL_RANK)``) and torch's current device before
+     it; 1 GiB held on the GPU, the sampler's peak GPU memory beside
+     ``torch.cuda.memory_allocated``;
    - ``%%distributed --np -1`` with NCCL: the rank's ``CUDA_VISIBLE_DEVICES``, its GPU, and a
      small model's training steps/s, beside the same loop in a plain Python process on the
      same GPU (no DDP, no hvd_magic);
    - a Lightning ``Trainer(accelerator="gpu", devices=1)`` fit on that rank;
-   - ``--np -2`` on one GPU: with NCCL (refused before anything starts, saying what to do),
-     and with Gloo (the two ranks share the GPU).
+   - ``--np -2`` on one GPU: with NCCL (refused as the group starts, saying what to do), and
+     with Gloo (the two ranks share the GPU).
 3. The report: printed, and `DIR/gpu_check.json` (``$OUT`` by default).
 
 ``--cpu``: the same steps with Gloo on the CPU, to check the script where there is no GPU.
@@ -104,11 +107,33 @@ t.item()
 """
 
 
+# The seeds' pinning line, and torch's current device before it (hvd_magic's own pinning).
+PIN = """\
+import os, torch
+unpinned = torch.cuda.current_device() if torch.cuda.is_available() else None
+if torch.cuda.is_available():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+(unpinned, torch.cuda.current_device() if torch.cuda.is_available() else None,
+ os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("HVD_MAGIC_GPUS"))
+"""
+
+# 1 GiB held for 4 s: the sampler (each second, NVML) against torch's own count.
+MEMORY = """\
+import time, torch
+device = {device!r}
+held = torch.empty(256 * 1024 * 1024, dtype=torch.float32, device=device)
+time.sleep(4)
+torch.cuda.memory_allocated() if device == "cuda" else held.numel() * 4
+"""
+
+
 def cells(cpu):
     """(name, magic line, body) of each cell the venv runs."""
     device, backend = ("cpu", "gloo") if cpu else ("cuda", "nccl")
     train = TRAIN.format(device=device, backend=backend, ddp=True, steps=200)
-    return [("ddp_np1", "--np -1", train),
+    return [("pin_np1", "--np -1", PIN),
+            ("memory_np1", "--np -1", MEMORY.format(device=device)),
+            ("ddp_np1", "--np -1", train),
             ("lightning_np1", "--np -1", LIGHTNING.format(accelerator=device)),
             ("nccl_np2_one_gpu", "--np -2", SHARE.format(backend=backend, device=device)),
             ("gloo_np2_one_gpu", "--np -2", SHARE.format(backend="gloo", device=device))]
@@ -125,7 +150,9 @@ def run_cells(cpu):
             value = ip.run_cell_magic("distributed", line + " --text", body)
             run = hvd_magic.last_run()
             out = {"step": name, "value": value, "seconds": round(run.elapsed, 2),
-                   "gpus": [r.gpus for r in run.ranks]}
+                   "gpus": [r.gpus for r in run.ranks],
+                   "sampled_peak_gpu_mem": [(r.usage.as_dict() or {}).get("peak_gpu_mem")
+                                            for r in run.ranks]}
         except BaseException as exc:  # noqa: BLE001  (each outcome is reported, not judged)
             out = {"step": name, "error": type(exc).__name__, "message": str(exc)[-2000:]}
         print(json.dumps(out, default=repr), flush=True)

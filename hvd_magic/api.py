@@ -25,7 +25,6 @@ from .config import (DEFAULT_BROADCAST_BYTES, DEFAULT_STALL_TIMEOUT, Placement, 
 from .needs import RANKS_HERE, installed, missing_message
 from .payload import cloud_dumps, inband
 from .template import imported_names
-from .words import plural
 
 __all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run", "start_session",
            "run_in_session", "spark_session"]
@@ -135,7 +134,6 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     placement, options = check_together(placement, options)
     kind = elastic_kind(job) if placement.elastic is not None else None
     refuse_without_horovod(job, placement, options, kind)
-    refuse_nccl_beyond_gpus(job, placement)
     view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
     launcher = make_launcher(placement, elastic_kind=kind)
     run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
@@ -191,22 +189,6 @@ def refuse_without_horovod(job, placement, options, elastic=None):
 
 def _refuse(needed_by, **where):
     raise UsageError(missing_message("horovod", needed_by, **where))
-
-
-def refuse_nccl_beyond_gpus(job, placement):
-    """More driver-only ranks than this machine's GPUs, for code that asks for NCCL: each rank
-    would get a GPU another rank has too (`launch.local`), and NCCL refuses two ranks of one
-    communicator on one GPU, minutes later, inside init. Said before anything starts."""
-    if placement.np >= 0 or not any(re.search(r"""["']nccl["']""", text, re.I)
-                                    for text in _texts(job)):
-        return
-    from .launch.local import visible_gpus
-    gpus = visible_gpus()
-    if 0 < len(gpus) < -placement.np:
-        raise UsageError(
-            f"This code asks for NCCL, which needs a GPU of its own for every rank, and this "
-            f"machine has {plural(len(gpus), 'GPU')} for {-placement.np} ranks. Run "
-            f"--np -{len(gpus)}, or share the GPUs with the \"gloo\" backend (slower).")
 
 
 def _texts(job):

@@ -151,6 +151,11 @@ class RunOptions:
         _set(self, timeout=_seconds("--timeout", self.timeout),
              stall_timeout=_seconds("--stall-timeout", self.stall_timeout),
              env=dict(self.env or {}), horovod_env=dict(self.horovod_env or {}))
+        view = self.env.get("HVD_MAGIC_GPU_VIEW")  # (task/gpus.py)
+        if view is not None and view not in ("own", "shared"):
+            raise UsageError(f"--env HVD_MAGIC_GPU_VIEW={view}: use 'own' (each rank sees only its "
+                             f"own GPUs, as cuda:0, and LOCAL_RANK=0) or 'shared' (the default: "
+                             f"every rank sees its host's GPUs and pins by local rank).")
         if self.on_stall not in ON_STALL:
             raise UsageError(f"--on-stall takes {' or '.join(ON_STALL)}, not {self.on_stall!r}.")
         _whole("retries", self.retries, 0)

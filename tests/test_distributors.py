@@ -70,12 +70,13 @@ def test_a_failing_process_raises_its_own_traceback():
 def test_use_gpu_gives_each_local_process_its_own_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # (fake GPUs: what CUDA would be told)
 
-    def visible():
+    def visible():  # as pyspark's local mode: one list, LOCAL_RANK indexes it
         import os
-        return os.environ["CUDA_VISIBLE_DEVICES"]
+        return os.environ["CUDA_VISIBLE_DEVICES"], os.environ["LOCAL_RANK"]
 
-    assert TorchDistributor(2, quiet=True).run(visible) == "4"
-    assert hvd_magic.last_run().results == ["4", "6"]
+    assert TorchDistributor(2, quiet=True).run(visible) == ("4,6", "0")
+    assert hvd_magic.last_run().results == [("4,6", "0"), ("4,6", "1")]
+    assert [r.gpus for r in hvd_magic.last_run().ranks] == [["4"], ["6"]]
     with pytest.raises(UsageError, match="at most 2 processes"):
         TorchDistributor(3)
 

@@ -48,7 +48,8 @@ def apply_event(run, event, request_stop):
             else:
                 _retried(run, rank, request_stop)
         r.state = str(event.get("state", r.state))
-        for key in ("host", "local_rank", "pid", "gpus", "executor", "partition", "threads"):
+        for key in ("host", "local_rank", "pid", "gpus", "gpu_index", "executor", "partition",
+                    "threads"):
             if key in event:
                 setattr(r, key, event[key])
     elif kind == "progress":

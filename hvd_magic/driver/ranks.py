@@ -15,7 +15,8 @@ class RankState:
         self.horovod_rank = None    # elastic runs: its Horovod rank in the current ring, if any
         self.host = None
         self.local_rank = None
-        self.gpus = []
+        self.gpus = []              # its own GPUs' ids (CUDA's, as the host names them)
+        self.gpu_index = []         # ...and their places in what it sees (its cuda:i)
         self.threads = None         # its CPU threads per library (OMP_NUM_THREADS: task/threads.py)
         self.executor = None
         self.partition = None

@@ -20,10 +20,12 @@ FRAMEWORKS = (Horovod(), TorchDistributed(), TensorFlowDistributed())
 class Serving:
     """What one task holds for every framework, from before its rank starts to its end: task 0's
     `serve` (`first`) and every task's `reserve`. `message` is the task's ``rendezvous`` event
-    (its values for the driver to gather); `stop` releases it all."""
+    (its values for the driver to gather, with the task's own `gpus`, which every task is relayed
+    as ``relayed["gpus"]["tasks"]``: `hvd_magic.task.gpus`); `stop` releases it all."""
 
-    def __init__(self, slot, first):
+    def __init__(self, slot, first, gpus=()):
         self.served, self.reserved = {}, {}
+        self.gpus = list(gpus)
         try:
             for framework in FRAMEWORKS:
                 served = framework.serve() if first else None
@@ -40,7 +42,8 @@ class Serving:
     def message(self):
         return {"t": "rendezvous",
                 "relay": {name: served.relay for name, served in self.served.items()},
-                "own": {name: reserved.relay for name, reserved in self.reserved.items()}}
+                "own": {**{name: reserved.relay for name, reserved in self.reserved.items()},
+                        "gpus": self.gpus}}
 
     def stop(self):
         for held in (*self.served.values(), *self.reserved.values()):

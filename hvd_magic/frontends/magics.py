@@ -84,7 +84,9 @@ class HorovodMagics(Magics):
               help="Spark master URL for a session hvd_magic starts (when none is active).")
     @argument("--env", action="append", default=[], metavar="NAME=VALUE",
               help="Environment variable for every rank (repeatable). OMP_NUM_THREADS=N: "
-                   "each rank's CPU threads (default: its share of its host's cores).")
+                   "each rank's CPU threads (default: its share of its host's cores). "
+                   "HVD_MAGIC_GPU_VIEW=own: each rank sees only its own GPUs, as cuda:0 "
+                   "(default: its host's, its own at its local rank; docs/gpus.md).")
     @argument("--retries", type=int, default=0,
               help="Allow Spark to re-attempt the barrier stage this many times (default 0: a "
                    "retried stage is reported, never silently restarted).")

@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 
-from . import hooks
+from . import gpus, hooks
 
 PORTS = "HVD_MAGIC_TORCH_PORTS"  # the two store ports a rank's groups take in turn
 
@@ -63,6 +63,7 @@ def _patch(c10d):
 
     @functools.wraps(init)
     def init_process_group(*args, **kwargs):
+        gpus.refuse_shared_nccl(args, kwargs)  # (before the store: a refused rank waits for none)
         _wait_for_store(args, kwargs)
         return init(*args, **kwargs)
 

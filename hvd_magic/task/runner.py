@@ -30,6 +30,7 @@ import threading
 from .. import frameworks, payload
 from ..rank.session import FRAMEWORK_VARS
 from .environ import rank_base_env
+from .gpus import VIEW as GPU_VIEW, GpuLayout, layout as gpu_layout
 from .link import DriverLink, FileStream, send_folder
 from .plan import _resolve, host_plan, visible_devices
 from .resources import Sampler
@@ -58,16 +59,19 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
     # Hosts as the cluster knows the executors: tasks of one executor host share local ranks.
     # Every task computes the same plan from them, so no task needs to hear from another.
     hosts = [coord.task_address(i) for i in range(settings.np)]
-    _, slots = host_plan(hosts)
+    plan, slots = host_plan(hosts)
     slot = slots[coord.partition_id]
     host = socket.gethostname()
     link = make_link(slot.rank) if make_link is not None else DriverLink(settings, slot.rank)
     serving = None
+    own = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if "CUDA_VISIBLE_DEVICES" in settings.extra_env:  # env= chose (TorchDistributor's
+        own = []                                      # use_gpu=False: none), as --env wins
     try:
         # Task 0 serves every framework's rendezvous, every task reserves its own (TensorFlow's
-        # port); the driver gathers them and relays them to every task over the event channel
-        # (milliseconds, where a Spark barrier sync takes ~1 s).
-        serving = frameworks.Serving(slot, first=coord.partition_id == 0)
+        # port, and says its GPUs); the driver gathers them and relays them to every task over
+        # the event channel (milliseconds, where a Spark barrier sync takes ~1 s).
+        serving = frameworks.Serving(slot, first=coord.partition_id == 0, gpus=own)
         link.forward.send(serving.message)
         timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
         relayed = link.wait_rendezvous(timeout)
@@ -75,9 +79,10 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
             return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
         world = frameworks.World(settings.np, tuple(hosts), settings.run_id, _resolve(hosts[0]))
-        gpus = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if "CUDA_VISIBLE_DEVICES" in settings.extra_env:  # env= chose (TorchDistributor's
-            gpus = []                                      # use_gpu=False: none), as --env wins
+        by_rank = dict(enumerate((relayed.get("gpus") or {}).get("tasks") or ()))
+        here = [s.rank for s in sorted(plan, key=lambda s: s.local_rank)
+                if s.hostname == slot.hostname]
+        gpus = gpu_layout(by_rank, here, slot.rank)
         executors = [coord.executor_of(i) for i in range(settings.np)]
         env = rank_env(settings, frameworks.rank_env(slot, world, relayed),
                        gpus, slot.local_size, executors.count(coord.executor()))
@@ -94,7 +99,7 @@ def rank_env(settings, slot_vars, gpus, ranks_on_host, ranks_on_executor=None):
     """The whole environment of a rank process: its task's (less what only a Spark worker needs:
     environ.py), its share of the host's cores (threads.py), the driver's Horovod knobs, ``--env``
     (which wins over both), its slot's variables (every framework's: `hvd_magic.frameworks`) and
-    its GPUs."""
+    its GPUs (a `GpuLayout`: task/gpus.py)."""
     env = rank_base_env()
     threads = rank_threads(ranks_on_host, settings.executor_cores, ranks_on_executor)
     env.update(thread_env(threads, settings.extra_env))
@@ -103,8 +108,7 @@ def rank_env(settings, slot_vars, gpus, ranks_on_host, ranks_on_executor=None):
     env.update({k: str(v) for k, v in slot_vars.items()})
     # which of them are the frameworks': a warm session's rank puts back any a cell removed
     env[FRAMEWORK_VARS] = ",".join(sorted(slot_vars))
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    env.update(gpus.env(settings.extra_env.get(GPU_VIEW, "shared")))
     return env
 
 
@@ -121,8 +125,9 @@ def run_worker(settings, slot, env, executor=None, partition=None, on_link=None,
     try:
         if on_link is not None:
             on_link(link)
+        gpus = GpuLayout(tuple(gpus), tuple(gpus), ())  # (a slot's GPUs: its own, all of them)
         full = rank_env(settings, env, gpus, ranks_on_host)
-        return _run_rank(settings, slot, full, socket.gethostname(), list(gpus), link,
+        return _run_rank(settings, slot, full, socket.gethostname(), gpus, link,
                          executor=executor, partition=partition)
     finally:
         if own:
@@ -188,9 +193,10 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         if link.stopping.is_set():  # the stop came while the rank was being started
             link.stop_rank()
         forward.send({"t": "state", "state": "starting", "host": host, "pid": proc.pid,
-                      "local_rank": slot.local_rank, "gpus": gpus, "executor": executor,
+                      "local_rank": slot.local_rank, "gpus": list(gpus.own),
+                      "gpu_index": list(gpus.indices), "executor": executor,
                       "partition": partition, "threads": env.get("OMP_NUM_THREADS")})
-        sampler = Sampler(proc.pid, forward.send, gpus)  # its CPU, memory and GPUs, each second
+        sampler = Sampler(proc.pid, forward.send, gpus.own)  # its CPU, memory and GPUs, each second
         if os.environ.get("HVD_MAGIC_NO_RESOURCES") != "1":  # (a switch for bench/ only)
             sampler.start()
         # Rank 0's timeline streams to the driver as it is written (nothing lost if the notebook dies).

@@ -95,7 +95,7 @@ def _cells(r, tail, verbose):
     last = last_line(tail, verbose)
     return {"rank": (str(r.rank), ""), "host": (_e(r.host or ""), r.host or ""),
             "local rank": ("" if r.local_rank is None else str(r.local_rank), ""),
-            "device": (_e(_device(r.gpus, r.threads)), threads_text([r])),
+            "device": (_e(_device(r.gpus, r.threads, r.gpu_index)), threads_text([r])),
             "state": (state_html(r.state), ""),
             "progress": (_progress_html(r.step, r.total), ""),
             "metrics": (f"<span style='display:inline-block;max-width:{_METRICS_MAX};"
@@ -197,10 +197,12 @@ def _e(text):
     return html.escape(str(text), quote=True)
 
 
-def _device(gpus, threads=None):
-    """"GPU 0", or "cpu ×2": a CPU rank's threads (its share of the host's cores)."""
+def _device(gpus, threads=None, index=()):
+    """"GPU 6 (cuda:1)": the rank's own GPU and its place in what the rank sees; or "cpu ×2": a
+    CPU rank's threads (its share of the host's cores)."""
     if gpus:
-        return "GPU " + ",".join(str(g) for g in gpus)
+        where = f" (cuda:{','.join(str(i) for i in index)})" if index else ""
+        return "GPU " + ",".join(str(g) for g in gpus) + where
     return f"cpu ×{threads}" if threads else "cpu"
 
 
