@@ -109,6 +109,37 @@ def _stop_spark_at_exit():
     _stop_spark()
 
 
+def kernel_sockets():
+    """Where a test's kernel listens: IPC sockets in a folder of its own. A kernel's TCP ports are
+    chosen free and bound later, and another worker's processes took one in between ("Kernel
+    died before replying to kernel_info", ZMQError: Address already in use: a fresh clone's
+    run); a socket file in our own folder cannot be taken."""
+    import tempfile
+    return os.path.join(tempfile.mkdtemp(prefix="hvd-kernel-"), "kernel")
+
+
+def ipc_config():
+    """nbclient's configuration for a kernel on IPC sockets (`kernel_sockets`)."""
+    from traitlets.config import Config
+    return Config({"KernelManager": {"transport": "ipc", "ip": kernel_sockets()}})
+
+
+def start_kernel(cwd, env):
+    """A real IPython kernel (the venv's python3 kernelspec) on IPC sockets; (manager, client)."""
+    from jupyter_client.manager import KernelManager
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=kernel_sockets())
+    km.start_kernel(cwd=str(cwd), env=env)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+    except BaseException:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        raise
+    return km, kc
+
+
 def ancestry(pid):
     """The processes process `pid` runs under, nearest first: its parents, and for a rank forked
     from a template (`hvd_magic.template`, which lives outside the tree of the task that started

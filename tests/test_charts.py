@@ -13,6 +13,7 @@ import pytest
 
 import hvd_magic
 from hvd_magic.view import TextView, charts
+from conftest import ipc_config
 from test_notebooks import WIDGET_VIEW
 
 REPORTING = """\
@@ -72,7 +73,7 @@ def execute_cells(cells, cwd):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
     env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
-    NotebookClient(nb, timeout=600, kernel_name="python3",
+    NotebookClient(nb, timeout=600, kernel_name="python3", config=ipc_config(),
                    resources={"metadata": {"path": str(cwd)}}).execute(env=env)
     path = os.path.join(cwd, "charts.ipynb")
     nbformat.write(nb, path)

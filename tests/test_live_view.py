@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 import hvd_magic
+from conftest import start_kernel
 from test_charts import static_charts
 from test_text_view import TERMINAL_CELL
 
@@ -25,11 +26,10 @@ class Kernel:
     """A real IPython kernel (the venv's python3 kernelspec) with hvd_magic loaded."""
 
     def __init__(self, cwd, env=None):
-        from jupyter_client.manager import start_new_kernel
         env = {k: v for k, v in dict(os.environ, **(env or {})).items()
                if k != "HVD_MAGIC_NO_WIDGETS"}
         self.cwd = cwd
-        self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(cwd), env=env)
+        self.km, self.kc = start_kernel(cwd, env)
         reply, self.load_messages = self.execute("%load_ext hvd_magic\nimport hvd_magic")
         assert reply["content"]["status"] == "ok"
 

@@ -16,7 +16,7 @@ import subprocess
 
 import nbformat
 
-from conftest import ROOT
+from conftest import ROOT, ipc_config
 
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -44,7 +44,7 @@ def execute(name, cwd, dashboard_at_once=False):
     # As a user's kernel: widgets on (another test in this session may have switched them off).
     env = {k: v for k, v in os.environ.items() if k != "HVD_MAGIC_NO_WIDGETS"}
     try:
-        NotebookClient(nb, timeout=600, kernel_name="python3",
+        NotebookClient(nb, timeout=600, kernel_name="python3", config=ipc_config(),
                        resources={"metadata": {"path": str(cwd)}}).execute(env=env)
     finally:  # the executed notebook, to look at when an assertion fails
         os.makedirs(ARTIFACTS, exist_ok=True)

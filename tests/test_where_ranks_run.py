@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from conftest import ALLREDUCE_CELL
+from conftest import ALLREDUCE_CELL, start_kernel
 
 DRIVER_ONLY_SCRIPT = textwrap.dedent("""
     import sys
@@ -38,9 +38,8 @@ def test_driver_only_runs_never_create_a_spark_context(tmp_path):
 
 @pytest.fixture
 def kernel(tmp_path):
-    from jupyter_client.manager import start_new_kernel
     env = dict(os.environ, HVD_MAGIC_NO_WIDGETS="1")
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
+    km, kc = start_kernel(tmp_path, env)
     try:
         yield kc
     finally:
