@@ -9,13 +9,13 @@ job starts), picks a launcher (`hvd_magic.launch.make_launcher`) and starts a `R
 """
 
 import marshal
-import re
 import sys
 
 from IPython.core.error import UsageError
 
 from .capture import pickle_values
 from .capture.modules import local_sources, names_in_code, names_in_imports, names_in_pickle
+from .capture.reading import read_job
 from .driver.history import last_run, runs
 from .driver.tracking import tracked
 from .driver.run import DEFAULT_HOROVOD_ENV, DEFAULT_RANK_ENV, Run
@@ -24,7 +24,6 @@ from .config import (DEFAULT_BROADCAST_BYTES, DEFAULT_STALL_TIMEOUT, Placement, 
                       check_np, check_together, split)
 from .needs import RANKS_HERE, installed, missing_message
 from .payload import cloud_dumps, inband
-from .template import imported_names
 
 __all__ = ["run", "run_cell", "launch", "check_np", "last_run", "runs", "Run", "start_session",
            "run_in_session", "spark_session"]
@@ -57,13 +56,29 @@ def spark_session(master=None, conf=None, log_dir="hvd_runs", verbose=False):
                             log_dir=log_dir, verbose=verbose)
 
 
-def _shipped(pickles, import_lines=(), code=None):
-    """What the job will import: {"modules": the notebook's own, as sources to ship with it,
-    "imports": every module's name (which the ranks' template holds: hvd_magic.template)}."""
+def _shipped(pickles, import_lines=(), code=None, values=None):
+    """What the job brings with it and needs: {"modules": the notebook's own, as sources to ship
+    with it (found from every name it may import: a name too many costs a look-up), "imports":
+    the modules its code imports or reaches (which the ranks' template holds:
+    hvd_magic.template), "reading": the `JobReading` every decision reads, dropped before the
+    job is sent}."""
     names = names_in_imports(import_lines) | (names_in_code(code) if code is not None else set())
     for data in pickles:
         names |= names_in_pickle(getattr(data, "head", data))  # an OutOfBand: its pickle
-    return {"modules": local_sources(names), "imports": sorted(names)}
+    modules = local_sources(names)
+    reading = read_job(code, values, modules, pickles)
+    return {"modules": modules, "imports": sorted(reading.imports), "reading": reading}
+
+
+def _reading(job):
+    """The job's `JobReading`, taken out of it (what only the driver reads); a script's, or a job
+    made elsewhere, read from its sources."""
+    reading = job.pop("reading", None)
+    if reading is None:
+        sources = {**(job.get("sources") or {}), **(job.get("modules") or {})}
+        reading = read_job(sources=sources)
+        job.setdefault("imports", sorted(reading.imports))
+    return reading
 
 
 def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=None,
@@ -112,7 +127,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     pickled = pickle_values({"the function": fn, **values}, kind="value")
     job = {"fn": inband(pickled["the function"]),
            "args": [inband(pickled[f"argument {i}"]) for i in range(len(args))],
-           "sources": {}, **_shipped(pickled.values(), code=fn)}
+           "sources": {}, **_shipped(pickled.values(), code=fn, values=values)}
     kwargs_pickled = {k: pickled[f"keyword {k}"] for k in (kwargs or {})}
     return launch(job, kwargs_pickled, placement, options, view=view, background=background)
 
@@ -123,7 +138,7 @@ def run_cell(cell_fn, placement, options, *, view=None, background=False):
     pickled = pickle_values(dict(cell_fn.values))
     job = {"fn": cloud_dumps(cell_fn.fn), "args": [], "sources": cell_fn.sources,
            "cell": True, "export": list(cell_fn.export),
-           **_shipped(pickled.values(), cell_fn.imports, cell_fn.fn)}
+           **_shipped(pickled.values(), cell_fn.imports, cell_fn.fn, cell_fn.values)}
     return launch(job, pickled, placement, options, view=view, background=background,
                   cell=cell_fn)
 
@@ -132,8 +147,9 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     """Start a pickled job as `placement` and `options` say (`hvd_magic.config`, checked
     together here once more: a front door may have made them apart); return the `Run`."""
     placement, options = check_together(placement, options)
-    kind = elastic_kind(job) if placement.elastic is not None else None
-    refuse_without_horovod(job, placement, options, kind)
+    reading = _reading(job)
+    kind = elastic_kind(reading, job) if placement.elastic is not None else None
+    refuse_without_horovod(reading, job, placement, options, kind)
     view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
     launcher = make_launcher(placement, elastic_kind=kind)
     run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
@@ -141,23 +157,23 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     return run_.launch(job, kwargs_pickled, background=background)
 
 
-def elastic_kind(job):
-    """Which elastic run ``--min-np`` makes of a job: ``"horovod"`` for code that uses Horovod
-    (Horovod's elastic driver runs here and re-forms its ring inside ``hvd.elastic.run``), or
-    ``"torch"`` for code that uses `hvd_magic.elastic` (our membership re-forms the
-    torch.distributed group inside ``elastic.run``: `hvd_magic.launch.elastic_torch`). Code that
-    uses neither could not go on after a loss: a UsageError saying what to do. A function given
-    to `run` has no text: what it imports decides (torch without Horovod: ours)."""
-    texts = _texts(job)
-    if not texts:
-        names = {n.split(".")[0] for n in job.get("imports") or ()}
-        return "torch" if "torch" in names and "horovod" not in names else "horovod"
-    if any(re.search(r"\bhorovod\b", text) for text in texts):
-        return "horovod"
-    if any(re.search(r"\bhvd_magic\b.*\belastic\b|\belastic\.(run|TorchState|ObjectState)\b",
-                     text) for text in texts):
+def elastic_kind(reading, job):
+    """Which elastic run ``--min-np`` makes of a job, from what its code uses (`reading`):
+    ``"torch"`` for `hvd_magic.elastic` (our membership re-forms the torch.distributed group
+    inside ``elastic.run``: `hvd_magic.launch.elastic_torch`), ``"horovod"`` for Horovod code
+    (Horovod's elastic driver runs here and re-forms its ring inside ``hvd.elastic.run``). Code
+    that uses both elastic APIs, or neither framework, gets a UsageError saying what to do."""
+    what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
+    if reading.ours_elastic and reading.horovod_elastic:
+        raise UsageError(
+            f"This {what} uses two elastic APIs, Horovod's (hvd.elastic) and hvd_magic.elastic: "
+            f"one run can re-form only one kind of world. Keep hvd_magic.elastic for "
+            f"torch.distributed (docs/elastic_ddp.md), or Horovod's for Horovod's collectives "
+            f"(docs/elastic.md).")
+    if reading.ours_elastic:
         return "torch"
-    what = "script" if job.get("script") else "cell"
+    if reading.horovod:
+        return "horovod"
     raise UsageError(
         f"--min-np makes an elastic run: a lost rank is replaced and the survivors go on from "
         f"their last commit, inside a training function that knows how to. This {what} has "
@@ -167,7 +183,7 @@ def elastic_kind(job):
         f"then ends the run with its error, and you rerun it from your last checkpoint.")
 
 
-def refuse_without_horovod(job, placement, options, elastic=None):
+def refuse_without_horovod(reading, job, placement, options, elastic=None):
     """What needs Horovod where it is not installed, said before anything starts: a Horovod
     elastic run (`elastic`: Horovod's elastic driver runs here), and where the ranks run on this very Python (``--np
     -N``, a local Spark session), a job that imports Horovod or records its timeline. Elsewhere
@@ -179,7 +195,7 @@ def refuse_without_horovod(job, placement, options, elastic=None):
                 "this notebook)")
     if not _ranks_run_here(placement):
         return
-    uses = sorted(n for n in imported_names(job) if n.split(".")[0] == "horovod")
+    uses = sorted(n for n in reading.modules if n.split(".")[0] == "horovod")
     what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
     if uses:
         _refuse(f"This {what} imports {uses[0]}: it", where=RANKS_HERE)
@@ -189,11 +205,6 @@ def refuse_without_horovod(job, placement, options, elastic=None):
 
 def _refuse(needed_by, **where):
     raise UsageError(missing_message("horovod", needed_by, **where))
-
-
-def _texts(job):
-    """The job's code as text: a cell's or a script's, and the modules it ships."""
-    return [*(job.get("sources") or {}).values(), *(job.get("modules") or {}).values()]
 
 
 def _ranks_run_here(placement):
@@ -261,8 +272,9 @@ def run_in_session(session, cell, *, view=None, background=False, options=None, 
     pickled = pickle_values(dict(cell.values))
     job = {"code": cell.code, "assigns": list(cell.assigns), "sources": cell.sources,
            "export": list(cell.export),
-           **_shipped(pickled.values(), cell.imports, marshal.loads(cell.code))}
-    refuse_without_horovod(job, session.placement, options)
+           **_shipped(pickled.values(), cell.imports, marshal.loads(cell.code),
+                      dict(cell.values))}
+    refuse_without_horovod(_reading(job), job, session.placement, options)
     # (the session's ranks started without MLFLOW_* variables: only the driver logs)
     view, _ = tracked(options.mlflow, view, None, job, cell, options.tracked())
     run_ = Run(session.np, options, launcher=SessionLauncher(session), view=view, cell=cell,

@@ -45,6 +45,10 @@ from .rank import elastic_world
 LOSS_WAIT = 30.0  # seconds a rank whose collective failed waits for the driver's new world
 
 
+class WrongElasticWorld(RuntimeError):
+    """`run` called in an elastic run of the other kind (Horovod's)."""
+
+
 class MembershipChanged(RuntimeError):
     """Raised by `State.commit` when the driver formed a new world: `run` catches it."""
 
@@ -170,6 +174,13 @@ def run(fn):
 
     @functools.wraps(fn)
     def elastic_fn(state, *args, **kwargs):
+        if elastic_world.horovod_elastic() and not elastic_world.active():
+            raise WrongElasticWorld(
+                "hvd_magic.elastic.run re-forms a torch.distributed world, and this rank is in "
+                "Horovod's elastic run (its ring is Horovod's to re-form: the job was read as "
+                "Horovod code). Use Horovod's own hvd.elastic.run and a hvd.elastic State here, "
+                "or leave Horovod out of the job so that --min-np makes a torch.distributed "
+                "elastic run (docs/elastic_ddp.md).")
         here = elastic_world.world()
         if here is None:  # not an elastic run: the same code runs once
             _group(None)

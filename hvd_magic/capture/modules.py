@@ -90,27 +90,56 @@ _CODES = {op.code.encode("latin-1"): op for op in pickletools.opcodes}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def names_in_pickle(data):
-    """Names of modules a pickle may import: the module of every global it refers to, and every
-    short string in it that reads like a module name (a global's module can be memoized, so it
-    is not always next to the lookup; a name too many only costs a check)."""
+class PickleNames:
+    """What a pickle names: `globals`, the "module.name" of every global the unpickler will look
+    up (the module and name ``STACK_GLOBAL`` takes are the two strings pushed or fetched from
+    the memo just before it), and `strings`, every short string in it that reads like a name."""
+
+    def __init__(self):
+        self.globals, self.strings = set(), set()
+
+
+def scan_pickle(data):
+    """The `PickleNames` of a pickle, its large byte and string values skipped unread (a 200 MB
+    array's pickle costs no copy)."""
     stream = io.BytesIO(data)
-    names = set()
+    found, memo, recent = PickleNames(), {}, []
     while True:
         code = stream.read(1)
         op = _CODES.get(code)
         if op is None or op.name == "STOP":
-            return names
+            return found
         if code in _SIZED:
             fmt = _SIZED[code]
             (size,) = struct.unpack(fmt, stream.read(struct.calcsize(fmt)))
             stream.seek(size, io.SEEK_CUR)
+            recent.append(None)
             continue
         arg = op.arg.reader(stream) if op.arg is not None else None
         if op.name in ("GLOBAL", "INST"):
-            names.add(str(arg).split(" ")[0])
-        elif isinstance(arg, str) and len(arg) < 256 and _NAME.fullmatch(arg):
-            names.add(arg)
+            found.globals.add(str(arg).replace(" ", "."))
+        elif op.name == "STACK_GLOBAL" and len(recent) >= 2 and None not in recent[-2:]:
+            found.globals.add(f"{recent[-2]}.{recent[-1]}")
+        elif op.name == "MEMOIZE":
+            memo[len(memo)] = recent[-1] if recent else None
+        elif op.name in ("BINGET", "LONG_BINGET", "GET"):
+            recent.append(memo.get(arg))
+        elif op.name in ("BINPUT", "LONG_BINPUT", "PUT"):
+            memo[arg] = recent[-1] if recent else None
+        elif isinstance(arg, str):
+            recent.append(arg)
+            if len(arg) < 256 and _NAME.fullmatch(arg):
+                found.strings.add(arg)
+        else:
+            recent.append(None)
+        del recent[:-2]
+
+
+def names_in_pickle(data):
+    """Names of modules a pickle may import: the module of every global it refers to, and every
+    short string in it that reads like a module name (a name too many only costs a check)."""
+    found = scan_pickle(data)
+    return {name.rsplit(".", 1)[0] for name in found.globals} | found.strings
 
 
 def names_in_code(code):

@@ -1,0 +1,194 @@
+"""One reading of what a job needs, from its code: what it imports and which distributed APIs it
+uses, read once, for every decision a launch makes (the elastic kind, what needs Horovod, what
+the ranks' template holds).
+
+It reads code, never text: a function's code objects (a cell is one: its imports are in its
+body), a script's and the shipped modules' sources compiled, the values a cell or a call passes
+(a function among them is read too, and the notebook's functions it calls), and the globals a
+pickle names. Comments, docstrings and string constants say nothing here: a helper module whose
+docstring mentions horovod, or a function holding the string ``"horovod"``, uses no Horovod.
+
+A name is what the code reaches: ``hvd.elastic.run`` where ``hvd`` is ``horovod.torch`` reads as
+``horovod.torch.elastic.run``; ``from hvd_magic import elastic`` as ``hvd_magic.elastic``.
+
+Not for: which of the notebook's modules travel (`capture.modules`, which reads more widely:
+a name too many there costs a look-up).
+"""
+
+import builtins
+import dis
+import os
+import sys
+import types
+from dataclasses import dataclass
+
+from .modules import _installed_roots, _is_under, scan_pickle
+
+_LOADS = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST", "LOAD_CLASSDEREF")
+_STORES = ("STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF")
+_ATTRS = ("LOAD_ATTR", "LOAD_METHOD")
+
+
+@dataclass(frozen=True)
+class JobReading:
+    """What a job's code reaches: `names` (dotted, as above), and `modules`, what its import
+    statements name (``from a import b``: ``a`` and ``a.b``), the modules of the values it is
+    given and of the globals its pickles name."""
+    names: frozenset = frozenset()
+    modules: frozenset = frozenset()
+
+    @property
+    def imports(self):
+        """Every module the job imports, with its packages (``horovod.torch`` gives ``horovod``
+        too)."""
+        found = set()
+        for name in self.modules:
+            parts = name.split(".")
+            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        return found
+
+    def uses(self, prefix):
+        """Whether the job reaches `prefix` (a module, or a name in one)."""
+        return any(n == prefix or n.startswith(prefix + ".") for n in self.names)
+
+    @property
+    def horovod(self):
+        return self.uses("horovod")
+
+    @property
+    def horovod_elastic(self):
+        """Horovod's elastic API: ``hvd.elastic.run``, ``horovod.torch.elastic``..."""
+        return any(n.startswith("horovod.") and ".elastic" in f"{n}." for n in self.names)
+
+    @property
+    def ours_elastic(self):
+        """`hvd_magic.elastic`: elastic torch.distributed without Horovod."""
+        return self.uses("hvd_magic.elastic")
+
+
+def read_job(code=None, values=None, sources=None, pickles=()):
+    """The `JobReading` of a job: its function or code object `code` (a cell's function, or
+    the function given to `run`), the `values` it is called with ({name: value}: a cell's
+    notebook values), the `sources` it ships ({filename: text}: a script, the notebook's
+    modules) and its `pickles` (bytes: the globals they name)."""
+    reader = _Reader(values or {})
+    if code is not None:
+        reader.function(code)
+    for value in (values or {}).values():
+        reader.value(value)
+    for filename, source in (sources or {}).items():
+        try:
+            reader.code(compile(source, filename, "exec"), {})
+        except (SyntaxError, ValueError):  # not Python after all (a data file): nothing to read
+            pass
+    for data in pickles:
+        found = scan_pickle(getattr(data, "head", data)).globals
+        reader.names.update(found)
+        reader.modules.update(name.rsplit(".", 1)[0] for name in found)
+    return JobReading(frozenset(reader.names), frozenset(reader.modules))
+
+
+class _Reader:
+    def __init__(self, values):
+        self.values = values
+        self.names, self.modules = set(), set()
+        self._seen = set()
+
+    def value(self, value):
+        """What a value passed to the job brings: a module's name, a function's code, a class's
+        or an object's module."""
+        if isinstance(value, types.ModuleType):
+            self.names.add(value.__name__)
+            self.modules.add(value.__name__)
+        elif isinstance(value, (types.FunctionType, types.MethodType, staticmethod, classmethod)):
+            self.function(value)
+        else:
+            module = getattr(type(value) if not isinstance(value, type) else value, "__module__",
+                             None)
+            if isinstance(module, str) and module not in ("builtins", "__main__"):
+                self.names.add(module)
+                self.modules.add(module)
+
+    def function(self, fn):
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", fn)
+        if not isinstance(code, types.CodeType) or id(code) in self._seen:
+            return
+        self._seen.add(id(code))
+        known = dict(self.values)
+        known.update(getattr(fn, "__globals__", {}))
+        cells = getattr(fn, "__closure__", None) or ()
+        for name, cell in zip(code.co_freevars, cells):
+            try:
+                known[name] = cell.cell_contents
+            except ValueError:  # an empty cell
+                pass
+        self.code(code, known)
+
+    def code(self, code, known, outer=None):
+        """Read `code` and the code nested in it: its imports, and the dotted names its loads
+        reach from what `known` ({name: value}), its own imports or its `outer` code's bind."""
+        bound = dict(outer or {})
+        instructions = list(dis.get_instructions(code))
+        for i, ins in enumerate(instructions):
+            if ins.opname == "IMPORT_NAME":
+                self._import(instructions, i, bound)
+            elif ins.opname in _LOADS:
+                root = self._root(ins.argval, bound, known)
+                if root is not None:
+                    j, chain = i + 1, root
+                    while j < len(instructions) and instructions[j].opname in _ATTRS:
+                        chain += "." + instructions[j].argval
+                        j += 1
+                    self.names.add(chain)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                self.code(const, known, bound)
+
+    def _import(self, instructions, i, bound):
+        """``import a.b``, ``import a.b as c``, ``from a import b as c, d``: the names read, and
+        what the statement binds (``a``; ``c`` to ``a.b``; ``c`` to ``a.b`` and ``d`` to ``a.d``)."""
+        module = instructions[i].argval
+        self.names.add(module)
+        self.modules.add(module)
+        from_list = i > 0 and instructions[i - 1].opname == "LOAD_CONST" and \
+            instructions[i - 1].argval is not None
+        current = None
+        for ins in instructions[i + 1:]:
+            if ins.opname == "IMPORT_FROM":  # (`import a.b as c` walks a's attributes to b)
+                current = f"{module}.{ins.argval}" if from_list else module
+                self.names.add(current)
+                self.modules.add(current)
+            elif ins.opname in _STORES:
+                bound[ins.argval] = current or module.split(".")[0]
+                current = None
+                if not from_list:
+                    return
+            else:  # (a from-import's POP_TOP, or the next statement)
+                return
+
+    def _root(self, name, bound, known):
+        """The dotted name `name` stands for, or None: a module or what a module defines."""
+        if name in bound:
+            return bound[name]
+        if name not in known or hasattr(builtins, name) and known[name] is getattr(builtins, name):
+            return None
+        value = known[name]
+        if isinstance(value, types.ModuleType):
+            return value.__name__
+        if isinstance(value, (types.FunctionType, type)):
+            module = getattr(value, "__module__", None)
+            if isinstance(value, types.FunctionType) and _own(module):
+                self.function(value)  # the notebook's (or its modules') code: what it uses too
+            return f"{module}.{getattr(value, '__qualname__', name)}" if module else None
+        return None
+
+
+def _own(module):
+    """Whether `module` is the user's code (the notebook, a script, a module beside them), not an
+    installed library's, whose code is not ours to read."""
+    if module in (None, "__main__"):
+        return True
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return bool(path) and not any(_is_under(os.path.realpath(path), root)
+                                  for root in _installed_roots())
