@@ -42,6 +42,27 @@ def installed(module):
         return False
 
 
+def import_error(module):
+    """What importing `module` raises in this Python, in one line (``ModuleNotFoundError: No
+    module named 'py4j'``), or None: a package that is there but broken (a half-done upgrade, a
+    dependency gone, too old for this Python). It imports the module: only for a caller that is
+    about to use it anyway."""
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001  (whatever a broken package raises is the answer)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def broken_message(package, needed_by, error, python=None):
+    """One message: `needed_by` needs `package`, which is installed here but fails to import."""
+    name, _ = HOW[package]
+    python = os.path.normpath(python or sys.executable)
+    return (f"{needed_by} needs {name}, and it fails to import in this notebook's Python "
+            f"({python}): {error}. Repair it with that Python: `{python} -m pip install "
+            f"--force-reinstall {package}` (it brings what {name} needs).")
+
+
 def missing_module(error_text):
     """The optional package an ``ImportError``'s message is about (``No module named
     'horovod.torch'`` -> ``"horovod"``), or None."""

@@ -10,7 +10,7 @@
 The driver side of ``--data`` (its DataFrame checked and planned) is `hvd_magic.data`.
 """
 
-from ..needs import installed, missing_message
+from ..needs import broken_message, import_error, installed, missing_message
 
 
 def make_launcher(placement, session=False, elastic_kind="horovod"):
@@ -34,10 +34,13 @@ def make_launcher(placement, session=False, elastic_kind="horovod"):
                     else ElasticLocalLauncher)(*elastic)
         from .local import LocalLauncher
         return LocalLauncher()
-    if not installed("pyspark"):
+    needed_by = f"Running {np} ranks as Spark tasks (--np {np})"
+    broken = None if not installed("pyspark") else import_error("pyspark")
+    if not installed("pyspark") or broken:
         from IPython.core.error import UsageError
         raise UsageError(
-            missing_message("pyspark", f"Running {np} ranks as Spark tasks (--np {np})")
+            (broken_message("pyspark", needed_by, broken) if broken
+             else missing_message("pyspark", needed_by))
             + f" Or run them on this machine alone, without Spark or Java: --np -{np}.")
     from .connect import ConnectLauncher, connect_session
     connect = connect_session(spark)

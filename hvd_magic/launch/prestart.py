@@ -108,7 +108,12 @@ def begin(user_ns=None, np=2, conf=None, log_dir="hvd_runs"):
     global _current
     if _current is not None or why_not(user_ns) is not None:
         return None
-    _current = Prestart(np, conf or {}, log_dir)
+    try:
+        _current = Prestart(np, conf or {}, log_dir)
+    except Exception as exc:  # noqa: BLE001  (pyspark broken here: loading must not fail)
+        return (f"hvd_magic: Spark cannot be started early: pyspark fails to import "
+                f"({type(exc).__name__}: {exc}). --np -N cells run without it; a --np N cell "
+                f"says what to do.")
     return (f"hvd_magic: starting Spark ({_current.master}) in the background for "
             f"%%horovod --np N; a cell that builds its own SparkSession stops it first. "
             f"{ENV}=0 turns this off.")
