@@ -52,7 +52,6 @@ def load_ipython_extension(ip):
     from .launch import prestart
     magics = HorovodMagics(shell=ip)
     ip.register_magics(magics)
-    ip.events.register("pre_run_cell", prestart.before_cell)
     said = prestart.begin(ip.user_ns, magics.np, magics.spark_conf, magics.run_root)
     if said:
         print(said)
@@ -62,8 +61,6 @@ def unload_ipython_extension(ip):
     """`%unload_ext hvd_magic` (and `%reload_ext`): a warm session's ranks end with it."""
     from .frontends.magics import HorovodMagics
     from .launch import prestart
-    if prestart.before_cell in ip.events.callbacks["pre_run_cell"]:
-        ip.events.unregister("pre_run_cell", prestart.before_cell)
     prestart.release("unloading hvd_magic")
     for kind in ("line", "cell"):
         for name, fn in list(ip.magics_manager.magics[kind].items()):

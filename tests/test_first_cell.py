@@ -199,26 +199,55 @@ def test_cancel_while_the_start_begun_at_load_goes_on_leaves_no_process(tmp_path
         kernel.close()
 
 
-OWN_SESSION = """\
+# A session made in a module the notebook imports: no cell's text names the builder (#68).
+HELPER = """\
 from pyspark.sql import SparkSession
-spark = SparkSession.builder.master("local[1]").config("spark.driver.memory", "600m").getOrCreate()
-jvm = spark.sparkContext._jvm
-(spark.sparkContext.master, jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20)
+
+def get_spark():
+    spark = SparkSession.builder.master("local[1]").config("spark.driver.memory", "600m") \\
+        .getOrCreate()
+    jvm = spark.sparkContext._jvm
+    return spark.sparkContext.master, jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20
+"""
+
+FROM_A_THREAD = """\
+import threading, spark_helper
+made = []
+thread = threading.Thread(target=lambda: made.append(spark_helper.get_spark()))
+thread.start()
+thread.join()
+made[0]
 """
 
 
-def test_a_cell_that_builds_its_own_session_gets_the_session_it_asked_for(tmp_path):
-    kernel = prestarted_kernel(tmp_path)  # (its start still under way when the cell comes)
+def own_session(kernel, cell):
+    """The (master, JVM heap in MB) the cell's session got, and all the cell showed."""
+    reply, messages = kernel.execute(cell)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    [value] = [m["content"]["data"]["text/plain"] for m in messages
+               if m["msg_type"] == "execute_result"]
+    return eval(value), text_output(messages)
+
+
+@pytest.mark.parametrize("when", ["while it starts", "once it is up"])
+def test_a_session_a_module_builds_gets_what_it_asked_for_whenever_it_is_made(tmp_path, when):
+    """Called from a thread while the start begun at load is under way (it must never meet the
+    half-made context), or from a cell once that session is up (getOrCreate would hand it back):
+    the builder's master and settings, the background session and its JVM stopped first."""
+    (tmp_path / "spark_helper.py").write_text(HELPER)
+    kernel = prestarted_kernel(tmp_path)
     try:
-        reply, messages = kernel.execute(OWN_SESSION)
-        assert reply["content"]["status"] == "ok", reply["content"]
-        [value] = [m["content"]["data"]["text/plain"] for m in messages
-                   if m["msg_type"] == "execute_result"]
-        master, heap_mb = eval(value)
+        if when == "once it is up":
+            assert kernel.value("hvd_magic.launch.prestart.current().wait() is not None")
+        (master, heap_mb), shown = own_session(
+            kernel, FROM_A_THREAD if when == "while it starts" else
+            "import spark_helper\nspark_helper.get_spark()")
         assert master == "local[1]"  # not the local[4] begun at load
         assert heap_mb < 1024  # a JVM launched with its memory setting (Java's default: 1 GB)
-        assert "stopped the Spark session it started in the background" in text_output(messages)
+        assert "stopped the Spark session it started in the background, for a Spark session " \
+               "of your own" in shown
         assert len(java_pids(kernel)) == 1
+        assert kernel.value("hvd_magic.launch.prestart.current() is None")
     finally:
         kernel.close()
 

@@ -10,26 +10,26 @@ Spark Connect session already there, Databricks, no Java, no pyspark, or
 
 PySpark hands an active session to every ``SparkSession.builder.getOrCreate()``, whatever master
 or settings the builder names. So until a run has used it, the session is given up (its JVM too,
-so that settings read at the JVM's launch count, ``spark.driver.memory`` or packages) before
-a cell that makes a session of its own runs (`release`), and `hvd_magic.spark_session` does the
-same. A session made in a module the cell calls is not seen: the line said at load tells how to
-turn the start off.
+so that settings read at the JVM's launch count, ``spark.driver.memory`` or packages) where the
+user's code makes a session of its own: ``SparkSession.Builder.getOrCreate`` and
+``SparkContext.__init__`` are guarded while a start is ours (`_guard`), so a builder called from a
+cell, a module or any thread first waits for the start to end or cancels it, stops what it made,
+and then makes the session it was asked for; `hvd_magic.spark_session` does the same.
 
 Not for: the start itself (`sparkstart.SparkStart`) or choosing a session for a run
 (`spark.SparkLauncher`).
 """
 
+import functools
 import os
-import re
 import shutil
 import sys
 import threading
 
 ENV = "HVD_MAGIC_PRESTART"
-# A cell that makes its own Spark session, in the notebook (a cell magic's body runs elsewhere).
-_OWN_SESSION = re.compile(r"SparkSession\s*\.\s*builder|\bSparkContext\s*\(|\bSparkConf\s*\(")
 
 _current = None  # the Prestart of this process, until a run adopts it or it is given up
+_releasing = threading.RLock()
 
 
 def why_not(user_ns=None, environ=os.environ):
@@ -65,6 +65,8 @@ class Prestart:
         import pyspark.sql  # noqa: F401
         from .sparkstart import SparkStart, embedded_settings
 
+        _guard()
+
         self.conf = dict(conf)
         settings = embedded_settings(np, self.conf)
         self.master = settings["spark.master"]
@@ -72,9 +74,9 @@ class Prestart:
         self.session = None
         self.error = None
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hvd-magic-spark-prestart",
+        self.thread = threading.Thread(target=self._run, name="hvd-magic-spark-prestart",
                                         daemon=True)
-        self._thread.start()
+        self.thread.start()
 
     def _run(self):
         from .sparkstart import _quiet, local_slots
@@ -115,7 +117,7 @@ def begin(user_ns=None, np=2, conf=None, log_dir="hvd_runs"):
                 f"({type(exc).__name__}: {exc}). --np -N cells run without it; a --np N cell "
                 f"says what to do.")
     return (f"hvd_magic: starting Spark ({_current.master}) in the background for "
-            f"%%horovod --np N; a cell that builds its own SparkSession stops it first. "
+            f"%%horovod --np N; a SparkSession your code builds stops it first. "
             f"{ENV}=0 turns this off.")
 
 
@@ -136,18 +138,34 @@ def release(reason):
     """Give up a background start no run has adopted (`reason`: what wants its own session);
     the line to say, or None if there was none."""
     global _current
-    start, _current = _current, None
-    if start is None:
-        return None
-    start.cancel()
+    with _releasing:  # (a second builder waits until the first's release is done)
+        start, _current = _current, None
+        if start is None:
+            return None
+        start.cancel()
     return f"hvd_magic: stopped the Spark session it started in the background, for {reason}."
 
 
-def before_cell(info):
-    """IPython's pre_run_cell event: a notebook cell that makes its own Spark session."""
-    source = getattr(info, "raw_cell", "") or ""
-    if _current is None or source.lstrip().startswith("%%") or not _OWN_SESSION.search(source):
-        return
-    said = release("this cell's own SparkSession")
-    if said:
-        print(said, file=sys.stderr)
+def _guard():
+    """Make every session the user's code builds give up our background start first (once)."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+    for owner, name in ((SparkSession.Builder, "getOrCreate"), (SparkContext, "__init__")):
+        original = getattr(owner, name)
+        if not getattr(original, "_hvd_magic_guard", False):
+            setattr(owner, name, _given_up_first(original))
+
+
+def _given_up_first(original):
+    @functools.wraps(original)
+    def guarded(*args, **kwargs):
+        with _releasing:
+            start = _current
+            if start is not None and threading.current_thread() is not start.thread:
+                said = release("a Spark session of your own")
+                if said:
+                    print(said, file=sys.stderr)
+        return original(*args, **kwargs)
+
+    guarded._hvd_magic_guard = True
+    return guarded
