@@ -30,7 +30,9 @@ others edit the tree, run from a clone of it:
 """
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import subprocess
@@ -208,10 +210,14 @@ def main():
     if args.from_json:
         with open(args.from_json) as f:
             record = json.load(f)
-    elif args.merge:
-        record = merged(out_json, args.only, args.quick)
-        with open(out_json, "w") as f:
-            json.dump(record, f, indent=1)
+    elif args.merge:  # measured first; then, held alone, the files as they are now get them
+        measured = remeasured(args.only, args.quick)
+        with _held(out_json):
+            with open(out_json) as f:
+                record = json.load(f)
+            record["benchmarks"].update(measured)
+            _write(out_json, json.dumps(record, indent=1))
+            _write(args.out, render(record, kept_reading(args.out)))
     else:
         started = datetime.datetime.now()
         version = hvd_magic_version()
@@ -227,27 +233,39 @@ def main():
                                                "(it changed during the run)")
         with open(out_json, "w") as f:
             json.dump(record, f, indent=1)
-    text = render(record, kept_reading(args.out))  # before opening it: "w" empties the file
-    with open(args.out, "w") as f:
-        f.write(text)
+    if not args.merge:
+        _write(args.out, render(record, kept_reading(args.out)))
     failed = [n for n, r in record["benchmarks"].items() if not r["ok"]]
     print(f"\nwrote {args.out}" + ("" if args.from_json else f" and {out_json}")
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 
-def merged(path, names, quick):
-    """The record in `path` with the benchmarks `names` measured again, each saying when and at
-    which commit (the record's own date and machine are the full run's)."""
-    with open(path) as f:
-        record = json.load(f)
+def remeasured(names, quick):
+    """The benchmarks `names` measured again, each saying when and at which commit (the
+    record's own date and machine stay the full run's)."""
     started, version = datetime.datetime.now(), hvd_magic_version()
+    results = {}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for name in names:
-            result = run_benchmark(name, quick, tmp)
-            result["measured"] = f"{started:%Y-%m-%d %H:%M}, {version}"
-            record["benchmarks"][name] = result
-    return record
+            results[name] = run_benchmark(name, quick, tmp)
+            results[name]["measured"] = f"{started:%Y-%m-%d %H:%M}, {version}"
+    return results
+
+
+@contextlib.contextmanager
+def _held(path):
+    """`path`'s lock file held: two merges at once each keep the other's rows."""
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _write(path, text):
+    """`path`'s new text, whole or not at all (a reader never sees half of it)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 READING_START, READING_END = "<!-- reading -->", "<!-- /reading -->"
