@@ -21,6 +21,7 @@ import pytest
 import hvd_magic
 from conftest import spark_session
 from hvd_magic.task.resources import Sampler, _memory_cgroup, named_by_kernel
+from hvd_magic.words import size
 
 MB = 1 << 20
 
@@ -71,6 +72,13 @@ def test_each_ranks_memory_is_what_psutil_reads_from_outside_and_is_kept(ip, tmp
     assert table[table["rank"] == 1]["rss"].max() > 200 * MB
     kept = json.load(open(os.path.join(run.run_dir, "run.json")))["ranks"]
     assert kept[1]["resources"]["peak_rss"] > kept[0]["resources"]["peak_rss"] + 150 * MB
+    # a rank that ended shows its peak alone, not its last sample (of a process perhaps gone)
+    from hvd_magic.view.dashboard import Dashboard
+    dashboard = Dashboard()
+    dashboard.start(run)  # (a finished run: nothing is displayed)
+    row = dashboard._table_html(run).split("<tr data-rank='1'")[1].split("</tr>")[0]
+    assert f">peak {size(run.ranks[1].usage.peak_rss)}</td>" in row, row
+    assert " B (peak" not in row and "MB" in size(run.ranks[1].usage.peak_rss)
 
 
 def test_a_busy_ranks_cpu_counts_its_child_processes():

@@ -14,6 +14,7 @@ import html
 import os
 import re
 
+from ..driver.ranks import LIVE_STATES
 from ..words import plural, size
 from ..errors import is_peer_gone
 from ..lines import is_aside, is_warning, last_said, screen
@@ -101,19 +102,24 @@ def _cells(r, tail, verbose):
             "metrics": (f"<span style='display:inline-block;max-width:{_METRICS_MAX};"
                         f"overflow:hidden;text-overflow:ellipsis;vertical-align:bottom'>"
                         f"{_e(metrics)}</span>" if metrics else "", metrics),
-            **_usage_cells(getattr(r, "usage", None)),
+            **_usage_cells(getattr(r, "usage", None), r.state not in LIVE_STATES),
             # (dir: the line reads left to right inside the right-to-left cell that cuts it)
             "last line": (f"<code dir='ltr' style='white-space:pre'>{_e(last[-LAST_LINE_CHARS:])}"
                           "</code>" if last else "",
                           last)}
 
 
-def _usage_cells(usage):
-    """The cpu, memory and gpu cells of a rank's row: its latest sample, and its peak memory; a
+def _usage_cells(usage, ended=False):
+    """The cpu, memory and gpu cells of a rank's row: its latest sample, and its peak memory (a
+    rank that `ended` has only its peaks: its last sample may be of a process already gone); a
     rank past NEAR_LIMIT of its memory limit is marked red, saying how near."""
     latest = usage.latest if usage is not None else None
     if latest is None:
         return {"cpu": ("", ""), "memory": ("", ""), "gpu": ("", "")}
+    if ended:
+        peak = f"peak {size(usage.peak_rss)}"
+        return {"cpu": (f"peak {usage.peak_cpu:.0f}%", "of one core"), "memory": (peak, ""),
+                "gpu": ("", "")}
     rss, limit = latest.get("rss", 0), latest.get("limit") or 0
     memory = f"{size(rss)} (peak {size(usage.peak_rss)})"
     where = "its cgroup's" if latest.get("limit_of") == "cgroup" else "the host's memory"
