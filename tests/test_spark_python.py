@@ -225,5 +225,5 @@ def test_a_stopped_session_leaves_none_of_its_settings_to_the_next(tmp_path):
     assert theirs_first["our_task_cpus"] is None
     assert theirs_first["user_task_cpus_after"] == "4"
     assert ours_first["error"] is not None
-    assert "(local[2], 2 cpus per task) has 1 task slots" in ours_first["error"]
+    assert "(local[2], 2 cpus per task) has 1 task slot;" in ours_first["error"]
     assert ours_first["user_session_kept"]

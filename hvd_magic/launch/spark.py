@@ -28,6 +28,7 @@ from ..errors import LaunchError, RunCancelled
 from ..needs import missing_message, missing_module
 from ..task import spark_task
 from ..task.threads import executor_cores
+from ..words import plural
 from .base import Launcher
 from ..data.frames import check_data, data_plan
 from .prestart import adopt as adopt_prestart
@@ -268,9 +269,9 @@ class SparkLauncher(Launcher):
             if slots < np:
                 per_task = f", {task_cpus} cpus per task" if task_cpus > 1 else ""
                 raise UsageError(
-                    f"np={np} but the Spark session ({sc.master}{per_task}) has {slots} task "
-                    f"slots; use --np {max(slots, 1)} or start the session with "
-                    f"local[{np * task_cpus}].")
+                    f"np={np} but the Spark session ({sc.master}{per_task}) has "
+                    f"{plural(slots, 'task slot')}; use --np {max(slots, 1)} or start the "
+                    f"session with local[{np * task_cpus}].")
             return
         promise = promised_slots(sc.master, conf.get)
         if promise is not None and promise[0] < np:  # no need to wait for executors to see it
@@ -292,7 +293,7 @@ class SparkLauncher(Launcher):
         if slots < np:
             summary = _executor_summary(sc)
             raise UsageError(
-                f"np={np} but the cluster has {slots} task slots"
+                f"np={np} but the cluster has {plural(slots, 'task slot')}"
                 + (f" ({summary})" if summary else "")
                 + f"; use --np {max(slots, 1)} or add executors.")
 
