@@ -57,8 +57,9 @@ def test_the_own_view_shows_a_rank_its_own_gpus_alone_as_cuda_0():
 
 
 # What a cell on a GPU machine would pin, read on this one (no GPU, CPU torch). Lightning's own
-# choice of device is its strategy's root device; CUDA is faked in the cell to reach it (the
-# edge this machine lacks), after the rank queued its own pinning for when CUDA starts.
+# choice of device is its strategy's root device, accelerate's its state's device; CUDA is faked
+# in the cell to reach them (the edge this machine lacks), after the rank queued its own pinning
+# for when CUDA starts.
 PINNING_CELL = """import os, psutil, torch
 import horovod.torch as hvd
 hvd.init()
@@ -68,10 +69,14 @@ torch.cuda.is_available = lambda: True
 torch.cuda.device_count = lambda: len(os.environ["CUDA_VISIBLE_DEVICES"].split(","))
 import lightning.pytorch as pl
 trainer = pl.Trainer(accelerator="gpu", strategy="ddp", logger=False, enable_checkpointing=False)
+torch.cuda.set_device = lambda device: None
+from accelerate import PartialState  # (Gloo: this machine's torch has no NCCL)
+accelerate_device = PartialState(backend="gloo").device
 forked = "hvd_magic.template.server" in " ".join(psutil.Process().parent().cmdline())
 {"visible": os.environ["CUDA_VISIBLE_DEVICES"], "own": os.environ["HVD_MAGIC_GPUS"],
  "LOCAL_RANK": int(os.environ["LOCAL_RANK"]), "hvd": hvd.local_rank(), "queued": queued,
- "lightning": trainer.strategy.root_device.index, "forked": forked,
+ "lightning": trainer.strategy.root_device.index, "accelerate": accelerate_device.index,
+ "forked": forked,
  "cuda_started": torch.cuda.is_initialized()}
 """
 
@@ -89,7 +94,8 @@ def assert_pinned_on_own_gpus(run, expected_visible):
         lr = r.local_rank
         assert value["visible"] == expected_visible[machine(r)], (r.rank, value)
         assert int(value["own"].split(",")[0]) == lr, (r.rank, value)
-        assert (value["LOCAL_RANK"], value["hvd"], value["lightning"]) == (lr, lr, lr), value
+        assert (value["LOCAL_RANK"], value["hvd"], value["lightning"], value["accelerate"]) == \
+            (lr, lr, lr, lr), value
         assert value["queued"] == [lr] and not value["cuda_started"], value
         assert value["visible"].split(",")[lr] == r.gpus[0]     # what the dashboard names
         assert r.gpu_index[0] == lr
