@@ -160,7 +160,7 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
 def elastic_kind(reading, job):
     """Which elastic run ``--min-np`` makes of a job, from what its code uses (`reading`):
     ``"torch"`` for `hvd_magic.elastic` (our membership re-forms the torch.distributed group
-    inside ``elastic.run``: `hvd_magic.launch.elastic_torch`), ``"horovod"`` for Horovod code
+    inside ``elastic.run``: `hvd_magic.launch.elastic.ddp`), ``"horovod"`` for Horovod code
     (Horovod's elastic driver runs here and re-forms its ring inside ``hvd.elastic.run``). Code
     that uses both elastic APIs, or neither framework, gets a UsageError saying what to do."""
     what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
@@ -235,7 +235,7 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     cell (`hvd.size()` is then smaller), and the session ends when fewer than `min_np` are left.
     Lost ranks are not replaced. `elastic_api`: ``"horovod"`` (Horovod's elastic driver resets
     Horovod's ring) or ``"torch"`` (ours re-forms the torch.distributed group:
-    `hvd_magic.launch.elastic_torch`); None: Horovod's where Horovod is installed. `fresh`: start the ranks as new interpreters, not forked from
+    `hvd_magic.launch.elastic.ddp`); None: Horovod's where Horovod is installed. `fresh`: start the ranks as new interpreters, not forked from
     the template (`hvd_magic.template`; None: `hvd_magic.config.fresh_by_default`).
 
     `debug`: a rank whose cell raises is held in pdb at its exception (``%horovod_debug``,

@@ -25,7 +25,7 @@ min_np=2)``, a script's ``hvd-run --min-np``)::
 
     train(state)
 
-When a rank is lost, the driver (`hvd_magic.launch.elastic_torch`) forms a new world of the
+When a rank is lost, the driver (`hvd_magic.launch.elastic.ddp`) forms a new world of the
 survivors and tells them at once (`hvd_magic.rank.elastic_world`): a collective waiting on the
 lost peer returns with an error, each survivor leaves its process group, makes the new one on a
 new store, rolls back to its last commit, takes rank 0's state, calls the reset callbacks and

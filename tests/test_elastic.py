@@ -18,7 +18,7 @@ from hvd_magic.driver.membership import Membership
 from hvd_magic.driver.ranks import RankState
 from hvd_magic.driver.watchdog import stall_message
 from hvd_magic.errors import LaunchError, RankError, RunTimeout
-from hvd_magic.launch import elastic
+from hvd_magic.launch.elastic import launcher as elastic
 
 from conftest import spark_session
 
@@ -350,7 +350,7 @@ def test_a_worker_waiting_in_a_barrier_our_stop_broke_is_answered(capfd):
     from horovod.runner.elastic.driver import ElasticDriver
     from horovod.runner.http.http_server import RendezvousServer
 
-    from hvd_magic.launch.elastic_hosts import machine_rendezvous
+    from hvd_magic.launch.elastic.hosts import machine_rendezvous
 
     rendezvous = RendezvousServer()
     driver = ElasticDriver(rendezvous, FixedHosts({}), min_num_proc=1, max_num_proc=2)
@@ -377,7 +377,7 @@ def test_a_worker_exit_recorded_in_a_barrier_our_stop_broke_ends_quietly():
     from horovod.runner.elastic.discovery import FixedHosts
     from horovod.runner.http.http_server import RendezvousServer
 
-    from hvd_magic.launch.elastic_horovod import elastic_driver
+    from hvd_magic.launch.elastic.horovod import elastic_driver
 
     rendezvous = RendezvousServer()
     launcher = types.SimpleNamespace(_waiting_since=None)

@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 
 import hvd_magic
 from hvd_magic.errors import LaunchError, RankError
-from hvd_magic.launch import elastic
+from hvd_magic.launch.elastic import launcher as elastic
 
 from conftest import spark_session
 

@@ -1,6 +1,6 @@
 """Who is in an elastic run's ring, and every change to it: the driver's record of it.
 
-An elastic run (`hvd_magic.launch.elastic`) keeps going when a rank process is lost: its slot
+An elastic run (`hvd_magic.launch.elastic.launcher`) keeps going when a rank process is lost: its slot
 (the view's row) gets a new process later. Each change is a dict in `changes` (also
 ``run.membership``), recorded in ``events.jsonl`` and told to the view as a line:
 
@@ -62,7 +62,7 @@ class Membership:
                   "key": r.executor, "pid": r.pid, "host": r.host, "code": code,
                   "signal": summary.get("signal"), "last_line": r.last_line,
                   "time": round(time.time(), 3)}
-        from ..launch.elastic import how_lost
+        from ..launch.elastic.launcher import how_lost
 
         how = how_lost(dict(summary, code=code))
         change["how"] = how
@@ -87,7 +87,7 @@ class Membership:
                                f"commit.")
 
     def ring(self, run, event):
-        from ..launch.elastic import slot_of
+        from ..launch.elastic.launcher import slot_of
 
         order = [slot_of(k)[0] for k in event.get("keys", ())]  # Horovod's rank order
         slots = sorted(order)

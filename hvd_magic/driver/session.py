@@ -7,7 +7,7 @@ events of the running cell go to its `CellChannel` (so a cell is an ordinary `Ru
 launcher is `hvd_magic.launch.session.SessionLauncher`); the rest keeps the session's own view
 of its ranks (host, pid, state) and notices a rank process that dies.
 
-An elastic session (``min_np``: `hvd_magic.launch.elastic_session`) outlives a lost rank: the
+An elastic session (``min_np``: `hvd_magic.launch.elastic.session`) outlives a lost rank: the
 rank's slot is marked lost, the survivors keep their processes and namespaces, and the next
 cell's job tells them to reset Horovod first (``"reset"``: `hvd_magic.rank.session`), which
 forms the smaller ring through Horovod's elastic driver. A lost slot is not refilled; fewer
@@ -242,7 +242,7 @@ class Session:
                            f"{self.elastic[0]}")
 
     def _ring(self, event):
-        from ..launch.elastic import slot_of
+        from ..launch.elastic.launcher import slot_of
 
         slots = sorted(slot_of(key)[0] for key in event.get("keys", ()))
         self.rings.append((float(event.get("time") or time.time()), slots))

@@ -2,8 +2,8 @@
 
 - `spark`: one Spark barrier stage of N tasks on the active or an embedded SparkSession;
 - `connect`: the same stage through a Spark Connect session (no SparkContext there);
-- `elastic`, `elastic_spark`, `elastic_session`: ``--min-np``, Horovod's elastic driver here;
-- `elastic_torch`: ``--min-np`` for torch.distributed (`hvd_magic.elastic`), our own membership;
+- `elastic/`: ``--min-np``, the elastic launchers' room: Horovod's elastic driver here, or our
+  own membership for torch.distributed (`hvd_magic.elastic`);
 - `local`: ``--np -N``, N tasks as threads of the driver, no Spark;
 - `envcheck`: ``%horovod_env``, can the executors run ranks at all (versions, GPUs)?
 
@@ -21,15 +21,15 @@ def make_launcher(placement, session=False, elastic_kind="horovod"):
     it starts writes to its log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr)."""
     np, spark, elastic = placement.np, placement.spark, placement.elastic
     if elastic is not None and session:
-        from . import elastic_session
+        from .elastic import session as elastic_session
     torch = elastic is not None and elastic_kind == "torch"
     if np < 0 and torch:
-        from . import elastic_torch
-        return (elastic_torch.ElasticTorchSessionLauncher if session
-                else elastic_torch.ElasticTorchLocalLauncher)(*elastic)
+        from .elastic import ddp
+        return (ddp.ElasticTorchSessionLauncher if session
+                else ddp.ElasticTorchLocalLauncher)(*elastic)
     if np < 0:
         if elastic is not None:
-            from .elastic import ElasticLocalLauncher
+            from .elastic.launcher import ElasticLocalLauncher
             return (elastic_session.ElasticSessionLauncher if session
                     else ElasticLocalLauncher)(*elastic)
         from .local import LocalLauncher
@@ -55,11 +55,11 @@ def make_launcher(placement, session=False, elastic_kind="horovod"):
     spark_args = dict(session=spark, master=placement.master, conf=placement.spark_conf,
                       log_dir=placement.log_dir, verbose=placement.verbose)
     if torch:
-        from . import elastic_torch
-        return (elastic_torch.ElasticTorchSparkSessionLauncher if session
-                else elastic_torch.ElasticTorchSparkLauncher)(np, *elastic, **spark_args)
+        from .elastic import ddp
+        return (ddp.ElasticTorchSparkSessionLauncher if session
+                else ddp.ElasticTorchSparkLauncher)(np, *elastic, **spark_args)
     if elastic is not None:
-        from .elastic_spark import ElasticSparkLauncher
+        from .elastic.spark import ElasticSparkLauncher
         return (elastic_session.ElasticSparkSessionLauncher if session
                 else ElasticSparkLauncher)(np, *elastic, **spark_args)
     from .spark import SparkLauncher

@@ -1,6 +1,6 @@
 """Who this rank trains with, in an elastic torch.distributed run (``--min-np`` on a cell that
 uses `hvd_magic.elastic`, not Horovod): the rank's side of the driver's membership
-(`hvd_magic.launch.elastic_torch`).
+(`hvd_magic.launch.elastic.ddp`).
 
 The driver numbers each world it forms (a generation) and tells every member twice, through the
 rank's task and its probe pipe (`hvd_magic.rank.stacks` hands the messages here, on its helper

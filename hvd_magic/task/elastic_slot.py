@@ -1,7 +1,7 @@
 """One slot of an elastic run on Spark: a plain (non-barrier) task that holds a place for a rank.
 
 A barrier stage cannot lose a task without Spark aborting all of them, so an elastic run gives
-each slot a Spark job of its own with one plain task (`hvd_magic.launch.elastic_spark`). The task:
+each slot a Spark job of its own with one plain task (`hvd_magic.launch.elastic.spark`). The task:
 
 1. connects to the driver and says it is there (``slot``: its host, its Spark attempt): the
    driver's discovery now offers this slot to Horovod's elastic driver;

@@ -115,7 +115,7 @@ def rank_env(settings, slot_vars, gpus, ranks_on_host, ranks_on_executor=None):
 def run_worker(settings, slot, env, executor=None, partition=None, on_link=None, link=None,
                gpus=(), ranks_on_host=1):
     """One rank process for a launcher that plans the ranks itself (Horovod's elastic driver:
-    `hvd_magic.launch.elastic`): `env` holds its Horovod variables, `slot.rank` labels its events
+    `hvd_magic.launch.elastic.launcher`): `env` holds its Horovod variables, `slot.rank` labels its events
     (the view's row), `ranks_on_host` share this host's cores (every slot the launcher may fill
     there, not only the current ring's). `on_link(link)` is called once the driver link is up; a `link` given is used
     (and left open). Its outcome."""

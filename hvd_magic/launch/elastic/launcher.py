@@ -1,7 +1,7 @@
 """Elastic launches (``--min-np M``): Horovod's own elastic driver in the notebook, our rank
 processes as its workers. `ElasticLauncher` is what every elastic launch shares; here too is the
 driver-only one (``--np -N --min-np M``, `ElasticLocalLauncher`); on Spark it is
-`hvd_magic.launch.elastic_spark`.
+`hvd_magic.launch.elastic.spark`.
 
 Horovod's pieces are used as they are (`ElasticDriver`, its rendezvous handler, `HostDiscovery`,
 `create_run_env_vars` / `create_slot_env_vars`); `horovod.runner.gloo_run.launch_gloo_elastic`
@@ -26,7 +26,7 @@ as shell commands. What is ours:
   has now; a slot is offered to Horovod only while it has capacity (`_has_capacity`);
 - every ring Horovod forms is told to the driver loop as a ``ring`` event (`Membership`), and
   its ranks are told their local and cross ranks by the machine each key runs on (`_machine_of`;
-  `hvd_magic.launch.elastic_hosts`), not one machine per key.
+  `hvd_magic.launch.elastic.hosts`), not one machine per key.
 
 A worker killed by a signal is a lost member, not a failed run; one that raised is the run's error
 as usual (a bug in the cell does not go away by retrying it): the driver loop shows its traceback
@@ -42,12 +42,12 @@ import threading
 import time
 import types
 
-from ..errors import LaunchError
-from ..frameworks.base import iface_towards
-from ..task.runner import run_worker
-from .base import Launcher
-from .elastic_horovod import discovery, elastic_driver, ring_rendezvous
-from .elastic_hosts import machine_rendezvous, slot_env
+from ...errors import LaunchError
+from ...frameworks.base import iface_towards
+from ...task.runner import run_worker
+from ..base import Launcher
+from .horovod import discovery, elastic_driver, ring_rendezvous
+from .hosts import machine_rendezvous, slot_env
 
 SLOT_KEY = "hvd-s{slot}-a{attempt}"
 REPLACE_AFTER = 5.0   # seconds after a ring without the lost keys formed, if no step is heard
@@ -347,7 +347,7 @@ class ElasticLocalLauncher(ElasticLauncher):
 
 
 def local_rank(env):
-    """A worker's local rank: Horovod's variable in its runs, torch's in ours (elastic_torch)."""
+    """A worker's local rank: Horovod's variable in its runs, torch's in ours (ddp.py)."""
     return int(env.get("HOROVOD_LOCAL_RANK", env.get("LOCAL_RANK", 0)))
 
 

@@ -1,6 +1,6 @@
 """An elastic ring's local and cross ranks by the machines its workers run on.
 
-Horovod's elastic driver sees one host key per slot (`hvd_magic.launch.elastic`: a failed worker
+Horovod's elastic driver sees one host key per slot (`hvd_magic.launch.elastic.launcher`: a failed worker
 costs its own key, never its machine's other slots), so by itself it would tell every rank
 ``local_rank`` 0, ``local_size`` 1 and a cross rank per slot: ``hvd.local_rank()`` would pin every
 rank to GPU 0. Here each ring Horovod forms is regrouped by machine, and the ranks are told that:

@@ -14,8 +14,8 @@ Not for: what the survivors do when a rank is lost (the session tells them to re
 before the next cell: `hvd_magic.rank.session.reset_horovod`).
 """
 
-from .elastic import ElasticLocalLauncher
-from .elastic_spark import ElasticSparkLauncher
+from .launcher import ElasticLocalLauncher
+from .spark import ElasticSparkLauncher
 
 
 class _Survivors:
@@ -37,4 +37,4 @@ class ElasticSessionLauncher(_Survivors, ElasticLocalLauncher):
 
 class ElasticSparkSessionLauncher(_Survivors, ElasticSparkLauncher):
     """``--np N --min-np M``: each rank in a plain Spark task of its own
-    (`hvd_magic.launch.elastic_spark`); a lost executor's ranks are lost ranks."""
+    (`hvd_magic.launch.elastic.spark`); a lost executor's ranks are lost ranks."""

@@ -25,11 +25,11 @@ import queue
 import threading
 import time
 
-from ..errors import LaunchError
-from ..events import EventServer
-from ..task.elastic_slot import elastic_slot_task
-from .elastic import ElasticLauncher
-from .spark import SparkLauncher, java_message, workers_python
+from ...errors import LaunchError
+from ...events import EventServer
+from ...task.elastic_slot import elastic_slot_task
+from .launcher import ElasticLauncher
+from ..spark import SparkLauncher, java_message, workers_python
 
 RESULTS_WAIT = 60.0  # seconds, once the run ended, for the slots' tasks to return their results
 
@@ -39,7 +39,7 @@ class _Slot:
 
     def __init__(self, host, machine=None):
         self.host = host
-        self.machine = machine or host  # what tells its machine from others (`elastic_hosts`)
+        self.machine = machine or host  # what tells its machine from others (`hosts`)
         self.key = None
         self.ended = None            # (slot, status, summary) of its worker
         self.done = threading.Event()
@@ -155,7 +155,7 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
         return slot in self._slots or slot in self._finished
 
     def _machine_of(self, key):
-        from .elastic import slot_of
+        from .launcher import slot_of
 
         task = self._slots.get(slot_of(key)[0])
         return task.machine if task is not None else key

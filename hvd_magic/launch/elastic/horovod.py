@@ -1,7 +1,7 @@
-"""Horovod's own elastic pieces, each told to our launcher (`hvd_magic.launch.elastic`):
+"""Horovod's own elastic pieces, each told to our launcher (`hvd_magic.launch.elastic.launcher`):
 
 - `ring_rendezvous`: Horovod's rendezvous server; each ring it is given goes to the launcher,
-  and Gloo's scopes become the machines' (`hvd_magic.launch.elastic_hosts`);
+  and Gloo's scopes become the machines' (`hvd_magic.launch.elastic.hosts`);
 - `elastic_driver`: Horovod's `ElasticDriver`, saying while it waits for ``min_np`` slots and
   when it gives up (how long it waited, its timeout); its `stop` ends such a wait at once, and a
   worker's exit recorded after it ends quietly;
@@ -13,7 +13,7 @@ Not for: what a slot is or when it is offered (the launcher's).
 import threading
 import time
 
-from .elastic_hosts import placement
+from .hosts import placement
 
 
 def ring_rendezvous(launcher):

@@ -2,7 +2,7 @@
 Horovod): the membership is ours, kept here in the notebook; no Horovod anywhere.
 
 The slots, their workers and how a loss is heard are the elastic launchers' own
-(`hvd_magic.launch.elastic`, and on Spark a plain task per slot: `elastic_spark`); what Horovod's
+(`hvd_magic.launch.elastic.launcher`, and on Spark a plain task per slot: `spark`); what Horovod's
 elastic driver decides there, `TorchMembership._drive` decides here:
 
 - each slot's worker is one rank process, started with the run's torch variables but no rank: it
@@ -30,9 +30,9 @@ import threading
 import time
 import types
 
-from ..rank.elastic_world import ADDRESS, ELASTIC, SLOT
-from .elastic import SLOT_KEY, ElasticLauncher, ElasticLocalLauncher, how_lost
-from .elastic_spark import ElasticSparkLauncher, _SlotEvents
+from ...rank.elastic_world import ADDRESS, ELASTIC, SLOT
+from .launcher import SLOT_KEY, ElasticLauncher, ElasticLocalLauncher, how_lost
+from .spark import ElasticSparkLauncher, _SlotEvents
 
 START_GRACE = 10.0       # seconds the first world waits for room for all `np` workers
 JOIN_WAIT = 60.0         # ... and for a started worker to join (a slow start: imports)
@@ -238,7 +238,7 @@ class ElasticTorchSparkLauncher(TorchMembership, ElasticSparkLauncher):
     """``--np N --min-np M``: a Spark task per slot, our membership."""
 
     def open_channel(self, sink=None):
-        from ..events import EventServer
+        from ...events import EventServer
 
         self._events = _HeardSlots(self, sink)
         self._server = EventServer(host=self.bind_host, sink=self._events, report_drops=True)
@@ -284,7 +284,7 @@ class ElasticTorchSparkSessionLauncher(_Survivors, ElasticTorchSparkLauncher):
 
 
 def _loopback():
-    from ..frameworks.base import iface_towards
+    from ...frameworks.base import iface_towards
     return iface_towards("127.0.0.1")
 
 
