@@ -168,7 +168,7 @@ def test_executors_lacking_a_module_with_the_notebooks_own_path_are_not_told_to_
     PYSPARK_PYTHON, which would change nothing."""
     import sys
 
-    from hvd_magic.launch.spark import java_message
+    from hvd_magic.launch.spark_errors import java_message
 
     failure = RuntimeError("org.apache.spark.api.python.PythonException: Traceback (most recent "
                            "call last):\nModuleNotFoundError: No module named 'horovod'\n")

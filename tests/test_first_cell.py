@@ -359,7 +359,7 @@ def test_the_first_environment_error_points_to_horovod_env(ip):
         ip.run_cell_magic("horovod", "--np 2", "import no_such_package_of_hvd_magic_tests\n")
     assert "%horovod_env" in "\n".join(error.value._render_traceback_())
     # a Spark task that fails before its rank starts (hvd_magic itself missing there) says so too
-    from hvd_magic.launch.spark import java_message
+    from hvd_magic.launch.spark_errors import java_message
     text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
             "ModuleNotFoundError: No module named 'hvd_magic'\n")
     assert "%horovod_env" in java_message(RuntimeError(text))

@@ -134,7 +134,7 @@ class ConnectLauncher(Launcher):
         self._in_background(self._collect, "hvd-magic-connect", frame, settings)
 
     def _collect(self, frame, settings):
-        from .spark import java_message
+        from .spark_errors import java_message
 
         self.session.addTag(self.tag)  # tags are per thread: this one's operations carry it
         try:
@@ -190,11 +190,11 @@ def local_server_python(master):
     process's, so the variable is set there for the stage and removed after it, leaving the
     user's server as it was. Any other server (a remote one, or one told its Python) is left
     alone: its workers are not ours to choose."""
-    from .spark import _same_interpreter
+    from .spark_errors import same_interpreter
 
     env = _local_server_env(master)
     if (env is None or env.get("PYSPARK_PYTHON") or env.get("PYSPARK_DRIVER_PYTHON")
-            or _same_interpreter("python3")):
+            or same_interpreter("python3")):
         yield
         return
     env.put("PYSPARK_PYTHON", sys.executable)

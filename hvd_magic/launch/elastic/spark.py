@@ -29,7 +29,8 @@ from ...errors import LaunchError
 from ...events import EventServer
 from ...task.elastic_slot import elastic_slot_task
 from .launcher import ElasticLauncher
-from ..spark import SparkLauncher, java_message, workers_python
+from ..spark import SparkLauncher, workers_python
+from ..spark_errors import java_message
 
 RESULTS_WAIT = 60.0  # seconds, once the run ended, for the slots' tasks to return their results
 
