@@ -19,7 +19,8 @@ import time
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import hvd_magic
-from hvd_magic.events import MAX_FRAME, EventClient, EventServer, encode_frame
+from hvd_magic.event_server import EventServer
+from hvd_magic.events import MAX_FRAME, EventClient, encode_frame
 
 
 def send_and_wait_closed(address, data):
@@ -242,9 +243,9 @@ def test_close_ends_a_reader_that_waits_for_room_at_once_and_keeps_what_was_read
 
 def test_a_run_whose_ranks_print_faster_than_the_driver_takes_loses_no_line(tmp_path,
                                                                             monkeypatch):
-    import hvd_magic.events
+    import hvd_magic.event_server
 
-    monkeypatch.setattr(hvd_magic.events, "MAX_BACKLOG", 32 * 1024)
+    monkeypatch.setattr(hvd_magic.event_server, "MAX_BACKLOG", 32 * 1024)
 
     def prints_a_burst():
         import os

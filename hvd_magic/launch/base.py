@@ -31,7 +31,7 @@ import threading
 import time
 
 from .. import payload
-from ..events import EventServer
+from ..event_server import EventServer
 
 
 class Launcher:

@@ -238,7 +238,7 @@ class ElasticTorchSparkLauncher(TorchMembership, ElasticSparkLauncher):
     """``--np N --min-np M``: a Spark task per slot, our membership."""
 
     def open_channel(self, sink=None):
-        from ...events import EventServer
+        from ...event_server import EventServer
 
         self._events = _HeardSlots(self, sink)
         self._server = EventServer(host=self.bind_host, sink=self._events, report_drops=True)

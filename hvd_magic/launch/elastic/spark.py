@@ -26,7 +26,7 @@ import threading
 import time
 
 from ...errors import LaunchError
-from ...events import EventServer
+from ...event_server import EventServer
 from ...task.elastic_slot import elastic_slot_task
 from .launcher import ElasticLauncher
 from ..spark import SparkLauncher, workers_python
