@@ -184,6 +184,10 @@ ours.stop()
 spark = SparkSession.builder.master("local[4]").getOrCreate()
 out["user_task_cpus_after"] = spark.sparkContext._jsc.sc().getConf().get("spark.task.cpus", None)
 spark.stop()
+# a setting only a JVM's launch takes: the unused JVM gives way to one launched with it
+hvd_magic.run(one, np=1, spark_conf={"spark.driver.memory": "700m"})
+runtime = SparkSession.getActiveSession().sparkContext._jvm.java.lang.Runtime.getRuntime()
+out["heap_mb"] = runtime.maxMemory() // 2**20
 print("RESULT " + json.dumps(out))
 '''
 
@@ -224,6 +228,7 @@ def test_a_stopped_session_leaves_none_of_its_settings_to_the_next(tmp_path):
     assert theirs_first["results"] == [1, 1] and theirs_first["where"].startswith("local[")
     assert theirs_first["our_task_cpus"] is None
     assert theirs_first["user_task_cpus_after"] == "4"
+    assert theirs_first["heap_mb"] <= 700  # (Java's own default here: a quarter of 24 GB)
     assert ours_first["error"] is not None
     assert "(local[2], 2 cpus per task) has 1 task slot;" in ours_first["error"]
     assert ours_first["user_session_kept"]

@@ -11,7 +11,9 @@ cell that started it. No PySpark function is patched.
 PySpark keeps its JVM for the life of the process (a stopped session leaves it running and the
 next session reuses it), so only the first start in a kernel launches a JVM and picks its log.
 Our session on a JVM someone else launched has only its own settings, none of the launcher's
-(`_launch_settings_hidden`).
+(`_launch_settings_hidden`); where ours name one that only a JVM's launch takes
+(`spark.driver.memory`, packages: `LAUNCH_ONLY`) and that JVM, which no session uses any more,
+was launched without it, that JVM is ended and ours launches one with it.
 
 Cancelling (`SparkStart.cancel`, from another thread) while a JVM we launched is starting stops
 that JVM, so that nothing is left running. Only that case tears PySpark's gateway down; a session
@@ -117,7 +119,10 @@ class SparkStart:
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
-        conf = SparkConf(loadDefaults=False)
+        if SparkContext._gateway is not None and SparkContext._active_spark_context is None \
+                and _fixed_at_launch(self.settings):  # a JVM no session uses, launched without
+            _end_gateway(SparkContext._gateway)     # them: ours launches one that has them
+        conf = SparkConf(loadDefaults=False)  # (held by the JVM, where there is one)
         for key, value in self.settings.items():
             conf.set(key, str(value))
         gateway = None
@@ -203,6 +208,22 @@ class SparkStart:
         return RunCancelled(
             f"Cancelled while starting Spark ({where}): no rank was started and the Spark it was "
             "starting was stopped. Run the cell again to start it.")
+
+
+# What a JVM takes only when it is launched: a session made later in it cannot change them.
+LAUNCH_ONLY = ("spark.driver.memory", "spark.driver.extraClassPath",
+               "spark.driver.extraLibraryPath", "spark.jars", "spark.jars.packages",
+               "spark.jars.repositories", "spark.jars.excludes")
+
+
+def _fixed_at_launch(settings):
+    """The `settings` that the running JVM was launched without (or with other values): on it
+    they would not take effect."""
+    from pyspark import SparkContext
+
+    system = SparkContext._jvm.System
+    return [key for key in LAUNCH_ONLY
+            if key in settings and str(settings[key]) != system.getProperty(key)]
 
 
 @contextlib.contextmanager
