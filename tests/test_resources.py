@@ -128,6 +128,30 @@ def test_gpus_are_read_through_nvml_without_a_framework(tmp_path, monkeypatch):
     assert probe.stdout.strip() == "[]"
 
 
+def test_each_ranks_sampler_reads_its_own_gpu_of_the_hosts(ip, tmp_path, monkeypatch):
+    """Every rank sees both GPUs (#63); each one's sampler reads its own alone (NVML's GPU 1
+    reports 2 GiB used, GPU 0 1 GiB)."""
+    source, library = tmp_path / "nvml.c", tmp_path / "libnvidia-ml.so.1"
+    source.write_text(NVML_FAKE)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    monkeypatch.setenv("HVD_MAGIC_NVML", str(library))  # (the tasks are the driver's threads)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    marker = str(tmp_path / "go")
+    run = ip.run_cell_magic("distributed", "--np -2 --background --quiet",
+                            HOLDS.format(mb=0, marker=marker)
+                            + "os.environ['CUDA_VISIBLE_DEVICES']")
+    try:
+        _wait(lambda: all((r.usage.latest or {}).get("gpus") for r in run.ranks),
+              what="a sample of each rank's GPU")
+        for r in run.ranks:
+            assert [(g["index"], g["mem"]) for g in r.usage.latest["gpus"]] == \
+                [(r.rank, (r.rank + 1) << 30)]
+    finally:
+        open(marker, "w").close()
+    run.wait(60)
+    assert run.results == ["0,1", "0,1"]
+
+
 # -- out of memory, for real -----------------------------------------------------------------
 
 def _cgroup_v1():
