@@ -466,3 +466,15 @@ def test_a_task_that_fails_before_its_rank_starts_ends_the_run(monkeypatch):
     run = hvd_magic.last_run()
     assert run.state == "failed" and run.ranks[1].state == "stopped"
     assert rank_processes_left(run) == []
+
+
+def test_a_mistyped_name_keeps_pythons_own_hint(ip):
+    """Python 3.10-3.11 add ". Did you mean: 'scale'?" only in the interpreter's own hook; a
+    rank's traceback is text made by `traceback`, which left it out (#66)."""
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("distributed", "--np -2 --quiet", "scale = 2\nscael * 3\n")
+    text = "\n".join(info.value._render_traceback_())
+    assert "NameError: name 'scael' is not defined. Did you mean: 'scale'?" in text
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("distributed", "--np -2 --quiet", "'text'.uper()\n")
+    assert "Did you mean: 'upper'?" in str(info.value)

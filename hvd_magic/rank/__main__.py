@@ -10,6 +10,7 @@ Not for: anything Spark or IPython. This process must start as a fresh interpret
 cell's own imports are what load its modules.
 """
 
+import builtins
 import json
 import linecache
 import os
@@ -71,6 +72,29 @@ def _user_traceback(exc):
     return name_cells("".join(traceback.format_exception(type(exc), exc, _users_tb(exc))))
 
 
+def _did_you_mean(exc):
+    """Python's own hint for a mistyped name (". Did you mean: 'scale'?"), which Python 3.10
+    and 3.11 print only from the interpreter's own hook, not in `traceback`'s text; None where
+    there is none, or where `traceback` adds it itself (3.12 on)."""
+    name = getattr(exc, "name", None)
+    if sys.version_info >= (3, 12) or not isinstance(name, str) or \
+            type(exc) not in (NameError, UnboundLocalError, AttributeError):
+        return None
+    if isinstance(exc, AttributeError):
+        candidates = dir(getattr(exc, "obj", None)) if hasattr(exc, "obj") else []
+    else:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        frame = tb.tb_frame if tb is not None else None
+        candidates = ([*frame.f_locals, *frame.f_globals, *dir(builtins)]
+                      if frame is not None else [])
+    import difflib
+    close = difflib.get_close_matches(name, [c for c in candidates if c != name], n=1,
+                                      cutoff=0.7)
+    return f". Did you mean: '{close[0]}'?" if close else None
+
+
 def error_record(exc):
     """What error.json (or a session's exit event) says of an exception: its type, message,
     traceback text, and its frames with their locals for ``%debug`` (`frames.capture`)."""
@@ -78,6 +102,10 @@ def error_record(exc):
 
     record = {"type": type(exc).__name__, "module": type(exc).__module__,
               "message": str(exc), "traceback": _user_traceback(exc)}
+    hint = _did_you_mean(exc)
+    if hint:  # where Python prints it itself: on the exception's line
+        record["message"] += hint
+        record["traceback"] = record["traceback"].rstrip("\n") + hint + "\n"
     if isinstance(exc, ImportError):  # which Python lacked it: the driver's hint names it
         record["python"] = sys.executable
     try:
