@@ -239,6 +239,9 @@ def test_more_ranks_than_cores_on_local_spark_says_they_share_the_cores(ip, caps
     assert "share this machine" not in captured.err
     ip.run_cell_magic("horovod", f"--np {cores} --text", "1")
     assert "share this machine" not in capsys.readouterr().out
+    ip.run_cell_magic("distributed", f"--np -{cores + 1} --text", "1")  # the driver's ranks too
+    assert (f"[hvd_magic] {cores + 1} ranks on the driver share this machine's {cores} CPU core"
+            in capsys.readouterr().out)
 
 
 def test_one_of_a_thing_is_singular():

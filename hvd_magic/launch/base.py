@@ -27,6 +27,7 @@ wait on), which a launcher sets with `_set_phase`; a Cancel or an interrupt then
 and `prepare` undoes what it started and raises `RunCancelled`.
 """
 
+import os
 import threading
 import time
 
@@ -75,6 +76,15 @@ class Launcher:
     def _note(self, message):
         """A line for the user about this launch (not an error): the run's view shows it."""
         self.notes.append(message)
+
+    def _note_cores(self, np, where):
+        """More ranks than this machine has cores (`where`: "on local[4]"): say so (they run,
+        slowly)."""
+        cores = os.cpu_count() or 1
+        if np > cores:
+            self._note(f"{np} ranks {where} share this machine's {cores} CPU "
+                       f"core{'s' if cores > 1 else ''}: about {cores / np:.2g} of a core each, "
+                       f"so expect them to be slow.")
 
     def take_notes(self):
         """The notes not taken yet (the run hands them to its view, once each)."""

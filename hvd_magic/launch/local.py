@@ -47,6 +47,9 @@ class LocalLauncher(Launcher):
     def share(self, data):
         return payload.LocalFile(data)  # written once; each rank reads it (not a copy per rank)
 
+    def prepare(self, np):
+        self._note_cores(np, "on the driver")
+
     def start(self, settings, np):
         gpus = visible_gpus()
         self._outcomes = [None] * np

@@ -13,7 +13,6 @@ Not for: widgets or anything the notebook shows; what a task does is `hvd_magic.
 
 import contextlib
 import functools
-import os
 import sys
 import threading
 import time
@@ -193,12 +192,8 @@ class SparkLauncher(Launcher):
             self._starting = None
 
     def _note_shared_cores(self, master, np):
-        """More ranks than this machine has cores on a local master: say so (they run, slowly)."""
-        cores = os.cpu_count() or 1
-        if local_slots(master) is not None and np > cores:
-            self._note(f"{np} ranks on {master} share this machine's {cores} CPU "
-                       f"core{'s' if cores > 1 else ''}: about {cores / np:.2g} of a core each, "
-                       f"so expect them to be slow.")
+        if local_slots(master) is not None:
+            self._note_cores(np, f"on {master}")
 
     def _check_slots(self, sc, np):
         conf = self._conf or context_conf(sc)
