@@ -150,7 +150,7 @@ def test_killed_rank_is_replaced_and_the_run_ends_with_the_survivors(ip, fresh_n
     for change in (c for c in run.membership if c["t"] == "ring"):
         order = change["order"]
         assert sorted(order) == change["slots"]
-        moved = [f"slot {s} is Horovod rank {i}" for i, s in enumerate(order) if s != i]
+        moved = [f"slot {s} is Horovod rank {i} in it" for i, s in enumerate(order) if s != i]
         assert not moved or f"({', '.join(moved)})" in out
     assert [r.horovod_rank for r in run.ranks] == [order.index(r.rank) for r in run.ranks]
     assert "rank 1 lost" not in err

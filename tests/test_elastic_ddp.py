@@ -135,6 +135,9 @@ def test_survivors_of_a_killed_rank_go_on_and_train_what_one_process_would(ip, f
     assert after[1] == ("ring", None, 2), changes
     assert ("joined", 2, None) in after and after[-1] == ("ring", None, 3), changes
     assert [c["t"] for c in run.membership].count("ring") == 3, changes  # no world but these
+    # in its own words: worlds, not Horovod's rings (#66)
+    assert {c["formed"] for c in run.membership if c["t"] == "ring"} == {"world"}
+    assert "Horovod" not in run.elastic.summary() and "world of 2: slots" in run.elastic.summary()
 
 
 def test_a_rank_that_raises_ends_the_run_with_its_traceback(ip, fresh_ns):

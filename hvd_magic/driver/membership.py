@@ -91,15 +91,17 @@ class Membership:
 
         order = [slot_of(k)[0] for k in event.get("keys", ())]  # Horovod's rank order
         slots = sorted(order)
+        formed = event.get("formed") or "ring"  # Horovod's ring, or a torch.distributed world
         change = {"t": "ring", "size": len(slots), "slots": slots, "order": order,
-                  "time": round(float(event.get("time") or time.time()), 3)}
+                  "formed": formed, "time": round(float(event.get("time") or time.time()), 3)}
         if self.changes and self.changes[-1] == change:
             return False
         for r in run.ranks:
             r.horovod_rank = order.index(r.rank) if r.rank in order else None
-        message = f"ring of {plural(len(slots), 'rank')}: slots {', '.join(map(str, slots))}"
-        if order != list(range(len(order))):  # rows and Horovod's ranks differ: say how
-            message += " (" + ", ".join(f"slot {s} is Horovod rank {i}"
+        message = f"{formed} of {plural(len(slots), 'rank')}: slots {', '.join(map(str, slots))}"
+        if order != list(range(len(order))):  # rows and the ranks in it differ: say how
+            whose = "Horovod rank" if formed == "ring" else "rank"
+            message += " (" + ", ".join(f"slot {s} is {whose} {i} in it"
                                         for i, s in enumerate(order) if s != i) + ")"
         self._add(run, change, message)
         return True
@@ -121,7 +123,7 @@ class Membership:
         return [results[s] for s in sorted(ok_ranks)]
 
     def summary(self):
-        """One line per change, for the text view's summary and `Run.membership_text`."""
+        """One line per change, for the text view's summary."""
         lines = []
         for c in self.changes:
             when = time.strftime("%H:%M:%S", time.localtime(c["time"]))
@@ -130,6 +132,6 @@ class Membership:
             elif c["t"] == "joined":
                 lines.append(f"  {when} rank {c['rank']} joined (attempt {c['attempt']}, {c['key']})")
             else:
-                lines.append(f"  {when} ring of {c['size']}: slots "
+                lines.append(f"  {when} {c.get('formed', 'ring')} of {c['size']}: slots "
                              f"{', '.join(map(str, c['slots']))}")
         return "\n".join(lines)

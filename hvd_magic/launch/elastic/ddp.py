@@ -42,6 +42,8 @@ DEFAULT_TIMEOUT = 600.0  # the elastic timeout, as Horovod's default (HOROVOD_EL
 class TorchMembership:
     """Our own membership driver, in place of Horovod's, for an `ElasticLauncher`."""
 
+    formed = "world"  # (torch.distributed's: no Horovod ring here)
+
     def start(self, settings, np):
         self._lock = threading.RLock()  # (the launcher's own methods take it too)
         self._changed = threading.Condition(self._lock)

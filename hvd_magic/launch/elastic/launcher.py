@@ -70,6 +70,7 @@ class ElasticLauncher(Launcher):
     says where a slot has capacity (`_has_capacity`)."""
 
     rendezvous_host = "127.0.0.1"  # where the workers reach Horovod's rendezvous server
+    formed = "ring"  # what its ranks form, in the run's words (Horovod's ring)
 
     def __init__(self, min_np, max_np, elastic_timeout=None, **launcher):
         super().__init__(**launcher)
@@ -177,7 +178,8 @@ class ElasticLauncher(Launcher):
             if self._waiting and not self._dead & set(keys):
                 self._ring_at, self._working = time.monotonic(), False
         if self._server is not None:
-            self._server.events.put({"t": "ring", "keys": list(keys), "time": time.time()})
+            self._server.events.put({"t": "ring", "keys": list(keys), "time": time.time(),
+                                     "formed": self.formed})
 
     def ring_working(self):
         """The driver loop heard a step from a rank since the last ring formed: the survivors
