@@ -342,7 +342,9 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         if seconds < TASKS_WAIT_SHOWN_AFTER or any(r.state != "pending" for r in self.ranks):
             return None
         if self.where == "driver only":
-            return "waiting for the ranks to start", seconds
+            why = ("" if self.options.fresh else ": this machine's rank template is loading what "
+                   "the cell imports, once a kernel")
+            return "waiting for the ranks to start" + why, seconds
         if getattr(self.launcher, "offline_possible", False) and seconds > OFFLINE_HINT_AFTER:
             return (f"waiting for the tasks on {self.where}: none has reached this notebook "
                     f"(if the executors cannot, the run goes on and its logs come back at the "
