@@ -18,7 +18,7 @@ elastic driver decides there, `TorchMembership._drive` decides here:
   room, which joins the world at the others' next commit (a ``reform`` they act on in
   ``state.commit()``), as does a slot beyond ``np`` (up to ``max_np``) that gets room later;
 - fewer than ``min_np`` left: the survivors wait for replacements for the elastic timeout, then
-  the run ends with the launcher's error (`ElasticLauncher._too_few_message`);
+  the run ends with the launcher's error (`launcher.too_few_message`);
 - a worker that raised, or a stop (a Cancel, the timeout), ends the run as in every run.
 
 Each world is told to the driver loop as a ``ring`` event (`hvd_magic.driver.membership`), as

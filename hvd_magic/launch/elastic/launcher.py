@@ -221,11 +221,12 @@ class ElasticLauncher(Launcher):
         own errors are the run's: the driver loop's `run.failures`)."""
         if self._gave_up is not None and (self._lost or not self._rings):
             # (with none lost, only ranks that raised can have left too few: theirs is the error)
-            return LaunchError(self._too_few_message())
+            return LaunchError(too_few_message(self.min_np, self._gave_up, self._rings,
+                                               self._lost))
         if outcomes or not self._lost:
             return None
-        return LaunchError(f"the elastic run ended: every rank was lost ({self._lost_text()}), "
-                           f"and none was left to go on. {self._replaced_text()}")
+        return LaunchError(f"the elastic run ended: every rank was lost ({lost_text(self._lost)}), "
+                           f"and none was left to go on. {replaced_text()}")
 
     def _gave_up_waiting(self, waited, timeout):
         """(Horovod's driver) fewer than `min_np` slots for `timeout` seconds: it stops."""
@@ -239,25 +240,6 @@ class ElasticLauncher(Launcher):
         """The outcome of each slot whose last worker finished or raised."""
         with self._lock:
             return [o for o in self._last.values() if o[1] in ("ok", "error")]
-
-    def _too_few_message(self):
-        waited, timeout = self._gave_up
-        if not self._rings:  # (on Spark: slots that never got a task)
-            return (f"the elastic run could not start: fewer than --min-np {self.min_np} ranks "
-                    f"had a place to run after {waited:.0f} s (the elastic timeout is "
-                    f"{timeout:g} s).")
-        return (f"the elastic run ended: fewer than --min-np {self.min_np} ranks were left for "
-                f"{waited:.0f} s, the elastic timeout ({timeout:g} s). Lost: "
-                f"{self._lost_text()}. {self._replaced_text()}")
-
-    def _lost_text(self):
-        return "; ".join(
-            f"rank {slot} ({key}) {how} at {time.strftime('%H:%M:%S', time.localtime(when))}"
-            for slot, key, how, when in self._lost)
-
-    def _replaced_text(self):
-        return (f"A rank is replaced at most {REPLACEMENTS_PER_SLOT} times; every attempt's log "
-                f"is in the run folder.")
 
     def _create_worker(self, slot_info, events):
         """Horovod's `create_worker_fn`: run one worker to its end; (exit code, time)."""
@@ -346,6 +328,31 @@ class ElasticLocalLauncher(ElasticLauncher):
             if any(e.is_set() for e in events):
                 link.stop_rank()
                 return
+
+
+def too_few_message(min_np, gave_up, rings, lost):
+    """Why an elastic run ended with fewer than `min_np` ranks: `gave_up` (seconds waited, the
+    elastic timeout), whether any ring formed (`rings`), the ranks `lost`."""
+    waited, timeout = gave_up
+    if not rings:  # (on Spark: slots that never got a task)
+        return (f"the elastic run could not start: fewer than --min-np {min_np} ranks "
+                f"had a place to run after {waited:.0f} s (the elastic timeout is "
+                f"{timeout:g} s).")
+    return (f"the elastic run ended: fewer than --min-np {min_np} ranks were left for "
+            f"{waited:.0f} s, the elastic timeout ({timeout:g} s). Lost: "
+            f"{lost_text(lost)}. {replaced_text()}")
+
+
+def lost_text(lost):
+    """The ranks lost, ``[(slot, key, how, when)]``, in one line."""
+    return "; ".join(
+        f"rank {slot} ({key}) {how} at {time.strftime('%H:%M:%S', time.localtime(when))}"
+        for slot, key, how, when in lost)
+
+
+def replaced_text():
+    return (f"A rank is replaced at most {REPLACEMENTS_PER_SLOT} times; every attempt's log "
+            f"is in the run folder.")
 
 
 def local_rank(env):
