@@ -248,3 +248,31 @@ def test_spark_ranks_with_two_gpus_each_find_their_first_at_their_local_rank(ip,
     assert sorted(visible) == list("01234567")
     mine, its_own = by_executor(run)
     assert mine == set("0123") and its_own == set("4567")
+
+
+def test_tensorflow_imported_on_a_rank_sees_its_own_gpu_alone(monkeypatch):
+    """What `hvd_magic.rank.gpus` does once a rank imports TensorFlow, on a TensorFlow that sees
+    three GPUs (faked: this machine has none): its visible GPUs narrowed to the rank's own, before
+    TensorFlow's runtime starts; one that cannot narrow any more (its runtime started) is left."""
+    import types
+    from hvd_magic.rank import gpus
+
+    class Config:
+        def __init__(self, started=False):
+            self.visible, self.started = None, started
+
+        def list_physical_devices(self, kind):
+            return [f"/physical_device:{kind}:{i}" for i in range(3)]
+
+        def set_visible_devices(self, devices, kind):
+            if self.started:
+                raise RuntimeError("Visible devices cannot be modified after being initialized")
+            self.visible = (devices, kind)
+
+    monkeypatch.setenv("HVD_MAGIC_GPUS", "1")
+    tf = types.SimpleNamespace(config=Config())
+    gpus._pin_tensorflow(tf)
+    assert tf.config.visible == (["/physical_device:GPU:1"], "GPU")
+    started = types.SimpleNamespace(config=Config(started=True))
+    gpus._pin_tensorflow(started)  # (as it is: the cell's own pinning, if any, stands)
+    assert started.config.visible is None
