@@ -93,6 +93,7 @@ class _Reader:
         self.values = values
         self.names, self.modules = set(), set()
         self._seen = set()
+        self._installed = _installed_roots()  # (once a reading, not once a function)
 
     def value(self, value):
         """What a value passed to the job brings: a module's name, a function's code, a class's
@@ -167,6 +168,15 @@ class _Reader:
             else:  # (a from-import's POP_TOP, or the next statement)
                 return
 
+    def _own(self, module):
+        """Whether `module` is the user's code (the notebook, a script, a module beside them),
+        not an installed library's, whose code is not ours to read."""
+        if module in (None, "__main__"):
+            return True
+        path = getattr(sys.modules.get(module), "__file__", None)
+        return bool(path) and not any(_is_under(os.path.realpath(path), root)
+                                      for root in self._installed)
+
     def _root(self, name, bound, known):
         """The dotted name `name` stands for, or None: a module or what a module defines."""
         if name in bound:
@@ -178,17 +188,8 @@ class _Reader:
             return value.__name__
         if isinstance(value, (types.FunctionType, type)):
             module = getattr(value, "__module__", None)
-            if isinstance(value, types.FunctionType) and _own(module):
+            if isinstance(value, types.FunctionType) and self._own(module):
                 self.function(value)  # the notebook's (or its modules') code: what it uses too
             return f"{module}.{getattr(value, '__qualname__', name)}" if module else None
         return None
 
-
-def _own(module):
-    """Whether `module` is the user's code (the notebook, a script, a module beside them), not an
-    installed library's, whose code is not ours to read."""
-    if module in (None, "__main__"):
-        return True
-    path = getattr(sys.modules.get(module), "__file__", None)
-    return bool(path) and not any(_is_under(os.path.realpath(path), root)
-                                  for root in _installed_roots())

@@ -23,8 +23,8 @@ import os
 
 from . import hooks
 
-OWN = "HVD_MAGIC_GPUS"
-SHARED_WITH = "HVD_MAGIC_GPU_SHARED_WITH"
+OWN = "HVD_MAGIC_GPUS"              # the rank's own GPUs, as indices in CUDA_VISIBLE_DEVICES
+SHARED_WITH = "HVD_MAGIC_GPU_SHARED_WITH"  # "rank:gpu" of the other ranks on the rank's GPUs
 
 
 class SharedGpuError(RuntimeError):

@@ -23,9 +23,9 @@ Not for: Spark's or the driver's sources of GPUs (`task.settings.Coordinator.gpu
 
 from dataclasses import dataclass
 
+from ..rank.gpus import OWN, SHARED_WITH  # (the rank's side reads them)
+
 VIEW = "HVD_MAGIC_GPU_VIEW"         # "own": each rank sees its own GPUs alone
-OWN = "HVD_MAGIC_GPUS"              # the rank's own GPUs, as indices in CUDA_VISIBLE_DEVICES
-SHARED_WITH = "HVD_MAGIC_GPU_SHARED_WITH"  # "rank:gpu" of the other ranks on the rank's GPUs
 
 
 @dataclass(frozen=True)
