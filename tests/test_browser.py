@@ -28,7 +28,7 @@ import nbformat
 import psutil
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, kernel_sockets
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -83,7 +83,9 @@ class JupyterLab:
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
              "--ServerApp.port=0", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-             "--allow-root", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+             "--allow-root", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             # (the kernels on IPC sockets: TCP ports chosen free can be taken before they bind)
+             "--KernelManager.transport=ipc", f"--KernelManager.ip={kernel_sockets()}"],
             cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     @staticmethod
@@ -157,10 +159,11 @@ def quickstart_copy(folder):
 
 
 @contextlib.contextmanager
-def notebook_page(folder, chromium, name, failure_png):
-    """`name` (a notebook in `folder`) open in Chromium on a JupyterLab of its own, its kernel
-    idle and its first cell focused; the page is yielded, and everything is ended afterwards
-    (a screenshot of the page to `failure_png` if the body failed). Yields the page."""
+def notebook_page(folder, chromium, name, failure_png, viewport=(1400, 1000)):
+    """`name` (a notebook in `folder`) open in Chromium (a window of `viewport` pixels, the file
+    browser open beside the notebook as JupyterLab first shows it) on a JupyterLab of its own,
+    its kernel idle and its first cell focused; the page is yielded, and everything is ended
+    afterwards (a screenshot of the page to `failure_png` if the body failed)."""
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=PAGE_TIMEOUT_MS)
@@ -171,7 +174,7 @@ def notebook_page(folder, chromium, name, failure_png):
         with sync_playwright() as pw:
             browser = pw.chromium.launch_persistent_context(
                 str(folder / "chromium-profile"), executable_path=chromium, headless=True,
-                args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000})
+                args=CHROMIUM_FLAGS, viewport=dict(zip(("width", "height"), viewport)))
             page = browser.pages[0] if browser.pages else browser.new_page()
             page.set_default_timeout(PAGE_TIMEOUT_MS)
             try:
@@ -578,8 +581,12 @@ def test_debug_answers_what_a_person_asks_of_a_ranks_values_in_chromium(tmp_path
 MEMORY_CELL = """\
 %%horovod --np -2
 import os, time
+import hvd_magic
 if os.environ["RANK"] == "1":
     ballast = b"x" * (200 << 20)  # held while the rank waits
+hvd_magic.report(step=39, total=40, loss=0.003086, accuracy=0.89, val_loss=0.2345,
+                 learning_rate=0.001, epoch=3)
+print("epoch 3, step 39 of 40: " + "a long last line " * 8 + "ends here", flush=True)
 while not os.path.exists("released"):  # (the notebook's folder: the test writes it)
     time.sleep(0.1)
 """
@@ -587,6 +594,25 @@ MEMORY_OF_RANK_1 = """t => {
     const column = [...t.querySelectorAll("th")].findIndex(th => th.textContent === "memory");
     const row = t.querySelector("tr[data-rank='1']");
     return column < 0 || !row ? "" : row.children[column].textContent; }"""
+
+
+def _in_view(table, row):
+    """Whether `row`'s memory cell and the end of its last line are drawn inside the output area,
+    and whether the table scrolls sideways."""
+    area = table.evaluate("t => { const b = t.closest('.jp-OutputArea-output')"
+                          ".getBoundingClientRect(); return [b.left, b.right]; }")
+    column = table.locator("th").all_inner_texts().index("memory")
+    memory = row.locator("td").nth(column)
+    box = memory.bounding_box()
+    last = row.locator("td").last
+    end = last.bounding_box()
+    on_top = memory.evaluate("td => { const b = td.getBoundingClientRect(); return td.contains("
+                             "document.elementFromPoint(b.left + b.width / 2, b.top + b.height / 2)); }")
+    return {"memory": area[0] <= box["x"] and box["x"] + box["width"] <= area[1] and on_top,
+            "last line": (area[0] <= end["x"] and end["x"] + end["width"] <= area[1] + 1
+                          and end["width"] > 80 and _text_end_inside(last)),
+            "scrolls": table.evaluate("t => t.parentElement.scrollWidth > "
+                                      "t.parentElement.clientWidth")}
 
 
 def _megabytes(text):
@@ -598,11 +624,18 @@ def _megabytes(text):
 def test_a_ranks_memory_in_its_row_and_the_memory_chart_in_chromium(tmp_path, chromium):
     """Rank 1 holds 200 MB while both ranks wait for a file the test writes: its row's memory
     column says more than 150 MB, and the memory chart is with the live charts, a line per rank
-    (memory.png); at the end the chart stays, as an image, in the static rendition."""
+    (memory.png); at the end the chart stays, as an image, in the static rendition.
+
+    In a 1280x800 window with the file browser open, the table with every column (progress,
+    five metrics, a long last line) fits the output area, its memory and the end of its last
+    line in view (table-1280.png); narrower than the table can shrink to, it scrolls sideways
+    and the memory and the last line's end stay in view (table-narrow.png)."""
     from playwright.sync_api import expect
 
     live_notebook(tmp_path / "memory.ipynb", MEMORY_CELL)
-    with notebook_page(tmp_path, chromium, "memory.ipynb", "browser-memory-failed.png") as page:
+    with notebook_page(tmp_path, chromium, "memory.ipynb", "browser-memory-failed.png",
+                       viewport=(1280, 800)) as page:
+        expect(page.locator("#filebrowser")).to_be_visible()
         run_all_cells(page)
         cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
         expect(cell.locator("tr[data-rank][data-state='running']")).to_have_count(2)
@@ -612,6 +645,17 @@ def test_a_ranks_memory_in_its_row_and_the_memory_chart_in_chromium(tmp_path, ch
             assert time.monotonic() < deadline, f"rank 1's memory cell: {memory!r}"
             page.wait_for_timeout(250)
             memory = table.evaluate(MEMORY_OF_RANK_1)
+        row = table.locator("tr[data-rank='1']")
+        expect(row.locator("td[title*='ends here']")).to_have_count(1)
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "table-1280.png"))
+        assert _in_view(table, row) == {"memory": True, "last line": True, "scrolls": False}
+        page.set_viewport_size({"width": 1000, "height": 800})  # narrower than the table's least
+        expect(page.locator("#filebrowser")).to_be_visible()
+        page.wait_for_timeout(500)  # (laid out again)
+        cell.screenshot(path=os.path.join(ARTIFACTS, "table-narrow.png"))
+        assert _in_view(table, row) == {"memory": True, "last line": True, "scrolls": True}
+        page.set_viewport_size({"width": 1280, "height": 800})
         charts = cell.locator(".jp-OutputArea-output .hvd-magic-charts")
         chart = charts.locator("svg[data-memory]")
         expect(chart).to_have_count(1)

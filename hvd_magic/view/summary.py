@@ -150,7 +150,7 @@ def summary_html(run, row_html, table_head, state_html):
                         .replace("</tr>", f"<td style='padding:0 .6em'><i>{why}</i></td></tr>", 1))
     if rows:
         parts.append("<div><b>pinned</b>: failed, stalled, slowest</div>"
-                     f"{table_head}{''.join(rows)}</table>")
+                     f"{table_head}{''.join(rows)}</table></div>")  # (table_head opens both)
     parts.append(_most_memory_html(ranks))
     host_rows = []
     for host, members in hosts(ranks):
@@ -217,7 +217,7 @@ class RankPicker:
 
     def render(self):
         r = self.run.ranks[self.rank]
-        return (f"{self._table_head}{self._row_html(r)}</table>"
+        return (f"{self._table_head}{self._row_html(r)}</table></div>"
                 f"{self._log_html(self.run, r.rank)}")
 
 

@@ -27,17 +27,26 @@ LAST_LINE_CHARS = 400      # sent for the last-line cell; the table cuts it to i
 # whole), and one that is empty in every row is left out; the last line takes the rest of the
 # width, on one line: a longer one is cut at its start, so that its end (a value, an error's
 # message) stays in view, and is whole on hover.
-COLUMNS = ("rank", "host", "local rank", "device", "state", "progress", "metrics", "cpu", "memory",
-           "gpu", "last line")
+COLUMNS = ("rank", "host", "local rank", "device", "state", "cpu", "memory", "gpu", "progress",
+           "metrics", "last line")
 ALWAYS = ("rank", "state", "last line")
+# The table fits any width: the metrics (whole in the charts and on hover) and the progress bar
+# shrink with the output's width (cqw: a hundredth of it), a live row's memory says its peak only
+# when that says more, and a header may wrap; narrower than that, it scrolls sideways, the memory
+# early in the row and the last line held at the right edge (sticky) so that both stay in view.
 # (table-layout: JupyterLab's rendered HTML makes tables fixed, squeezing every column alike)
-TABLE_OPEN = "<table style='border-collapse:collapse;table-layout:auto;width:100%'>"
+TABLE_OPEN = ("<div style='overflow-x:auto;container-type:inline-size'>"
+              "<table style='border-collapse:collapse;table-layout:auto;width:100%'>")
+TABLE_CLOSE = "</table></div>"
 # (line-height: the same rows in a widget, whose HTML is spaced for controls, and after it)
-_CELL_STYLE = "padding:0 .6em;white-space:nowrap;text-align:left;line-height:1.6"
+_CELL_STYLE = "padding:0 .4em;white-space:nowrap;text-align:left;line-height:1.6"
 _FIT = _CELL_STYLE + ";width:1%"
-_LAST = (_CELL_STYLE + ";max-width:0;width:100%;overflow:hidden;text-overflow:ellipsis;"
-         "direction:rtl")
-_METRICS_MAX = "36em"      # metrics beyond this are cut (whole on hover)
+_LAST = (_CELL_STYLE + ";max-width:0;min-width:max(8em,15cqw);width:100%;overflow:hidden;"
+         "text-overflow:ellipsis;direction:rtl;position:sticky;right:0;"
+         "background:var(--jp-layout-color0,#fff)")
+_STYLES = {"last line": _LAST}
+PEAK_SAID_ABOVE = 1.25     # a live row's peak memory is in its cell above this times its memory now
+_METRICS_MAX = "min(36em,18cqw)"      # metrics beyond this are cut (whole on hover)
 # The lines of a Python stack dump (faulthandler's, which the hang watchdog asks for): kept in
 # the rank's log, never its "last line" (its outermost frame read like a crash).
 _STACK_LINE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):"
@@ -56,8 +65,8 @@ def is_stack_line(line):
 
 
 def head_html(columns=COLUMNS):
-    return "<tr>" + "".join(f"<th style='{_LAST if name == 'last line' else _FIT}'>{name}</th>"
-                            for name in columns) + "</tr>"
+    return "<tr>" + "".join(f"<th style='{_STYLES.get(name, _FIT + ';white-space:normal')}'>"
+                            f"{name}</th>" for name in columns) + "</tr>"
 
 
 TABLE_HEAD = TABLE_OPEN + head_html()  # every column: a summary's pinned rows, the rank picker
@@ -70,7 +79,7 @@ def table_html(run, tails, verbose=False):
     columns = [name for name in COLUMNS
                if name in ALWAYS or any(c[name][0] for _, c in cells)]
     return (TABLE_OPEN + head_html(columns)
-            + "".join(_row(r, c, columns) for r, c in cells) + "</table>")
+            + "".join(_row(r, c, columns) for r, c in cells) + TABLE_CLOSE)
 
 
 def row_html(r, tail, verbose=False, columns=COLUMNS):
@@ -121,9 +130,12 @@ def _usage_cells(usage, ended=False):
         return {"cpu": (f"peak {usage.peak_cpu:.0f}%", "of one core"), "memory": (peak, ""),
                 "gpu": ("", "")}
     rss, limit = latest.get("rss", 0), latest.get("limit") or 0
-    memory = f"{size(rss)} (peak {size(usage.peak_rss)})"
+    # (the peak when it says more than the memory now: the cell stays narrow)
+    memory = size(rss) + (f" (peak {size(usage.peak_rss)})"
+                          if usage.peak_rss > PEAK_SAID_ABOVE * rss else "")
     where = "its cgroup's" if latest.get("limit_of") == "cgroup" else "the host's memory"
-    title = f"limit {size(limit)}: {where}" if limit else ""
+    title = "; ".join([f"peak {size(usage.peak_rss)}"]
+                      + ([f"limit {size(limit)}: {where}"] if limit else []))
     html = _e(memory)
     if usage.near_limit():
         html = (f"<span style='color:{_STATE_COLORS['failed']}' data-near-limit>{html} ⚠ "
@@ -139,7 +151,7 @@ def _row(r, cells, columns):
     total = "" if r.total is None else r.total
     return (f"<tr data-rank='{r.rank}' data-state='{_e(r.state)}' data-step='{step}' "
             f"data-total='{total}'>"
-            + "".join(f"<td style='{_LAST if name == 'last line' else _FIT}'"
+            + "".join(f"<td style='{_STYLES.get(name, _FIT)}'"
                       + (f" title='{_e(cells[name][1])}'" if cells[name][1] else "")
                       + f">{cells[name][0]}</td>" for name in columns) + "</tr>")
 
@@ -221,7 +233,8 @@ def _progress_html(step, total):
     if step is None:
         return ""
     if isinstance(total, (int, float)) and total > 0:
-        return (f"<progress value='{min(step, total)}' max='{total}' style='width:6em'></progress>"
+        return (f"<progress value='{min(step, total)}' max='{total}' style='width:min(6em,7cqw)'>"
+                "</progress>"
                 f" {step}/{total}")
     return f"step {_e(step)}"
 
