@@ -730,3 +730,49 @@ def test_rows_end_with_the_last_values_and_show_what_a_terminal_shows(ip, monkey
                "ValueError: no", "after it"]
     panel = log_html(run, 0, [("stderr", line) for line in printed])
     assert panel.count("<span style='color:#c62828'>") == 3 and "\nafter it</pre>" in panel
+
+
+def test_a_lost_and_replaced_slots_row_says_so_at_once(ip, tmp_path):
+    """An elastic DDP run's slot 2 is killed and replaced, fed as the tasks send it to a real Run
+    and Dashboard: the row says "lost" the moment its exit is heard; once the replacement
+    starts, the row says which attempt it is and none of the dead process's lines is its last
+    line; after the world re-forms, a row whose process has another rank says which, in the
+    world's words (no Horovod in a run without it)."""
+    from IPython.utils.capture import capture_output
+    from hvd_magic.config import RunOptions
+    from hvd_magic.driver.apply import apply_event
+    from hvd_magic.driver.run import Run
+    from hvd_magic.view.dashboard import Dashboard
+    from hvd_magic.view.text import summary_text
+
+    view = Dashboard()
+    run = Run(3, RunOptions(run_dir=str(tmp_path / "run")), view=view, elastic=(2, 3, 60))
+    run.folder.create(3)
+    run.state, run.where, run.started = "running", "driver only", 1.0
+    view.start(run)
+
+    def send(event):
+        apply_event(run, event, lambda reason: None)
+
+    def row(rank):
+        table = view._table_html(run)
+        return table.split(f"<tr data-rank='{rank}'")[1].split("</tr>")[0]
+
+    ring = {"t": "ring", "formed": "world"}
+    run.elastic.ring(run, dict(ring, keys=["hvd-s0-a1", "hvd-s1-a1", "hvd-s2-a1"]))
+    for r in range(3):
+        send({"t": "state", "rank": r, "state": "running", "host": "h", "pid": 10 + r})
+        send({"t": "lines", "rank": r, "stream": "stdout", "lines": [f"pid {10 + r} at step 19"]})
+    with capture_output():
+        view._show(run)
+    send({"t": "exit", "rank": 2, "code": -9, "status": "died", "summary": {"signal": "SIGKILL"}})
+    assert "data-state='lost'" in row(2) and ">lost<" in row(2)
+    run.elastic.ring(run, dict(ring, keys=["hvd-s0-a1", "hvd-s1-a1"]))
+    send({"t": "state", "rank": 2, "state": "starting", "host": "h", "pid": 99,
+          "executor": "hvd-s2-a2"})
+    assert "attempt 2" in row(2) and "pid 12" not in row(2), row(2)
+    # the world re-forms with the new process second: slot 1 is rank 2 in it
+    run.elastic.ring(run, dict(ring, keys=["hvd-s0-a1", "hvd-s2-a2", "hvd-s1-a1"]))
+    assert "(2 now)" in row(1) and "(1 now)" in row(2) and " now)" not in row(0)
+    text = summary_text(run)
+    assert "rank 1 (rank 2 now)" in text and "Horovod" not in text, text

@@ -78,6 +78,7 @@ class Membership:
         fresh = RankState(r.rank)
         fresh.history = r.history  # the slot's metrics go on across attempts
         fresh.horovod_rank = r.horovod_rank  # (the ring that took it in was told first)
+        fresh.attempt = attempt
         vars(r).update(vars(fresh))
         change = {"t": "joined", "rank": r.rank, "attempt": attempt,
                   "key": event.get("executor"), "pid": event.get("pid"),

@@ -13,6 +13,7 @@ class RankState:
     def __init__(self, rank):
         self.rank = rank
         self.horovod_rank = None    # elastic runs: its Horovod rank in the current ring, if any
+        self.attempt = 1            # elastic runs: its process's number (2: the first replacement)
         self.host = None
         self.local_rank = None
         self.gpus = []              # its own GPUs' ids (CUDA's, as the host names them)

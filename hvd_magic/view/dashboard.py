@@ -111,6 +111,9 @@ class Dashboard:
         if self.quiet:
             return
         if rank is None:  # about the whole run (the stall watchdog): shown under the header
+            if event.get("t") == "joined":  # a new process for a row: its own lines from now
+                self._tails[event["rank"]].clear()
+                self._log_dirty.add(event["rank"])
             if event.get("message"):
                 self._notices.append((str(event["message"]), event.get("t")))
                 if self.box is None:

@@ -52,7 +52,7 @@ _METRICS_MAX = "min(36em,18cqw)"      # metrics beyond this are cut (whole on ho
 _STACK_LINE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):"
                          r"|Stack \(most recent call first\):"
                          r'|  File ".*", line \d+ in \S.*|  <no Python frame>|  \.\.\.)\s*$')
-_STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828",
+_STATE_COLORS = {"done": "#2e7d32", "failed": "#c62828", "timeout": "#c62828", "lost": "#e65100",
                  "cancelled": "#757575", "stopped": "#757575", "running": "#1565c0", "starting": "#6a1b9a",
                  "preparing": "#6a1b9a"}
 LINK_COLOUR = "var(--jp-content-link-color, #1976d2)"
@@ -103,10 +103,13 @@ def _cells(r, tail, verbose):
     """{column: (html, title)} of a rank's row."""
     metrics = _metrics_text(r.metrics)
     last = last_line(tail, verbose)
-    return {"rank": (str(r.rank), ""), "host": (_e(r.host or ""), r.host or ""),
+    return {"rank": _rank_cell(r), "host": (_e(r.host or ""), r.host or ""),
             "local rank": ("" if r.local_rank is None else str(r.local_rank), ""),
             "device": (_e(_device(r.gpus, r.threads, r.gpu_index)), threads_text([r])),
-            "state": (state_html(r.state), ""),
+            "state": (state_html(r.state) + (f" <span style='color:#757575'>attempt {r.attempt}"
+                                             "</span>" if r.attempt > 1 else ""),
+                      f"its process was lost; this is its process number {r.attempt}"
+                      if r.attempt > 1 else ""),
             "progress": (_progress_html(r.step, r.total), ""),
             "metrics": (f"<span style='display:inline-block;max-width:{_METRICS_MAX};"
                         f"overflow:hidden;text-overflow:ellipsis;vertical-align:bottom'>"
@@ -116,6 +119,16 @@ def _cells(r, tail, verbose):
             "last line": (f"<code dir='ltr' style='white-space:pre'>{_e(last[-LAST_LINE_CHARS:])}"
                           "</code>" if last else "",
                           last)}
+
+
+def _rank_cell(r):
+    """An elastic run's row is a slot; the rank its process has in the current world or ring,
+    when another, follows in grey."""
+    now = r.horovod_rank
+    if now is None or now == r.rank:
+        return str(r.rank), ""
+    return (f"{r.rank} <span style='color:#757575'>({now} now)</span>",
+            f"row {r.rank}: rank {now} in the current world of ranks")
 
 
 def _usage_cells(usage, ended=False):

@@ -144,16 +144,19 @@ def summary_text(run, per_rank=True):
         if threads:
             lines.append(f"  on {host}: {len(members)} rank{'s' if len(members) > 1 else ''}, "
                          f"{threads}\n")
+    elastic = getattr(run, "elastic", None)
+    rings = [c for c in elastic.changes if c["t"] == "ring"] if elastic is not None else []
+    # (a torch.distributed world's rank, or a Horovod ring's)
+    whose = "Horovod rank" if rings and rings[-1].get("formed", "ring") == "ring" else "rank"
     for r in run.ranks if per_rank else ():
         host = f" on {r.host}" if r.host else ""
         progress = f", step {r.step}/{r.total}" if r.step is not None else ""
         now = getattr(r, "horovod_rank", None)
-        now = f" (Horovod rank {now} now)" if now is not None and now != r.rank else ""
+        now = f" ({whose} {now} now)" if now is not None and now != r.rank else ""
         usage = getattr(r, "usage", None)
         peak = f", memory peak {size(usage.peak_rss)}" if usage and usage.peak_rss else ""
         lines.append(f"  rank {r.rank}{now}{host}: {r.state}{progress}, "
                      f"{plural(r.lines, 'line')}{peak}\n")
-    elastic = getattr(run, "elastic", None)
     if elastic is not None and elastic.changes:  # who was lost, who joined, the ring's sizes
         lines.append(f"  membership:\n{elastic.summary()}\n")
     return "".join(lines)
