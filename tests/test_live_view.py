@@ -196,8 +196,19 @@ def test_tqdm_cell_ends_with_every_rank_done_at_50_of_50(kernel):
 
 
 def test_fast_cell_shows_its_lines_as_text_and_no_widget(kernel):
-    cell = "%%horovod --np -2\nimport os\nprint('hello from', os.environ['HOROVOD_RANK'])\n6 * 7"
-    reply, messages = kernel.execute(cell)
+    """A run that ends before its dashboard would show: no widget, its lines as text, and its
+    header line stays (the run id, its state, its time, more ranks than cores said, the logs'
+    links), in the saved notebook too; so does a fast failure's, above its traceback."""
+    kernel.execute("import hvd_magic.view.dashboard as _d; _shown_after, _d.SHOW_AFTER = "
+                   "_d.SHOW_AFTER, 600")  # (fast, however loaded the machine)
+    np = (os.cpu_count() or 1) + 1
+    try:
+        cell = (f"%%horovod --np -{np}\nimport os\n"
+                "print('hello from', os.environ['HOROVOD_RANK'])\n6 * 7")
+        reply, messages = kernel.execute(cell)
+        failed_reply, failed = kernel.execute("%%horovod --np -2\nscael")
+    finally:
+        kernel.execute("_d.SHOW_AFTER = _shown_after")
     assert reply["content"]["status"] == "ok"
     assert not shown_widgets(messages)
     assert not [m for m in messages if m["msg_type"] == "comm_open"]
@@ -205,6 +216,21 @@ def test_fast_cell_shows_its_lines_as_text_and_no_widget(kernel):
     assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
     results = [m for m in messages if m["msg_type"] == "execute_result"]
     assert results[-1]["content"]["data"]["text/plain"] == "42"
+    run_id = kernel.value("hvd_magic.runs()[-2].id")
+    header = last_html(messages)
+    assert f"<code>{run_id}</code>" in header and "done" in header, header
+    assert f"share this machine&#x27;s {os.cpu_count()} CPU core" in header, header
+    assert f"href='hvd_runs/{run_id}/rank-0.log'" in header, header
+    assert failed_reply["content"]["status"] == "error"
+    header = last_html(failed)
+    assert "failed" in header and "rank-0.log'" in header, header
+
+
+def last_html(messages):
+    """The HTML the cell's first output (its display, updated) was left with."""
+    return [m["content"]["data"]["text/html"] for m in messages
+            if m["msg_type"] in ("display_data", "update_display_data")
+            and "text/html" in m["content"]["data"]][-1]
 
 
 def test_quiet_shows_only_the_result(kernel):

@@ -64,7 +64,7 @@ CHART_INTERVAL = 0.5       # seconds between two drawings of the charts, per 256
 STATIC_LOG_LINES = 50      # lines of each rank's log kept in the finished run's rendition
 
 
-_NOTICE_COLOURS = {"ring": "#1565c0", "joined": "#2e7d32"}
+_NOTICE_COLOURS = {"ring": "#1565c0", "joined": "#2e7d32", "note": "#e65100"}
 
 
 class Dashboard:
@@ -174,11 +174,16 @@ class Dashboard:
             self._let_go.pop()()
         if self.box is None or self.handle is None:  # no display to replace: a static picture
             self._show_picture(run)
-        if self.box is None:  # a fast run: its lines as plain text, as the text view prints them
-            self.opening.clear()
+        if self.box is None:  # a fast run: its header, notices and links, then its lines as
+            if run.started is None:  # plain text, as the text view prints them
+                self.opening.clear()  # (never started: its error says why)
+            else:
+                self.opening.settle(f"<div>{self._header_html(run)}</div>"
+                                    f"{_notices_html(self._notices)}{footer_html(run)}")
             text = TextView(summary=False, verbose=self.verbose)
             for rank, event in self._early:
-                text.event(run, rank, event)
+                if rank is not None or run.started is None:  # (notices: in the header's output)
+                    text.event(run, rank, event)
             self._early = []
             if getattr(run, "timeline_path", None):
                 text.stdout.write(_timeline_note(run))
@@ -345,8 +350,8 @@ def _rendition(view, run):
 
 
 def _notices_html(notices):
-    """The run's notices: a stall or a lost rank in red; an elastic run's new ring or
-    replacement is news, not harm."""
+    """The run's notices: a stall or a lost rank in red; a launcher's note (more ranks than
+    cores) in orange; an elastic run's new ring or replacement is news, not harm."""
     return "".join(f"<div style='color:{_NOTICE_COLOURS.get(t, '#c62828')};"
                    f"white-space:pre-wrap' data-notice='{_e(t)}'>{_e(n)}</div>"
                    for n, t in notices)

@@ -4,7 +4,8 @@ a person never looks at an empty cell wondering whether it runs.
 
 The `Opening` also fixes when the cell began: the dashboard's clock counts from there. The
 dashboard writes its header line into it while it waits to be shown, then takes its place (the
-same output, updated); a run that ends before that empties it, and its lines follow as text.
+same output, updated); a run that ends before that leaves its header and links there, and its
+lines follow as text; a run that never started empties it (its error says why).
 
 Not for: terminals and scripts (no kernel: nothing is shown, `began` still counts), or runs that
 show nothing (``--quiet``, ``--text``).
@@ -56,6 +57,17 @@ class Opening:
         if handle is not None:
             handle.update(widget)
         return handle
+
+    def settle(self, html):
+        """The line's last words (a run that ended before its dashboard showed: its header and
+        links): put in its place, or shown now where there was no line (a run started from
+        Python)."""
+        if self.handle is None:
+            from IPython.display import display
+            display(_bundle(html), raw=True)
+        else:
+            self.update(html)
+            self.handle = None
 
     def clear(self):
         """Leave nothing visible (a run that ends before its dashboard shows prints text; a
