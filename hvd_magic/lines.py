@@ -7,10 +7,12 @@ turns on in the ranks). The run folder keeps every byte as it came; the views sh
 
 - `visible_text`: a line's last redraw, escape codes dropped (the last-line column, the text view);
 - `screen`: a log's tail as the rows a terminal would show (a log panel);
-- `last_said`: a rank's last line: warnings and library adverts only when nothing else was said.
+- `last_said`: a rank's last line: warnings and library adverts only when nothing else was said;
+- `is_chatter`: the C++ libraries' start-up lines, kept in the raw log, shown with --verbose;
+- `printed`: the lines as a person reads them (the text view's, a rank's readable log).
 
-Shared by the driver (the last line its messages quote) and the views; it imports nothing of
-either. Not for: which lines are start-up chatter or stack dumps (`hvd_magic.view`).
+Shared by the driver (the last line its messages quote, the readable logs) and the views; it
+imports nothing of either. Not for: which lines are stack dumps (`hvd_magic.view`).
 """
 
 import re
@@ -34,6 +36,24 @@ _WARNING = re.compile(r"(?:\S.*?\.py|<[^>]+>):\d+: |\S.*?:\d+: \w*Warning: |\w*W
 _ADVERT = re.compile(r"\s*💡")
 
 
+# The INFO lines of C++ libraries on the ranks (TensorFlow's oneDNN and cudart notes, XLA, Horovod's
+# own log) in the formats of absl/glog ("I0501 10:00:00.123 123 file.cc:12]"), TensorFlow
+# ("2024-05-01 10:00:00.123: I file.cc:12]") and Horovod ("[2024-05-01 10:00:00.123: I file.cc:12]").
+_CXX_INFO = re.compile(
+    r"\s*(?:[ID]\d{4} [\d:.]+\s+\d+ \S+:\d+\]"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [ID] \S+:\d+\]"
+    r"|\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: )?[TDI] \S+:\d+\])")
+_CXX_FIRST = "ID[0123456789 \t"  # (what such a line starts with: the others are not matched)
+# What TensorFlow's C++ side says at start-up in other forms: absl's note before its logging is
+# set up (printed whatever TF_CPP_MIN_LOG_LEVEL says), the oneDNN and CPU-instruction notes;
+# searched for only in a line that names absl, oneDNN or TensorFlow (every line of a log is asked).
+_STARTUP = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|oneDNN custom operations are on"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|rebuild TensorFlow with the appropriate compiler flags")
+
+
 def plain(text):
     """`text` with its escape codes dropped."""
     return _ESCAPES.sub("", text) if "\x1b" in text else text
@@ -46,6 +66,30 @@ def visible_text(line):
     if "\r" in line:
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     return plain(line)
+
+
+def is_chatter(line):
+    """True for the C++ libraries' start-up chatter: INFO lines and TensorFlow's start-up notes.
+    Kept in the rank's raw log; shown only with --verbose."""
+    return bool(line[:1] in _CXX_FIRST and _CXX_INFO.match(line)
+                or ("absl" in line or "oneDNN" in line or "TensorFlow" in line)
+                and _STARTUP.search(line))
+
+
+def printed(lines, verbose=False):
+    """The lines as a person reads them: each one's last redraw, escape codes dropped (a
+    terminal's cursor is not ours to move, nor a notebook's to draw); not a line the rank wrote
+    over (a nested bar's), one that was only escape codes (rich's cursor shown), or start-up
+    chatter unless verbose. What the text view prints, and a rank's readable log."""
+    for line in lines:
+        if not verbose and is_chatter(line):
+            continue
+        if "\x1b" not in line and "\r" not in line:  # (most lines: nothing to work out)
+            yield line
+        elif not is_redrawn(line):
+            shown = visible_text(line)
+            if shown or line.isspace():
+                yield shown
 
 
 def is_redrawn(line):

@@ -254,7 +254,7 @@ def test_quickstart_in_chromium(tmp_path, chromium):
         expect(run.locator("table")).to_contain_text("rank 1: allreduce sum = 3.0")
         expect(run.locator("table")).to_contain_text("done")
         expect(page.locator(".jp-OutputArea-executeResult", has_text="3.0")).to_have_count(1)
-        expect(run.get_by_role("link", name="rank-1.log")).to_have_count(1)
+        expect(run.get_by_role("link", name="rank-1.txt")).to_have_count(1)
         assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
         run.scroll_into_view_if_needed()
         page.screenshot(path=os.path.join(ARTIFACTS, "browser-quickstart-reopened.png"))
@@ -455,7 +455,7 @@ def test_a_hang_in_chromium(tmp_path, chromium):
                 f"rank {i} before the collective")
         # A log's link looks like a link in the live dashboard too, not like the text around it.
         cell.get_by_text("rank 0 log").click()  # (its panel, folded until then)
-        expect(cell.get_by_role("link", name="rank-0.log").first).to_be_visible()
+        expect(cell.get_by_role("link", name="rank-0.txt").first).to_be_visible()
         # Both colours in one turn of the page's script, once the link shows and the theme
         # defines its colour: the click is answered by the kernel, which redraws the dashboard's
         # HTML (about 0.15 s later): a link found before that redraw and read after it is out of
@@ -463,7 +463,7 @@ def test_a_hang_in_chromium(tmp_path, chromium):
         # the theme's CSS applies the theme's.)
         link, jupyterlabs = page.wait_for_function("""cell => {
             const link = [...cell.querySelectorAll("a")].find(
-                a => a.textContent === "rank-0.log" && a.checkVisibility());
+                a => a.textContent === "rank-0.txt" && a.checkVisibility());
             const theme = getComputedStyle(document.documentElement)
                 .getPropertyValue("--jp-content-link-color").trim();
             if (!link || !theme) return null;
@@ -526,7 +526,7 @@ def test_a_background_run_saved_after_it_ended_keeps_its_end_in_chromium(tmp_pat
     with notebook_page(tmp_path, chromium, "background.ipynb",
                        "browser-background-reopened-failed.png") as page:
         cell = shows_its_end(page)
-        expect(cell.get_by_role("link", name="rank-1.log")).to_have_count(1)
+        expect(cell.get_by_role("link", name="rank-1.txt")).to_have_count(1)
         assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
         cell.scroll_into_view_if_needed()
         page.screenshot(path=os.path.join(ARTIFACTS, "browser-background-reopened.png"))

@@ -306,8 +306,8 @@ def test_dashboard_rows_and_panels_skip_start_up_chatter():
     class Run:  # what a drawing reads of a run
         np, background, ranks = 1, False, [RankState(0)]
 
-        def log_path(self, rank):
-            return f"run/rank-{rank}.log"
+        def log_path(self, rank, readable=False):
+            return f"run/rank-{rank}.{'txt' if readable else 'log'}"
 
     def shown(dashboard):  # what the rank's row's last line and its log panel show, when drawn
         row = dashboard._row_html(run.ranks[0])

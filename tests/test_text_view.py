@@ -88,6 +88,18 @@ def test_terminal_output_is_printed_as_a_terminal_shows_it(ip, capsys):
     for rank in range(2):
         assert hvd_magic.last_run().ranks[rank].metrics == {"loss": 0.05}
         assert hvd_magic.last_run().ranks[rank].last_line == f"rank {rank}: done"
+    # The readable log (what the views' links open) reads as the text view printed; the raw
+    # log beside it keeps every byte.
+    run = hvd_magic.last_run()
+    for rank in range(2):
+        with open(run.log_path(rank, readable=True)) as f:
+            readable = f.read()
+        with open(run.log_path(rank)) as f:
+            raw = f.read()
+        printed = re.findall(rf"^\[rank {rank}\] (.*)$", captured.err, re.M)
+        assert readable.splitlines() == printed, readable
+        assert "\x1b" not in readable and "\r" not in readable
+        assert "\x1b[1mTotal FLOPs\x1b[0m: 0" in raw and "check 1/2" in raw
 
 
 def test_summary_shows_progress_from_tqdm(ip, capsys):

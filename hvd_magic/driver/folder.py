@@ -1,9 +1,13 @@
 """The run folder on the driver: every rank's full log, ``run.json``, files the ranks sent back.
 
     hvd_runs/<run id>/
-        rank-<k>.log          every line rank k printed, stdout and stderr, in order
-        rank-<k>.attempt<n>.log   the same for the n-th process of rank k (an elastic run's
-                              replacement of a lost one)
+        rank-<k>.log          every line rank k printed, stdout and stderr, in order, as it
+                              came (terminal codes and all)
+        rank-<k>.txt          the same as a person reads it (`hvd_magic.lines.printed`): a
+                              bar's last redraw, no terminal codes, no C++ start-up chatter;
+                              what the views' links open
+        rank-<k>.attempt<n>.log, .txt   the same for the n-th process of rank k (an elastic
+                              run's replacement of a lost one)
         events.jsonl          every other event (state, progress and metrics, stalls, exits), timed
         run.json              the run's state and each rank's (rewritten as the run goes)
         timeline.json         rank 0's Horovod timeline, when one was recorded
@@ -21,6 +25,7 @@ import json
 import os
 import time
 
+from ..lines import printed
 from .metrics import MetricHistory
 
 FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
@@ -35,7 +40,7 @@ class RunFolder:
         self.path = path
         self.files = {}              # kind -> path of a file received from the ranks
         self.tensorboard = None      # where the ranks' TensorBoard logs came back (a folder)
-        self._logs = {}
+        self._logs = {}              # rank -> (its raw log, its readable log), open
         self._attempts = {}          # rank -> its process's attempt, when not the first
         self._events = None
         self._events_start = 0       # where this run's events begin in events.jsonl
@@ -49,31 +54,34 @@ class RunFolder:
         self._events = open(os.path.join(self.path, "events.jsonl"), "a", encoding="utf-8")
         self._events_start = self._events.tell()  # (a run_dir used again: this run's follow)
 
-    def log_path(self, rank):
-        """Rank `rank`'s log; in an elastic run, that of its latest attempt."""
+    def log_path(self, rank, readable=False):
+        """Rank `rank`'s log (raw, or `readable`); in an elastic run, its latest attempt's."""
         attempt = self._attempts.get(rank, 1)
-        return os.path.join(self.path, f"rank-{rank}.log" if attempt == 1
-                            else f"rank-{rank}.attempt{attempt}.log")
+        name = f"rank-{rank}" if attempt == 1 else f"rank-{rank}.attempt{attempt}"
+        return os.path.join(self.path, name + (".txt" if readable else ".log"))
 
     def new_attempt(self, rank, attempt):
-        """Rank `rank` has a new process (an elastic replacement): its lines go to a new log,
+        """Rank `rank` has a new process (an elastic replacement): its lines go to new logs,
         the earlier attempts' logs are kept."""
-        f = self._logs.pop(rank, None)
-        if f is not None:
+        for f in self._logs.pop(rank, ()):
             f.close()
         self._attempts[rank] = attempt
         self._log(rank)
 
     def _log(self, rank):
-        f = self._logs.get(rank)
-        if f is None:
-            f = self._logs[rank] = open(self.log_path(rank), "a", encoding="utf-8", errors="replace")
-        return f
+        files = self._logs.get(rank)
+        if files is None:
+            files = self._logs[rank] = tuple(
+                open(self.log_path(rank, readable), "a", encoding="utf-8", errors="replace")
+                for readable in (False, True))
+        return files
 
     def write_lines(self, rank, lines):
-        f = self._log(rank)
-        f.write("\n".join(lines) + "\n" if lines else "")
-        self._dirty.add(f)
+        raw, readable = self._log(rank)
+        if lines:
+            raw.write("\n".join(lines) + "\n")
+            readable.write("".join(f"{line}\n" for line in printed(lines)))
+            self._dirty.update((raw, readable))
 
     def record(self, event):
         """Append an event (not lines, not file chunks) to events.jsonl, with the time."""
@@ -111,7 +119,7 @@ class RunFolder:
 
     def close(self):
         self._dirty.clear()
-        for f in [*self._logs.values(), self._events]:
+        for f in [*(f for files in self._logs.values() for f in files), self._events]:
             if f is not None:
                 f.close()
 

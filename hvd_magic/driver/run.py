@@ -203,8 +203,10 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         order; [] for other runs."""
         return list(self.elastic.changes) if self.elastic is not None else []
 
-    def log_path(self, rank):
-        return self.folder.log_path(rank)
+    def log_path(self, rank, readable=False):
+        """Rank `rank`'s full log: every byte it printed, or `readable` (as a person reads it:
+        no terminal codes, no C++ start-up chatter)."""
+        return self.folder.log_path(rank, readable)
 
     def wait(self, timeout=None):
         """Wait for a background run to end; raise its error, or return its results."""

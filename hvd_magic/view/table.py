@@ -17,9 +17,8 @@ import re
 from ..driver.ranks import LIVE_STATES
 from ..words import plural, size
 from ..errors import is_peer_gone
-from ..lines import is_aside, is_warning, last_said, screen
+from ..lines import is_aside, is_chatter, is_warning, last_said, screen
 from .summary import SUMMARY_ABOVE, threads_text
-from .text import is_chatter
 
 TAIL_LINE_CHARS = 2000     # a longer line is cut in the panel (never in the log on disk)
 LAST_LINE_CHARS = 400      # sent for the last-line cell; the table cuts it to its width
@@ -183,7 +182,7 @@ def log_html(run, rank, tail, verbose=False, limit=None):
                      for text, colour in zip(rows, _colours(rows)))
     # column-reverse keeps the panel scrolled to its newest line.
     return (f"<div style='font-size:90%;color:#757575'>{shown}; full log: "
-            f"{link_html(run.log_path(rank))}</div>"
+            f"{_log_links(run, rank)}</div>"
             "<div style='max-height:22em;overflow-y:auto;display:flex;"
             "flex-direction:column-reverse'>"
             f"<pre style='margin:0;white-space:pre-wrap'>{body}</pre></div>")
@@ -217,11 +216,17 @@ def footer_html(run):
     if run.started is None:  # never launched: no run folder
         return ""
     shown = [rank for rank in range(run.np) if rank < SUMMARY_ABOVE or rank == run.np - 1]
-    links = [f"rank {rank}: {link_html(run.log_path(rank))}" for rank in shown]
+    links = [f"rank {rank}: {_log_links(run, rank)}" for rank in shown]
     if len(shown) < run.np:  # say that ranks were skipped
         links.insert(-1, "…")
     links = " · ".join(links)
     return f"<div>Logs in {link_html(run.run_dir, os.path.relpath(run.run_dir))}: {links}</div>"
+
+
+def _log_links(run, rank):
+    """The rank's full log as a person reads it, and beside it every byte it printed."""
+    return (f"{link_html(run.log_path(rank, readable=True))} "
+            f"({link_html(run.log_path(rank), 'raw')})")
 
 
 def _e(text):

@@ -7,39 +7,13 @@ seconds, and at the end a line per host and the metrics across ranks (`hvd_magic
 every rank's full log is in the run folder."""
 
 import os
-import re
 import sys
 import time
 
 WAIT_SHOWN_AFTER = 1.0  # seconds a wait lasts before it is worth a line
 SUMMARY_EVERY = 10.0    # seconds between two summary lines of a large run
 
-# The INFO lines of C++ libraries on the ranks (TensorFlow's oneDNN and cudart notes, XLA, Horovod's
-# own log) in the formats of absl/glog ("I0501 10:00:00.123 123 file.cc:12]"), TensorFlow
-# ("2024-05-01 10:00:00.123: I file.cc:12]") and Horovod ("[2024-05-01 10:00:00.123: I file.cc:12]").
-# Kept in the rank's log, but not shown as its latest word unless --verbose.
-_CXX_INFO = re.compile(
-    r"^\s*(?:[ID]\d{4} [\d:.]+\s+\d+ \S+:\d+\]"
-    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [ID] \S+:\d+\]"
-    r"|\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: )?[TDI] \S+:\d+\])")
-
-
-# What TensorFlow's C++ side says at start-up in other forms: absl's note before its logging is
-# set up (printed whatever TF_CPP_MIN_LOG_LEVEL says), the oneDNN and CPU-instruction notes.
-_STARTUP = re.compile(
-    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|oneDNN custom operations are on"
-    r"|This TensorFlow binary is optimized to use available CPU instructions"
-    r"|rebuild TensorFlow with the appropriate compiler flags")
-
-
-def is_chatter(line):
-    """True for the C++ libraries' start-up chatter: INFO lines and TensorFlow's start-up notes.
-    Kept in the rank's log file; shown only with --verbose."""
-    return bool(_CXX_INFO.match(line) or _STARTUP.search(line))
-
-
-from ..lines import is_redrawn, visible_text
+from ..lines import printed, visible_text
 from ..words import plural, size
 from .summary import hosts, is_large, summary_line, threads_text
 from .summary import summary_text as large_summary
@@ -77,7 +51,7 @@ class TextView:
         if event.get("t") != "lines" or (rank != 0 and is_large(run)):
             return
         out = self.stderr if event.get("stream") == "stderr" else self.stdout
-        text = "".join(f"[rank {rank}] {shown}\n" for shown in _printed(
+        text = "".join(f"[rank {rank}] {shown}\n" for shown in printed(
             event.get("lines", ()), self.verbose))
         if text:
             out.write(text)
@@ -121,19 +95,6 @@ class TextView:
         else:
             self.stdout.write(summary_text(run) + metrics_summary(run.ranks))
         self.stdout.flush()
-
-
-def _printed(lines, verbose):
-    """What the text view prints of a rank's lines: each one's last redraw, escape codes dropped
-    (a terminal's cursor is not ours to move, nor a notebook's to draw); not a line the rank
-    wrote over (a nested bar's), one that was only escape codes (rich's cursor shown), or
-    start-up chatter unless verbose."""
-    for line in lines:
-        if not verbose and is_chatter(line) or is_redrawn(line):
-            continue
-        shown = visible_text(line)
-        if shown or not line or line.isspace():
-            yield shown
 
 
 def summary_text(run, per_rank=True):
