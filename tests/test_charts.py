@@ -243,6 +243,33 @@ def test_the_memory_chart_draws_each_ranks_samples_and_its_cgroups_limit_dashed(
     assert "rank 0</text>" in chart and "rank 1</text>" in chart  # the legend
 
 
+def test_charts_read_well_from_one_sample_on_and_time_counts_from_the_cells_start():
+    """Axes a person reads: 918 MB tops a memory axis labelled "1,000", not "1e+03"; a chart
+    of one step or one sample draws each rank's point as a dot, every rank in the legend; the
+    memory chart's time starts where the cell did (the header's clock), not at its first
+    sample."""
+    from hvd_magic.driver.ranks import RankState
+    ranks = [RankState(0), RankState(1)]
+    for r in ranks:
+        r.history.append(39, {"accuracy": 0.89})
+        r.usage.add(resources(1004.0, (918 if r.rank else 300) * MB))
+    metric, memory = charts.chart_svgs(ranks, since=1000.0)
+    for chart in (metric, memory):
+        assert re.findall(r'<circle data-rank="(\d)"', chart) == ["0", "1"], chart
+        assert "rank 0</text>" in chart and "rank 1</text>" in chart
+    labels = re.findall(r'data-tick="y">([^<]+)<', memory)
+    assert "1,000" in labels and not [t for t in labels if "e+" in t], labels
+    assert re.findall(r'data-tick="x">([^<]+)<', metric) == ["39"]
+    # samples from 4 s to 8 s after the cell began: the axis says 8 s, the line starts at 4
+    for r in ranks:
+        r.usage.add(resources(1008.0, 400 * MB))
+    memory = memory_chart(charts.chart_svgs(ranks, since=1000.0))
+    assert ">8 s</text>" in memory
+    first_x = float(re.search(r'data-rank="0" points="([\d.]+),', memory).group(1))
+    assert first_x == pytest.approx(charts.LEFT + 0.5 * (charts.WIDTH - charts.LEFT
+                                                         - charts.RIGHT), abs=0.5)
+
+
 def test_the_memory_chart_is_there_only_once_memory_was_sampled():
     from hvd_magic.driver.ranks import RankState
     ranks = [RankState(0), RankState(1)]

@@ -60,7 +60,22 @@ def _thin(points):
 
 
 def _label(value):
-    return f"{value:.3g}"
+    """A value as a person reads it: "0.031", "918", "12,000"; an exponent only for the very
+    large or small ("2.5e+07", "3e-06")."""
+    if value and not 1e-4 <= abs(value) < 1e6:
+        return f"{value:.2g}"
+    text = f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return text if "e" not in text else f"{value:,.0f}"
+
+
+def tick_labels(ticks):
+    """Labels for a linear axis's ticks: as many decimals as their spacing needs, the same for
+    each ("0.5", "1.0", "1.5"), thousands separated; `_label`'s for one tick or extremes."""
+    step = min((b - a for a, b in zip(ticks, ticks[1:])), default=0)
+    if not step or max(abs(t) for t in ticks) >= 1e6 or step < 1e-4:
+        return [_label(t) for t in ticks]
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    return [f"{t:,.{decimals}f}" for t in ticks]
 
 
 def nice_ticks(low, high, count=5):
@@ -84,6 +99,8 @@ def log_ticks(low, high):
 class Axes:
     """A chart's frame: steps `x0..x1` across, values `y0..y1` up (on a log scale where they
     span more than two decades and are all positive), its ticks, grid and labels as SVG."""
+
+    whole_x = True  # ticks across at whole numbers only (steps)
 
     def __init__(self, x0, x1, y0, y1, width=WIDTH, height=HEIGHT):
         if x1 == x0:
@@ -111,18 +128,19 @@ class Axes:
                  f'fill="none" stroke="#bbb"/>']
         yticks = (log_ticks(self.y0, self.y1) if self.log
                   else nice_ticks(self.y0, self.y1, max(2, self.plot_h // 30)))
-        for value in yticks:
+        labels = [_label(v) for v in yticks] if self.log else tick_labels(yticks)
+        for value, label in zip(yticks, labels):
             y = self.y(value)
             parts.append(f'<line x1="{LEFT}" x2="{LEFT + self.plot_w}" y1="{y:.1f}" y2="{y:.1f}" '
                          f'stroke="{_GRID}"/><text x="{LEFT - 4}" y="{y + 3.5:.1f}" '
-                         f'text-anchor="end" data-tick="y">{_label(value)}</text>')
+                         f'text-anchor="end" data-tick="y">{label}</text>')
         xticks = [t for t in nice_ticks(self.x0, self.x1, max(2, self.plot_w // 70))
-                  if t == int(t)]  # steps are whole
-        for step in xticks:
+                  if not self.whole_x or t == int(t)]  # (steps are whole)
+        for step, label in zip(xticks, tick_labels(xticks)):
             x = self.x(step)
             parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{bottom}" '
                          f'stroke="{_GRID}"/><text x="{x:.1f}" y="{bottom + 13}" '
-                         f'text-anchor="middle" data-tick="x">{_label(step)}</text>')
+                         f'text-anchor="middle" data-tick="x">{label}</text>')
         parts.append(f'<text x="{self.width - RIGHT}" y="{self.height - 3}" text-anchor="end" '
                      f'fill="#555">{_e(caption or f"step {_label(last_step)}")}</text>')
         return parts
@@ -194,20 +212,24 @@ def _polylines(drawn):
         parts.append(f'<polyline data-rank="{rank}" points="{coords}" fill="none" '
                      f'stroke="{colour}" stroke-width="1.8"{dash}><title>{title}</title>'
                      f'</polyline>')
+        if " " not in coords:  # one point: a line of none, so a dot (its first rank's on top)
+            x, y = coords.split(",")
+            parts.append(f'<circle data-rank="{rank}" cx="{x}" cy="{y}" r="{3.5 - k}" '
+                         f'fill="{colour}"><title>{title}</title></circle>')
     return parts
 
 
-def chart_svgs(ranks):
+def chart_svgs(ranks, since=None):
     """Every metric's chart (SVG strings), in name order, and the memory chart last (once a
-    rank's memory was sampled)."""
-    memory = memory_chart_svg(ranks)
+    rank's memory was sampled; its time counted from `since`, the cell's start)."""
+    memory = memory_chart_svg(ranks, since)
     return ([chart_svg(name, lines) for name, lines in sorted(series(ranks).items())]
             + ([memory] if memory else []))
 
 
-def charts_html(ranks):
+def charts_html(ranks, since=None):
     """Every metric's chart side by side, or "" when nothing numeric was reported."""
-    return charts_box(chart_svgs(ranks))
+    return charts_box(chart_svgs(ranks, since))
 
 
 def charts_box(charts, static=False):
@@ -240,11 +262,11 @@ def summary_text(ranks):
     return "".join(lines)
 
 
-def picture_svg(ranks, per_row=2, charts=None):
+def picture_svg(ranks, per_row=2, charts=None, since=None):
     """Every chart in one SVG: the static picture a saved notebook keeps (`charts`: drawn
     already, e.g. a large run's bands)."""
     if charts is None:
-        charts = chart_svgs(ranks)
+        charts = chart_svgs(ranks, since)
     if not charts:
         return ""
     rows = math.ceil(len(charts) / per_row)
@@ -258,15 +280,17 @@ def picture_svg(ranks, per_row=2, charts=None):
 
 # --- memory: each rank's resident memory over time, and its limit ----------------------------
 
-def memory_series(ranks):
-    """({rank: [(seconds since the first sample, rss bytes), ...]}, {rank: its limit}) of the
-    ranks' samples; a limit only where the rank's cgroup's is below the host's memory."""
+def memory_series(ranks, since=None):
+    """({rank: [(seconds since `since`, rss bytes), ...]}, {rank: its limit}) of the ranks'
+    samples (`since`: a unix time, the cell's start; by default the first sample's); a limit
+    only where the rank's cgroup's is below the host's memory."""
     lines = {r.rank: list(zip(*r.usage.memory()))
              for r in ranks if getattr(r, "usage", None) is not None}
     lines = {rank: line for rank, line in lines.items() if line}
     if not lines:
         return {}, {}
-    start = min(t for line in lines.values() for t, _ in line)
+    first = min(t for line in lines.values() for t, _ in line)
+    start = first if since is None else min(since, first)
     limits = {r.rank: r.usage.latest["limit"] for r in ranks if r.rank in lines
               and r.usage.latest.get("limit_of") == "cgroup" and r.usage.latest.get("limit")}
     return {rank: [(t - start, rss) for t, rss in line] for rank, line in lines.items()}, limits
@@ -275,6 +299,8 @@ def memory_series(ranks):
 class MemoryAxes(Axes):
     """The memory chart's frame: time across (s, min or h), memory up from 0 (MB or GB) to the
     highest sample, or to a limit up to LIMIT_IN_VIEW times higher."""
+
+    whole_x = False
 
     def __init__(self, lines, limits):
         span = max(t for line in lines.values() for t, _ in line)
@@ -323,10 +349,10 @@ class MemoryAxes(Axes):
         return parts
 
 
-def memory_chart_svg(ranks):
-    """Each rank's memory (rss) over time, a line per rank, and its limit dashed; "" before
-    any rank's memory was sampled."""
-    lines, limits = memory_series(ranks)
+def memory_chart_svg(ranks, since=None):
+    """Each rank's memory (rss) over time from `since` (`memory_series`), a line per rank,
+    and its limit dashed; "" before any rank's memory was sampled."""
+    lines, limits = memory_series(ranks, since)
     if not lines:
         return ""
     axes = MemoryAxes(lines, limits)

@@ -274,16 +274,22 @@ class Dashboard:
 
     def _charts_html(self, run):
         # (a line per rank, or a large run's mean and min-max band unless lines are asked for)
-        return self._charts.html(run, self.picker is not None and not self.picker.lines.value)
+        return self._charts.html(run, self.picker is not None and not self.picker.lines.value,
+                                 self._began())
 
     def _show_picture(self, run):
         """The final charts as a static SVG output (it replaces the live ones): what a saved
         notebook, a rendered page or a binder shows without a kernel."""
-        picture = picture_svg(run.ranks, charts=band_charts(run.ranks)
-                              if is_large(run) else None)
+        picture = picture_svg(run.ranks, charts=band_charts(run.ranks, self._began())
+                              if is_large(run) else None, since=self._began())
         if picture:
             from IPython.display import SVG, display
             display(SVG(data=picture))
+
+    def _began(self):
+        """When the cell began, as a unix time (the charts' time starts there, as the header's
+        clock does)."""
+        return time.time() - (time.monotonic() - self.opening.began)
 
     def _take_log(self, run, rank):
         self._log_dirty.discard(rank)
@@ -333,7 +339,8 @@ def _rendition(view, run):
     would read "model not found" once the kernel is gone; only HTML that a viewer keeps in an
     untrusted notebook (no inline SVG, no scripts, no data- attributes needed)."""
     large = view.picker is not None
-    charts = band_charts(run.ranks) if large else chart_svgs(run.ranks)
+    since = view._began()
+    charts = band_charts(run.ranks, since) if large else chart_svgs(run.ranks, since)
     if large:  # the picked rank's row and log
         logs = (f"<details><summary>rank {view.picker.rank}</summary>"
                 f"{view.picker.render()}</details>")

@@ -39,10 +39,10 @@ class ChartRedraw:
         self.drawn, self.key, self.when = "", None, 0.0
         self.cost = 0.0           # seconds the last drawing took: a slow one is redrawn less
 
-    def html(self, run, banded):
+    def html(self, run, banded, since=None):
         """The charts, drawn again if new points or samples came (memory alone: at most once a
         second, the newest sample's) and enough time went by; `banded`: a large run's mean and
-        min-max band across ranks."""
+        min-max band across ranks; `since`: the cell's start (unix time), where time begins."""
         now = time.monotonic()
         sampled = int(max(((r.usage.latest or {}).get("time") or 0 for r in run.ranks),
                           default=0))
@@ -50,7 +50,7 @@ class ChartRedraw:
         key = (sum(_reported(r.history) for r in run.ranks), sampled, banded)
         if key != self.key and now - self.when >= max(10 * self.cost,
                                                       self.interval * run.np / 256):
-            self.drawn = (band_charts_html if banded else charts_html)(run.ranks)
+            self.drawn = (band_charts_html if banded else charts_html)(run.ranks, since)
             self.cost = time.monotonic() - now
             self.key, self.when = key, now
         return self.drawn

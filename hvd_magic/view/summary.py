@@ -303,11 +303,11 @@ def _band(xy, x, mean, low, high, count):
             f'stroke-width="1.8"/>']
 
 
-def memory_band_svg(ranks):
-    """The ranks' memory over time: the mean across ranks and the min-max band, and the lowest
-    limit below the hosts' dashed; "" before any sample."""
+def memory_band_svg(ranks, since=None):
+    """The ranks' memory over time (from `since`: `memory_series`): the mean across ranks and
+    the min-max band, and the lowest limit below the hosts' dashed; "" before any sample."""
     import numpy as np
-    lines, limits = memory_series(ranks)
+    lines, limits = memory_series(ranks, since)
     drawn = _bands([(np.array([t for t, _ in line], float), np.array([v for _, v in line], float))
                     for line in lines.values()]) if lines else None
     if drawn is None:
@@ -318,16 +318,16 @@ def memory_band_svg(ranks):
                    + _band(axes.point, *drawn) + ["</svg>"])
 
 
-def band_charts(ranks):
+def band_charts(ranks, since=None):
     """Every metric's band chart (SVG strings), in name order, and memory's last (once
-    sampled)."""
-    memory = memory_band_svg(ranks)
+    sampled; its time from `since`, the cell's start)."""
+    memory = memory_band_svg(ranks, since)
     return ([band_chart_svg(name, *drawn) for name, drawn in sorted(band_series(ranks).items())]
             + ([memory] if memory else []))
 
 
-def band_charts_html(ranks):
-    return charts_box(band_charts(ranks))
+def band_charts_html(ranks, since=None):
+    return charts_box(band_charts(ranks, since))
 
 
 # --- the text view's summary --------------------------------------------------------------------
