@@ -55,6 +55,8 @@ def load_ipython_extension(ip):
     said = prestart.begin(ip.user_ns, magics.np, magics.spark_conf, magics.run_root)
     if said:
         print(said)
+    from .frontends import warmup
+    warmup.begin(ip.user_ns)  # the --np -N ranks' template, holding what the notebook imports
 
 
 def unload_ipython_extension(ip):

@@ -154,8 +154,25 @@ def gated_java(folder):
 
 
 def test_spark_starts_when_the_extension_loads_and_the_first_cell_finds_it(tmp_path):
-    kernel = prestarted_kernel(tmp_path)
+    """Spark begun at load, and the kernel's rank template too, holding what the notebook's
+    code imports (its file, as Jupyter Server names it to the kernel: a %%horovod cell that
+    imports torch): a first --np -2 cell's ranks are forked from it."""
+    import nbformat
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic"),
+                      nbformat.v4.new_code_cell("%%horovod --np -2\nimport os\nif True:\n"
+                                                "    %time import torch\nos.getppid()")]
+    nbformat.write(notebook, str(tmp_path / "first.ipynb"))
+    kernel = prestarted_kernel(tmp_path, JPY_SESSION_NAME=str(tmp_path / "first.ipynb"))
     try:
+        kernel.execute("import hvd_magic.frontends.warmup as w; w._started.join(300)")
+        status = ("__import__('hvd_magic.template.client').template.client.status("
+                  "__import__('hvd_magic.task.environ').task.environ.rank_base_env())")
+        held = kernel.value(status)
+        assert held["modules"] == ["numpy", "torch"], held  # before any cell ran
+        reply, messages = kernel.execute(notebook.cells[1].source.replace("%time ", ""))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert kernel.value("hvd_magic.last_run().results") == [held["pid"]] * 2
         said = text_output(kernel.load_messages)
         assert "starting Spark (local[4]) in the background" in said
         assert "HVD_MAGIC_PRESTART=0" in said  # how to turn it off
@@ -167,8 +184,8 @@ def test_spark_starts_when_the_extension_loads_and_the_first_cell_finds_it(tmp_p
         assert "says hello" in shown and "starting Spark" not in shown  # nothing left to wait for
         assert java_pids(kernel) == [jvm]  # the run kept the session started at load
         [log] = glob.glob(str(tmp_path / "hvd_runs" / "spark-*.log"))
-        [run_dir] = [p for p in (tmp_path / "hvd_runs").iterdir() if p.is_dir()]
-        assert json.load(open(run_dir / "run.json"))["spark_log"] == log
+        run_dir = kernel.value("hvd_magic.last_run().run_dir")
+        assert json.load(open(os.path.join(run_dir, "run.json")))["spark_log"] == log
         assert kernel.value(
             "__import__('pyspark').sql.SparkSession.getActiveSession() is not None")
     finally:

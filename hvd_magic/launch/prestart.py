@@ -32,9 +32,14 @@ _current = None  # the Prestart of this process, until a run adopts it or it is 
 _releasing = threading.RLock()
 
 
+def switched_off(environ=os.environ):
+    """True where HVD_MAGIC_PRESTART=0: nothing is begun in the background at load."""
+    return environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off")
+
+
 def why_not(user_ns=None, environ=os.environ):
     """Why no session is started in the background here (a few words), or None: start one."""
-    if environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+    if switched_off(environ):
         return f"{ENV}=0"
     if environ.get("DATABRICKS_RUNTIME_VERSION") or environ.get("SPARK_REMOTE"):
         return "the platform's own session"

@@ -229,6 +229,24 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
+def hold(env, modules):
+    """This host's template for `env`, started if there is none, importing `modules` now: the
+    ranks of a later run are forked at once. The modules it holds, or None where no template
+    can serve. (Blocks while it imports: call it from a thread.)"""
+    sock = connect(env)
+    if sock is None:
+        return None
+    try:
+        server.send(sock, {"op": "hold", "modules": list(modules)})
+        sock.settimeout(FORK_SECONDS)
+        reply, _ = server.recv(sock)
+        return reply.get("held") if reply else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        sock.close()
+
+
 def status(env=None):
     """What this process's template (for `env`, default this process's) says of itself: pid,
     modules, rss, pss, ranks; None where there is none."""

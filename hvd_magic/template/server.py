@@ -10,6 +10,8 @@ a private (0700) folder, never on TCP. Each connection is one request, a JSON me
   forks, answers ``{"pid"}``, and ``{"exit": code}`` when it has reaped the rank (the code as
   `subprocess.Popen.returncode` gives it). The connection closing first means the task is gone:
   the rank's process group is killed, as a rank dies with its task when started the old way;
+- ``{"op": "hold", "modules"}``: import them now (the notebook's imports, at ``%load_ext``:
+  the first cell's ranks are then forked at once); ``{"held"}`` once done;
 - ``{"op": "status"}``: its pid, the modules it holds, its memory (RSS, PSS), its live ranks.
 
 It runs one thread and starts none: imports happen with every library's thread count at 1 (no
@@ -124,6 +126,10 @@ class Template:
             self._drop(conn)
         elif request.get("op") == "fork":
             self._fork(conn, request, fds)
+        elif request.get("op") == "hold":
+            self._hold(request.get("modules", ()))
+            send(conn, {"held": self.held})
+            self._drop(conn)
         elif request.get("op") == "status":
             rss, pss = memory()
             send(conn, {"pid": os.getpid(), "modules": self.held, "rss": rss, "pss": pss,

@@ -174,19 +174,8 @@ class Dashboard:
             self._let_go.pop()()
         if self.box is None or self.handle is None:  # no display to replace: a static picture
             self._show_picture(run)
-        if self.box is None:  # a fast run: its header, notices and links, then its lines as
-            if run.started is None:  # plain text, as the text view prints them
-                self.opening.clear()  # (never started: its error says why)
-            else:
-                self.opening.settle(f"<div>{self._header_html(run)}</div>"
-                                    f"{_notices_html(self._notices)}{footer_html(run)}")
-            text = TextView(summary=False, verbose=self.verbose)
-            for rank, event in self._early:
-                if rank is not None or run.started is None:  # (notices: in the header's output)
-                    text.event(run, rank, event)
-            self._early = []
-            if getattr(run, "timeline_path", None):
-                text.stdout.write(_timeline_note(run))
+        if self.box is None:
+            _finish_fast(self, run)
             return
         if self.handle is None:
             self.charts.value = ""  # the static picture below the dashboard took its place
@@ -275,21 +264,16 @@ class Dashboard:
     def _charts_html(self, run):
         # (a line per rank, or a large run's mean and min-max band unless lines are asked for)
         return self._charts.html(run, self.picker is not None and not self.picker.lines.value,
-                                 self._began())
+                                 self.opening.began_at())
 
     def _show_picture(self, run):
         """The final charts as a static SVG output (it replaces the live ones): what a saved
         notebook, a rendered page or a binder shows without a kernel."""
-        picture = picture_svg(run.ranks, charts=band_charts(run.ranks, self._began())
-                              if is_large(run) else None, since=self._began())
+        picture = picture_svg(run.ranks, charts=band_charts(run.ranks, self.opening.began_at())
+                              if is_large(run) else None, since=self.opening.began_at())
         if picture:
             from IPython.display import SVG, display
             display(SVG(data=picture))
-
-    def _began(self):
-        """When the cell began, as a unix time (the charts' time starts there, as the header's
-        clock does)."""
-        return time.time() - (time.monotonic() - self.opening.began)
 
     def _take_log(self, run, rank):
         self._log_dirty.discard(rank)
@@ -322,6 +306,23 @@ class Dashboard:
         return log_html(run, rank, self._tails[rank], self.verbose)
 
 
+def _finish_fast(view, run):
+    """A run that ended before its dashboard showed: its header, notices and links stay in the
+    cell's first output; its lines follow as plain text, as the text view prints them."""
+    if run.started is None:
+        view.opening.clear()  # (never started: its error says why)
+    else:
+        view.opening.settle(f"<div>{view._header_html(run)}</div>"
+                            f"{_notices_html(view._notices)}{footer_html(run)}")
+    text = TextView(summary=False, verbose=view.verbose)
+    for rank, event in view._early:
+        if rank is not None or run.started is None:  # (notices: in the header's output)
+            text.event(run, rank, event)
+    view._early = []
+    if getattr(run, "timeline_path", None):
+        text.stdout.write(_timeline_note(run))
+
+
 def _clock(run, began, ended_at):
     """The cell's time so far, in whole seconds (so it never goes back); at the end, its wall
     time, and the ranks' own time beside it when that is much less."""
@@ -339,7 +340,7 @@ def _rendition(view, run):
     would read "model not found" once the kernel is gone; only HTML that a viewer keeps in an
     untrusted notebook (no inline SVG, no scripts, no data- attributes needed)."""
     large = view.picker is not None
-    since = view._began()
+    since = view.opening.began_at()
     charts = band_charts(run.ranks, since) if large else chart_svgs(run.ranks, since)
     if large:  # the picked rank's row and log
         logs = (f"<details><summary>rank {view.picker.rank}</summary>"

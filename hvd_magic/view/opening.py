@@ -29,6 +29,10 @@ class Opening:
         self.handle = handle
         self._shown = None
 
+    def began_at(self):
+        """When the cell began, as a unix time (where the charts' time starts)."""
+        return time.time() - (time.monotonic() - self.began)
+
     @classmethod
     def show(cls, np):
         """Show the first line under the running cell, in a kernel that draws widgets."""
