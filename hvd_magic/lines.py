@@ -103,8 +103,10 @@ def is_warning(text):
 
 
 def is_aside(text):
-    """True for a warning's first line or a library's advert: not what a rank has to say."""
-    return bool(_WARNING.match(text) or _ADVERT.match(text))
+    """True for a warning's first line, a library's advert, or a rule (a line of dashes or of a
+    drawn table's borders, no letter or digit: Lightning's banner): not what a rank has to say."""
+    return bool(_WARNING.match(text) or _ADVERT.match(text)
+                or not any(c.isalnum() for c in text))
 
 
 def last_said(newest_first, skip=None):

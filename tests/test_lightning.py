@@ -135,6 +135,21 @@ def test_lightning_fits_on_the_ranks_with_equal_weights_metrics_and_progress(ip,
         assert run.ranks[rank].step == run.ranks[rank].total == 4
 
 
+def test_lightnings_tensorboard_logger_leaves_tensorflow_unloaded_unless_the_cell_uses_it(
+        ip, tmp_path, monkeypatch):
+    """Lightning's default logger (TensorBoard's, on rank 0) writes its events where it always
+    does, without TensorFlow loaded on the rank (TensorBoard's stub: ~500 MB less), unless the
+    cell imports TensorFlow itself."""
+    pytest.importorskip("tensorflow")  # (where it is not installed, TensorBoard uses its stub)
+    monkeypatch.chdir(tmp_path)
+    fit = FIT.format(devices=2).replace(", logger=False", "").replace(
+        "children(recursive=True))", "children(recursive=True), 'tensorflow' in sys.modules)")
+    for imports in ("import sys\n", "import sys, tensorflow\n"):
+        *_, loaded = ip.run_cell_magic("horovod", "--np -2 --quiet", imports + MODULE + fit)
+        assert loaded == ("tensorflow" in imports), imports
+    assert len(list(tmp_path.glob("lightning_logs/version_*/events.out.tfevents.*"))) == 2
+
+
 @pytest.mark.parametrize("trainer, message", [
     ("strategy='ddp_spawn', devices=2", "strategy='ddp_spawn' starts processes of its own; "
                                         "on hvd_magic's ranks write strategy='ddp', devices=2, "

@@ -189,8 +189,13 @@ WARNING = ["/site-packages/lightning/pytorch/utilities/_pytree.py:21: `isinstanc
     (WARNING, ("Cell In[3], line 4: UserWarning: this API is old", True)),  # nothing else
     (["\x1b[?25l", "\r\x1b[2KEpoch 0 1/2\r\x1b[2KEpoch 0 2/2", "\x1b[?25h"],
      ("Epoch 0 2/2", False)),
+    # a rule (Lightning's banner), a drawn table's border: the words above them
+    (["All distributed processes registered. Starting with 2 processes", "-" * 100],
+     ("All distributed processes registered. Starting with 2 processes", False)),
+    (["│ 0 │ layer │ Linear │      5 │", "└───┴───────┴────────┴────────┘"],
+     ("│ 0 │ layer │ Linear │      5 │", False)),
 ])
-def test_a_warning_or_an_advert_is_a_last_line_only_when_nothing_else_is(lines, shown):
+def test_a_warning_an_advert_or_a_rule_is_a_last_line_only_when_nothing_else_is(lines, shown):
     assert last_said(reversed(lines)) == shown
 
 

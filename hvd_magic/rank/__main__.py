@@ -178,6 +178,7 @@ def main(workdir):
     for filename, source in job.get("sources", {}).items():
         _register_source(filename, source)
     install_modules(job.get("modules"), os.path.join(workdir, "modules"))
+    trainers.tensorboard_without_tensorflow(job.get("imports", ()))  # (the job's reading)
     stream.use_plan(job.get("data"))  # --data: what hvd_magic.shard() and the batches read
     reporting.state("running", fresh=reporting.fresh())
     try:

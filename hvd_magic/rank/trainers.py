@@ -18,6 +18,11 @@ rank's own process, as under torchrun. What is hooked here, once the cell import
   writes ``Accelerator(cpu=True)``). Such a rank gets ``ACCELERATE_USE_CPU=true``, unless the cell
   set it already; a rank with a GPU is left to pick it.
 
+- TensorBoard (Lightning's default logger on rank 0, torch's ``SummaryWriter``) imports
+  TensorFlow where it is installed, ~500 MB on that rank for nothing: a job that does not import
+  TensorFlow or Keras itself has TensorBoard use its own stub (`tensorboard_without_tensorflow`:
+  TensorBoard's ``tensorboard.compat.notf`` switch), as where TensorFlow is not installed.
+
 Not for: the driver, or making any framework's environment (that is `hvd_magic.frameworks`).
 """
 
@@ -27,6 +32,7 @@ from importlib import import_module
 
 from . import hooks
 
+TENSORFLOW_NAMES = ("tensorflow", "keras", "tf_keras")  # a job importing one keeps TensorBoard's TF
 SPAWNING = ("spawn", "fork", "notebook")  # in the names of Lightning's strategies that start processes
 
 
@@ -98,6 +104,18 @@ def _patch_lightning(pl):
         import_module(f"{pl.__name__}.callbacks.progress.tqdm_progress").Tqdm._hvd_magic_quiet = True
     except (ImportError, AttributeError):
         pass
+
+
+def tensorboard_without_tensorflow(imports):
+    """Have TensorBoard use its stub, not TensorFlow, unless the job `imports` (module names)
+    TensorFlow or Keras itself. True where it was done."""
+    import sys
+    import types
+    if any(name.split(".")[0] in TENSORFLOW_NAMES for name in imports) \
+            or "tensorflow" in sys.modules:
+        return False
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    return True
 
 
 def _cpu_if_no_gpu(accelerate):
