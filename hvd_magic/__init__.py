@@ -52,11 +52,12 @@ def load_ipython_extension(ip):
     from .launch import prestart
     magics = HorovodMagics(shell=ip)
     ip.register_magics(magics)
-    said = prestart.begin(ip.user_ns, magics.np, magics.spark_conf, magics.run_root)
+    from .frontends import warmup
+    held = warmup.to_hold(ip.user_ns)  # what the ranks' templates import from the start
+    said = prestart.begin(ip.user_ns, magics.np, magics.spark_conf, magics.run_root, held)
     if said:
         print(said)
-    from .frontends import warmup
-    warmup.begin(ip.user_ns)  # the --np -N ranks' template, holding what the notebook imports
+    warmup.begin(held)  # the --np -N ranks' template
 
 
 def unload_ipython_extension(ip):

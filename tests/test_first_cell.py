@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import cloudpickle
 import psutil
@@ -174,14 +175,27 @@ def test_spark_starts_when_the_extension_loads_and_the_first_cell_finds_it(tmp_p
         assert reply["content"]["status"] == "ok", reply["content"]
         assert kernel.value("hvd_magic.last_run().results") == [held["pid"]] * 2
         said = text_output(kernel.load_messages)
-        assert "starting Spark (local[4]) in the background" in said
+        assert "starting Spark (local[4]" in said and ") in the background" in said
+        if (os.cpu_count() or 1) < 4:  # more slots than cores: said
+            assert f"4 task slots, sharing this machine's {os.cpu_count()} CPU core" in said
         assert "HVD_MAGIC_PRESTART=0" in said  # how to turn it off
         assert kernel.value("hvd_magic.launch.prestart.current().wait() is not None")
         [jvm] = java_pids(kernel)
+        began = time.time()
         reply, messages = kernel.execute(FIRST_CELL)
         assert reply["content"]["status"] == "ok", reply["content"]
         shown = everything_shown(messages)
         assert "says hello" in shown and "starting Spark" not in shown  # nothing left to wait for
+        # the executor's rank template (the JVM's), begun with Spark before the cell, holding
+        # what the notebook imports
+        [template] = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[
+            2:3] == ["hvd_magic.template.server"] and p.info["cmdline"][4] == str(jvm)]
+        assert template.create_time() < began
+        from hvd_magic.template import client, server
+        sock = client._connect(template.cmdline()[3])
+        server.send(sock, {"op": "status"})
+        assert server.recv(sock)[0]["modules"][:2] == ["numpy", "torch"]
+        sock.close()
         assert java_pids(kernel) == [jvm]  # the run kept the session started at load
         [log] = glob.glob(str(tmp_path / "hvd_runs" / "spark-*.log"))
         run_dir = kernel.value("hvd_magic.last_run().run_dir")

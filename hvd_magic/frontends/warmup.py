@@ -1,6 +1,8 @@
-"""The ranks' template begun at ``%load_ext``, as the embedded Spark session is: the kernel's
+"""The ranks' templates begun at ``%load_ext``, as the embedded Spark session is: the kernel's
 template (`hvd_magic.template`) started in a thread and told to import what the notebook imports,
-so that the first ``--np -N`` cell's ranks are forked at once instead of waiting for torch.
+so that the first ``--np -N`` cell's ranks are forked at once instead of waiting for torch; the
+embedded session's executor's template the same way, by the background start's first job
+(`hvd_magic.launch.prestart`), for the first ``--np N`` cell.
 
 What the notebook imports is read from its code, not guessed: the notebook file the kernel runs
 (``JPY_SESSION_NAME``, which Jupyter Server gives its kernels; ipykernel's ``__session__``) and the
@@ -9,7 +11,7 @@ modules safe to fork after import: torch, horovod.torch, numpy, pandas; never Te
 notebook that imports none of them still gets the template itself started.
 
 ``HVD_MAGIC_PRESTART=0`` turns this off with the Spark start; ``--fresh`` runs never use it.
-Not for: Spark executors' templates (each executor's first task starts its own).
+Not for: a cluster's executors (each one's first task starts its template).
 """
 
 import ast
@@ -18,27 +20,37 @@ import os
 import threading
 
 from ..config import fresh_by_default
-from ..launch.prestart import ENV, switched_off
+from ..launch.prestart import switched_off
 
 _started = None  # the thread of this kernel's warm-up, once begun
 
 
-def begin(user_ns, environ=os.environ):
-    """Start the template in a thread, holding what the notebook imports; the thread, or None
-    where it is switched off (or was begun already)."""
-    global _started
-    if _started is not None or switched_off(environ) or fresh_by_default():
+def to_hold(user_ns, environ=os.environ):
+    """The modules the ranks' templates hold from the start: the forkable ones the notebook's
+    code imports; None where nothing is begun at load (HVD_MAGIC_PRESTART=0, or --fresh ranks
+    by default)."""
+    if switched_off(environ) or fresh_by_default():
         return None
-    _started = threading.Thread(target=_hold, args=(notebook_sources(user_ns, environ),),
-                                name="hvd-magic-template-warm-up", daemon=True)
+    from ..template import wanted
+    return wanted({"sources": notebook_sources(user_ns, environ)})
+
+
+def begin(modules):
+    """Start the kernel's template in a thread, holding `modules` (`to_hold`); the thread, or
+    None where there is nothing to begin (or it was begun already)."""
+    global _started
+    if _started is not None or modules is None:
+        return None
+    _started = threading.Thread(target=_hold, args=(modules,), name="hvd-magic-template-warm-up",
+                                daemon=True)
     _started.start()
     return _started
 
 
-def _hold(sources):
+def _hold(modules):
     from ..task.environ import rank_base_env
-    from ..template import client, wanted
-    client.hold(rank_base_env(), wanted({"sources": sources}))
+    from ..template import client
+    client.hold(rank_base_env(), modules)
 
 
 def notebook_sources(user_ns, environ=os.environ):

@@ -26,6 +26,8 @@ import shutil
 import sys
 import threading
 
+from ..words import plural
+
 ENV = "HVD_MAGIC_PRESTART"
 
 _current = None  # the Prestart of this process, until a run adopts it or it is given up
@@ -64,7 +66,7 @@ class Prestart:
     """One background start of the embedded session: `spark.embedded_settings` of `np` ranks and
     the user's `conf` (HorovodMagics.spark_conf)."""
 
-    def __init__(self, np, conf, log_dir):
+    def __init__(self, np, conf, log_dir, hold=None):
         # Imported here, in the notebook's thread: a cell importing pyspark while the thread below
         # does would find it partly initialised (pyspark and pyspark.sql import each other).
         import pyspark.sql  # noqa: F401
@@ -73,6 +75,7 @@ class Prestart:
         _guard()
 
         self.conf = dict(conf)
+        self.hold = hold  # the modules the executors' rank template holds (None: no template)
         settings = embedded_settings(np, self.conf)
         self.master = settings["spark.master"]
         self.start = SparkStart(settings, log_dir)
@@ -87,9 +90,13 @@ class Prestart:
         from .sparkstart import _quiet, local_slots
         try:
             self.session = _quiet(self.start.session())
-            # Spark's Python worker daemon starts with the first job: start it now too.
+            # Spark's Python worker daemon starts with the first job: start it now too, and the
+            # ranks' template of the executor, holding what the notebook imports.
             slots = local_slots(self.master) or 1
-            self.session.sparkContext.parallelize(range(slots), slots).count()
+            work = self.session.sparkContext.parallelize(range(slots), slots)
+            if self.hold is not None:
+                work = work.mapPartitions(_holding(self.hold))
+            work.count()
         except BaseException as exc:  # cancelled, or no Java after all: a run starts its own
             self.error = exc
         finally:
@@ -110,18 +117,35 @@ class Prestart:
             self.session = None
 
 
-def begin(user_ns=None, np=2, conf=None, log_dir="hvd_runs"):
-    """Start the embedded session in the background unless `why_not`; the line to say, or None."""
+def _holding(modules):
+    """A Spark task's work: the executor's rank template started, holding `modules`
+    (`hvd_magic.template`); its first run's ranks are then forked at once."""
+    def hold(_partition):
+        from ..task.environ import rank_base_env
+        from ..template import client
+        client.hold(rank_base_env(), modules)
+        return iter(())
+    return hold
+
+
+def begin(user_ns=None, np=2, conf=None, log_dir="hvd_runs", hold=None):
+    """Start the embedded session in the background unless `why_not` (and with it the
+    executor's rank template, holding the modules `hold`, where given); the line to say, or
+    None."""
     global _current
     if _current is not None or why_not(user_ns) is not None:
         return None
     try:
-        _current = Prestart(np, conf or {}, log_dir)
+        _current = Prestart(np, conf or {}, log_dir, hold)
     except Exception as exc:  # noqa: BLE001  (pyspark broken here: loading must not fail)
         return (f"hvd_magic: Spark cannot be started early: pyspark fails to import "
                 f"({type(exc).__name__}: {exc}). --np -N cells run without it; a --np N cell "
                 f"says what to do.")
-    return (f"hvd_magic: starting Spark ({_current.master}) in the background for "
+    from .sparkstart import local_slots
+    slots, cores = local_slots(_current.master), os.cpu_count() or 1
+    shared = (f": {slots} task slots, sharing this machine's {plural(cores, 'CPU core')}"
+              if slots and slots > cores else "")
+    return (f"hvd_magic: starting Spark ({_current.master}{shared}) in the background for "
             f"%%horovod --np N; a SparkSession your code builds stops it first. "
             f"{ENV}=0 turns this off.")
 
