@@ -78,6 +78,7 @@ def test_each_ranks_memory_is_what_psutil_reads_from_outside_and_is_kept(ip, tmp
     dashboard.start(run)  # (a finished run: nothing is displayed)
     row = dashboard._table_html(run).split("<tr data-rank='1'")[1].split("</tr>")[0]
     assert f">peak {size(run.ranks[1].usage.peak_rss)}</td>" in row, row
+    assert "pages it shares with the other ranks" in row  # what the figure counts, on hover
     assert " B (peak" not in row and "MB" in size(run.ranks[1].usage.peak_rss)
 
 

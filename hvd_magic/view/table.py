@@ -44,6 +44,8 @@ _LAST = (_CELL_STYLE + ";max-width:0;min-width:max(8em,15cqw);width:100%;overflo
          "text-overflow:ellipsis;direction:rtl;position:sticky;right:0;"
          "background:var(--jp-layout-color0,#fff)")
 _STYLES = {"last line": _LAST}
+RSS_MEANS = ("resident memory of the rank's processes: it counts the libraries it imported "
+             "(torch's ~160 MB) and pages it shares with the other ranks of a template")
 PEAK_SAID_ABOVE = 1.25     # a live row's peak memory is in its cell above this times its memory now
 _METRICS_MAX = "min(36em,18cqw)"      # metrics beyond this are cut (whole on hover)
 # The lines of a Python stack dump (faulthandler's, which the hang watchdog asks for): kept in
@@ -139,7 +141,7 @@ def _usage_cells(usage, ended=False):
         return {"cpu": ("", ""), "memory": ("", ""), "gpu": ("", "")}
     if ended:
         peak = f"peak {size(usage.peak_rss)}"
-        return {"cpu": (f"peak {usage.peak_cpu:.0f}%", "of one core"), "memory": (peak, ""),
+        return {"cpu": (f"peak {usage.peak_cpu:.0f}%", "of one core"), "memory": (peak, RSS_MEANS),
                 "gpu": ("", "")}
     rss, limit = latest.get("rss", 0), latest.get("limit") or 0
     # (the peak when it says more than the memory now: the cell stays narrow)
@@ -147,7 +149,7 @@ def _usage_cells(usage, ended=False):
                           if usage.peak_rss > PEAK_SAID_ABOVE * rss else "")
     where = "its cgroup's" if latest.get("limit_of") == "cgroup" else "the host's memory"
     title = "; ".join([f"peak {size(usage.peak_rss)}"]
-                      + ([f"limit {size(limit)}: {where}"] if limit else []))
+                      + ([f"limit {size(limit)}: {where}"] if limit else []) + [RSS_MEANS])
     html = _e(memory)
     if usage.near_limit():
         html = (f"<span style='color:{_STATE_COLORS['failed']}' data-near-limit>{html} ⚠ "
