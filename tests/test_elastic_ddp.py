@@ -6,6 +6,8 @@ training the same batches (real processes, real Gloo, real kills; on the driver 
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -245,3 +247,30 @@ def test_an_elastic_torch_session_goes_on_with_its_survivors(ip):
         assert 2 in session.lost
     finally:
         ip.run_line_magic("horovod_session", "stop")
+
+
+STALE_STORE = """\
+import os, socket, threading, time
+import torch.distributed  # (imported first: the newer world comes while the member connects)
+os.environ["HVD_MAGIC_ELASTIC"] = "torch"
+from hvd_magic.rank.elastic_world import World
+probe = socket.socket()
+probe.bind(("127.0.0.1", 0))
+port = probe.getsockname()[1]
+probe.close()  # a store its maker left for a newer world: nothing listens there any more
+world = World(slot=2)
+world.heard({"t": "reform", "g": 2, "slots": [0, 1, 2]})
+world.heard({"t": "world", "g": 2, "addr": "127.0.0.1", "port": port})
+threading.Timer(1.0, world.heard, [{"t": "reform", "g": 3, "slots": [0, 2]}]).start()
+print(world._store(world.reform, 2, 3))
+"""
+
+
+def test_a_member_connecting_to_a_store_left_for_a_newer_world_goes_to_the_newer_one():
+    """Two ranks of one worker lost a moment apart (a standalone cluster's fresh-clone run): the
+    world of 3 formed after the first loss had its store left by its maker for the world of 2;
+    a member still connecting to it leaves that connection once the newer world is heard,
+    instead of retrying it for the store's whole timeout (60 s)."""
+    done = subprocess.run([sys.executable, "-c", STALE_STORE], capture_output=True, text=True,
+                          timeout=40)
+    assert done.stdout.strip() == "None", done.stdout + done.stderr

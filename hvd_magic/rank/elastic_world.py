@@ -38,6 +38,7 @@ ELASTIC = "HVD_MAGIC_ELASTIC"             # "torch" in such a run's ranks
 SLOT = "HVD_MAGIC_ELASTIC_SLOT"           # this process's slot (the view's row)
 ADDRESS = "HVD_MAGIC_ELASTIC_ADDR"        # this machine's address, as the other ranks reach it
 STORE_TIMEOUT = 60.0                      # seconds a member waits for a new group's store
+STORE_TRY = 2.0                           # ...in tries this long, a newer world heard between
 HOROVOD_GRACE = 0.3                       # seconds Horovod's ring may notice a loss by itself
 _TCP = (socket.AF_INET, socket.AF_INET6)
 
@@ -228,8 +229,22 @@ class World:
         _set_env(rank, size, world)
         if rank == 0:
             return store
-        return dist.TCPStore(world["addr"], int(world["port"]), size, is_master=False,
-                             timeout=wait)
+        # Connected to in short tries: a store whose maker left it for a newer world is never
+        # listened on again, and torch's client would retry it for the whole timeout (a
+        # connection refused is retried, and there is no socket yet for `_cut` to shut).
+        deadline = time.monotonic() + STORE_TIMEOUT
+        while True:
+            try:
+                client = dist.TCPStore(world["addr"], int(world["port"]), size, is_master=False,
+                                       timeout=timedelta(seconds=STORE_TRY))
+            except Exception:  # noqa: BLE001  (refused, or no answer within the try)
+                if self.reform["g"] != g or self.ended:
+                    return None  # a newer world came: its store, not this one
+                if time.monotonic() > deadline:
+                    raise
+                continue
+            client.set_timeout(wait)  # (the group's own waits: the whole timeout)
+            return client
 
 
 def _horovod_ready():
