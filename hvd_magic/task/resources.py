@@ -132,6 +132,13 @@ class _Nvml:
         except (OSError, AttributeError):
             pass
 
+    def count(self):
+        """How many GPUs the driver sees (0 without NVML)."""
+        count = ctypes.c_uint()
+        if self.lib is None or self.lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+
     def read(self, index):
         handle = ctypes.c_void_p()
         memory, rates = self._Memory(), self._Rates()
