@@ -123,7 +123,7 @@ def test_a_history_that_was_not_thinned_reads_its_own_columns(tmp_path):
 def test_the_charts_are_drawn_again_when_points_come_whatever_a_thinned_history_keeps(
         monkeypatch):
     drawn = []
-    monkeypatch.setattr(pacing, "charts_html", lambda ranks: drawn.append(1) or "charts")
+    monkeypatch.setattr(pacing, "charts_html", lambda ranks, since=None: drawn.append(1) or "charts")
     scratch, first_at = MetricHistory(), {}
     for step in range(1, 5 * KEEP):  # the steps at which the points kept come back to a number
         scratch.append(step, {"loss": loss(step)})
