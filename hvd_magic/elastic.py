@@ -189,10 +189,10 @@ def run(fn):
         backend = _group(here)
         changed = False
         while True:
-            state.sync()
-            if changed:
-                state.on_reset()
-            try:
+            try:  # (a member lost while the state is shared: a newer world, as in the call)
+                state.sync()
+                if changed:
+                    state.on_reset()
                 return fn(state, *args, **kwargs)
             except MembershipChanged:
                 pass  # committed just now: nothing to roll back

@@ -142,6 +142,30 @@ def test_survivors_of_a_killed_rank_go_on_and_train_what_one_process_would(ip, f
     assert "Horovod" not in run.elastic.summary() and "world of 2: slots" in run.elastic.summary()
 
 
+def test_two_ranks_lost_a_moment_apart_leave_the_others_training(ip, fresh_ns):
+    """Two ranks SIGKILLed 30 ms apart, as a lost worker's two slots die: the world formed after
+    the first loss breaks while it forms (a member of it is gone), and the replacements may
+    join while the others form the next. Every world is made all the same (a rank whose group
+    failed to form is named like its peers' next time, and says so to the driver); the run
+    ends with every rank and the weights one process gets from the same batches. (A
+    standalone cluster's fresh-clone runs hung here: the survivors' groups never formed.)"""
+    fresh_ns.update(steps=60, grow_to=4, raise_at=None)
+    with _elastic_run(ip, "--np -4 --min-np 2") as run:
+        _kill_at_step(run, 3, 15)
+        time.sleep(0.03)
+        os.kill(run.ranks[2].pid, signal.SIGKILL)
+        results = run.wait(240)
+
+    assert run.state == "done", run.error
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    worlds = results[0]["worlds"]
+    assert len(worlds) == 60 and worlds[0] == worlds[-1] == 4 and min(worlds) < 4, worlds
+    expected = reference_weights(worlds)
+    for r in results:
+        assert r["weights"] == pytest.approx(expected, abs=1e-5) and r["worlds"] == worlds
+    assert sorted(c["rank"] for c in run.membership if c["t"] == "lost") == [2, 3]
+
+
 def test_a_rank_that_raises_ends_the_run_with_its_traceback(ip, fresh_ns):
     fresh_ns.update(steps=80, grow_to=0, raise_at=12)
     with pytest.raises(RankError) as info:

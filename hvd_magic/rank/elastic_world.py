@@ -9,16 +9,23 @@ thread):
 - ``lost``: a member of the run was lost. The connected TCP sockets this rank opened for its
   current process group are shut down at once, so that a collective waiting on a peer that is
   gone (or on a survivor that has already left the group) returns with an error instead of
-  waiting for Gloo's timeout. Gloo's listener is left alone (shutting it aborts the process);
+  waiting for Gloo's timeout. Gloo's listener is left alone (shutting it aborts the process).
+  While this rank forms a new group nothing is cut: the ``reform`` that follows a loss does it
+  (a ``lost`` heard late must not cut the newer world's store);
 - ``reform``: generation `g` will be these slots, in rank order. After a loss the survivors are
-  already waiting for it; when a rank joins, the others leave at their next ``commit()``;
+  already waiting for it; when a rank joins, the others leave at their next ``commit()``; a
+  rank forming an older world leaves it at once (its sockets cut);
 - ``world``: where generation `g`'s store is, once its rank 0 (the first slot) has made it and
-  said where (an ``elastic`` event with ``what: store``).
+  said where (an ``elastic`` event with ``what: store``);
+- ``leave``: the run goes on without this rank (it exits).
 
-``leave``: the run goes on without this rank (it exits). `join` (the rank's start, before the user's code) waits for the first generation that has this
-slot and sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``... so that a plain
-``dist.init_process_group("gloo")`` finds it. `form` (`hvd_magic.elastic.run`, after a change)
-leaves the old group and makes the new one from a store of its own.
+`join` (the rank's start, before the user's code) waits for the first generation that has this
+slot and sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``... The code's own
+``dist.init_process_group("gloo")`` (``env://``) comes to `first_group` (`torch_store`), which
+makes that world's group as `form` makes every later one (`hvd_magic.elastic.run`, after a
+change): from the world's store, connected to in short tries, following a newer world heard
+meanwhile. A rank whose group could not be made (a member lost meanwhile) says ``failed``, and
+the driver forms the same members again on a new store.
 
 Not for: the state rolled back and shared (`hvd_magic.elastic`), or deciding anything (the
 driver decides).
@@ -32,7 +39,7 @@ import threading
 import time
 
 from . import reporting
-from .torch_store import PORTS
+from .torch_store import PORTS, probe
 
 ELASTIC = "HVD_MAGIC_ELASTIC"             # "torch" in such a run's ranks
 SLOT = "HVD_MAGIC_ELASTIC_SLOT"           # this process's slot (the view's row)
@@ -65,6 +72,8 @@ class World:
         self.ended = False       # the driver told this rank it is not in the run any more
         self._failed = -1        # the newest generation whose forming failed here
         self._forming = None     # the generation this rank is forming now
+        self._joined = None      # the world `join` found, its group not made yet
+        self._options = {}       # the code's init_process_group arguments (timeout...)
         self._changed = threading.Condition()
         self._mark = _sockets()  # the sockets open before the current group was made
 
@@ -85,7 +94,8 @@ class World:
             elif kind in ("lost", "leave"):
                 self.disrupted = True
                 self.ended = self.ended or kind == "leave"
-                self._cut()
+                if self._forming is None or self.ended:  # (while forming: the reform after it)
+                    self._cut()
             self._changed.notify_all()
 
     def _cut_if_stuck(self, after=HOROVOD_GRACE):
@@ -150,28 +160,41 @@ class World:
             return self.stores.get(g) if not self.ended and self.reform["g"] == g else None
 
     def _formed(self, g):
+        """Generation `g`'s group is made (the sockets it opened, after `_mark`, are the ones a
+        loss cuts)."""
         self.generation, self.disrupted, self._forming = g, False, None
-        self._mark = _sockets()
 
     def join(self, announce=True):
         """The first world with this slot (`announce`: tell the driver this rank is here); its
-        variables set for ``init_process_group``."""
+        variables set for ``init_process_group``, whose group `first_group` makes."""
         if announce:
             reporting.send({"t": "elastic", "what": "join"})
         reporting.send({"t": "blocked", "op": "init", "seconds": 0})
         while True:
             reform = self._next()
             rank = reform["slots"].index(self.slot)
-            if rank == 0:  # our store port: free, announced, and taken by init_process_group
+            if rank == 0:  # our store port: free, announced, and taken by the group's store
                 self.held = _reserve()  # (kept bound, not listening: no one else can take it)
                 _announce(reform["g"], self.held.getsockname()[1])
             world = self._store_of(reform["g"])
             if world is not None:
                 break
         self._formed(reform["g"])
+        self._forming, self._joined = reform["g"], reform  # (the group is the code's to make)
         _set_env(rank, len(reform["slots"]), world)
         reporting.send({"t": "unblocked"})
         return rank
+
+    def first_group(self, backend, options):
+        """The code's own first ``init_process_group`` (``env://``): the group of the world
+        `join` found, made as `form` makes every later one (a newer world heard meanwhile, or a
+        member lost, is followed to the newest world). `options`: the call's other arguments
+        (``timeout``...), kept for the later groups too."""
+        self._options = options
+        first, self._joined = self._joined, None
+        with self._changed:
+            stale = self.changed()
+        self.form(backend, None if stale else first)
 
     def refresh(self):
         """A warm session's rank, before a cell: into the newest world, if there is one (the
@@ -184,45 +207,56 @@ class World:
         else:
             self.join(announce=False)
 
-    def form(self, backend):
-        """Leave the current group and make the newest world's: its rank for this process."""
+    def first_pending(self):
+        """Whether `join` found a world whose group the code has not made yet."""
+        return self._joined is not None
+
+    def form(self, backend, reform=None):
+        """Leave the current group and make the newest world's (or `reform`'s, the world
+        `join` found): its rank for this process."""
         import torch.distributed as dist
 
         while True:
-            reform = self._next()
-            if dist.is_initialized():
-                try:
-                    dist.destroy_process_group()
-                except Exception:  # noqa: BLE001  (a broken group: what is left goes with it)
-                    pass
-            self._mark = _sockets()
-            self._forming = reform["g"]
+            if reform is None:
+                reform = self._next()
+                if dist.is_initialized():
+                    try:
+                        dist.destroy_process_group()
+                    except Exception:  # noqa: BLE001  (a broken group: what is left goes with it)
+                        pass
+            g = reform["g"]
+            self._mark, self._forming = _sockets(), g
             rank, size = reform["slots"].index(self.slot), len(reform["slots"])
+            port = self.held.getsockname()[1] if g == self.generation and rank == 0 else 0
             try:
-                store = self._store(reform, rank, size)
-                if store is None:
-                    continue  # a newer world came first
-                # (the prefix torch gives an env:// group's store: a joiner's is one)
-                dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
-                                        rank=rank, world_size=size)
+                store = self._store(reform, rank, size, port)
+                if store is not None:  # (else a newer world came first)
+                    _fresh_group_names(dist)
+                    # (the prefix torch gives an env:// group's store: a joiner's is one)
+                    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
+                                            rank=rank, world_size=size, **self._options)
+                    self._formed(g)
+                    return rank
             except Exception:  # noqa: BLE001  (a member lost while it formed)
                 if not self.disrupted and not self.changed():
                     raise
-                self._failed = reform["g"]  # the driver forms a newer one: wait for it
-                continue
-            self._formed(reform["g"])
-            return rank
+                self._failed = g  # a newer world is needed: the driver forms it
+                reporting.send({"t": "elastic", "what": "failed", "g": g})
+            reform = None
 
-    def _store(self, reform, rank, size):
+    def _store(self, reform, rank, size, port=0):
+        """The store of world `reform` (rank 0 makes it: on `port`, already announced, or on a
+        free port it announces), or None once a newer world is heard."""
         from datetime import timedelta
 
         import torch.distributed as dist
 
         g, wait = reform["g"], timedelta(seconds=STORE_TIMEOUT)
         if rank == 0:
-            store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=wait,
+            store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=wait,
                                   wait_for_workers=False)
-            _announce(g, store.port)
+            if not port:
+                _announce(g, store.port)
         world = self._store_of(g)
         if world is None:
             return None
@@ -232,10 +266,11 @@ class World:
         # Connected to in short tries: a store whose maker left it for a newer world is never
         # listened on again, and torch's client would retry it for the whole timeout (a
         # connection refused is retried, and there is no socket yet for `_cut` to shut).
-        deadline = time.monotonic() + STORE_TIMEOUT
+        deadline, address = time.monotonic() + STORE_TIMEOUT, (world["addr"], int(world["port"]))
         while True:
+            probe(address, STORE_TRY, lambda: self.reform["g"] != g or self.ended)
             try:
-                client = dist.TCPStore(world["addr"], int(world["port"]), size, is_master=False,
+                client = dist.TCPStore(*address, size, is_master=False,
                                        timeout=timedelta(seconds=STORE_TRY))
             except Exception:  # noqa: BLE001  (refused, or no answer within the try)
                 if self.reform["g"] != g or self.ended:
@@ -245,6 +280,16 @@ class World:
                 continue
             client.set_timeout(wait)  # (the group's own waits: the whole timeout)
             return client
+
+
+def _fresh_group_names(dist):
+    """torch names an unnamed group by a count of the groups made (their keys in the store are
+    under that name), set back to 0 when the default group is destroyed. A group whose making
+    failed counted too: set back here, or this rank's next group is named otherwise than its
+    peers' and their Gloo waits for keys that never come."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and not dist.is_initialized():
+        world.group_count = 0
 
 
 def _horovod_ready():
@@ -327,3 +372,4 @@ def heard(line):
     at its start (a warm session's rank makes none: its ring is reset between cells)."""
     if _world is not None:
         _world.heard(json.loads(line))
+

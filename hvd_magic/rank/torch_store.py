@@ -48,14 +48,34 @@ def _wait_for_store(args, kwargs, most=60.0):
             os.environ.get("RANK", "0") == "0" or kwargs.get("rank") == 0 or \
             os.environ.get("MASTER_PORT") not in os.environ.get(PORTS, "").split(","):
         return
-    address = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]))
+    probe((os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])), most)
+
+
+def probe(address, most, gone=lambda: False):
+    """Wait until `address` accepts a connection (at most `most` seconds, or until `gone()`)."""
     deadline = time.monotonic() + most
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not gone():
         try:
             socket.create_connection(address, timeout=1.0).close()
             return
         except OSError:
             time.sleep(0.01)
+
+
+_MADE_BY_THE_WORLD = ("backend", "init_method", "world_size", "rank", "store")
+
+
+def _elastic_first(args, kwargs):
+    """An elastic torch run's rank whose code makes its first default group (``env://``):
+    its `World`, which makes that group from the world it joined; else None."""
+    from . import elastic_world
+
+    here = elastic_world.world()
+    method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
+    if here is None or not elastic_world.active() or not here.first_pending() or \
+            method not in (None, "env://") or kwargs.get("store") is not None or len(args) > 2:
+        return None
+    return here
 
 
 def _patch(c10d):
@@ -64,6 +84,10 @@ def _patch(c10d):
     @functools.wraps(init)
     def init_process_group(*args, **kwargs):
         gpus.refuse_shared_nccl(args, kwargs)  # (before the store: a refused rank waits for none)
+        here = _elastic_first(args, kwargs)
+        if here is not None:  # the group of the elastic world the rank joined (or a newer one)
+            options = {k: v for k, v in kwargs.items() if k not in _MADE_BY_THE_WORLD}
+            return here.first_group(kwargs.get("backend", args[0] if args else None), options)
         _wait_for_store(args, kwargs)
         return init(*args, **kwargs)
 

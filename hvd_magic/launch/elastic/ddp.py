@@ -14,9 +14,11 @@ elastic driver decides there, `TorchMembership._drive` decides here:
   all as ``world``; each then makes its process group;
 - a worker that dies is a loss: every worker is told ``lost`` at once (its sockets to the old
   group are cut, so no collective waits on the dead peer), and the survivors get a new world
-  without it, made on a new store. The lost slot gets a new worker (a new attempt) where it has
-  room, which joins the world at the others' next commit (a ``reform`` they act on in
-  ``state.commit()``), as does a slot beyond ``np`` (up to ``max_np``) that gets room later;
+  without it, made on a new store (as are the same members when one says it could not make its
+  world's group: ``failed``, its store or a peer gone meanwhile). The lost slot gets a new
+  worker (a new attempt) where it has room, which joins the world at the others' next commit (a
+  ``reform`` they act on in ``state.commit()``), as does a slot beyond ``np`` (up to ``max_np``)
+  that gets room later;
 - fewer than ``min_np`` left: the survivors wait for replacements for the elastic timeout, then
   the run ends with the launcher's error (`launcher.too_few_message`);
 - a worker that raised, or a stop (a Cancel, the timeout), ends the run as in every run.
@@ -50,6 +52,7 @@ class TorchMembership:
         self._settings = settings
         self._rows = np           # the slots (the view's rows)
         self._world, self._g = [], -1
+        self._again = False       # a member said it could not make the current world's group
         self._joined = set()      # slots whose current worker waits to be in a world
         self._running = {}        # slot -> its worker's stop event
         self._attempts = {}       # slot -> its latest attempt
@@ -152,7 +155,7 @@ class TorchMembership:
             self._wait_for_enough(time.monotonic() - self._short_since)
             return
         self._short_since = None
-        if members != self._world or newcomers:
+        if members != self._world or newcomers or self._again:
             self._form(members + newcomers[:self.max_np - len(members)])
 
     def _done_training(self):
@@ -168,7 +171,7 @@ class TorchMembership:
 
     def _form(self, slots):
         self._g += 1
-        self._world = slots
+        self._world, self._again = slots, False
         self._world_keys = {slot: self._keys[slot] for slot in slots}
         self._tell({"t": "reform", "g": self._g, "slots": slots})
         self._ring_formed([self._keys[s] for s in slots])
@@ -183,6 +186,9 @@ class TorchMembership:
             elif what == "store" and event.get("g") == self._g:
                 self._tell({"t": "world", "g": self._g, "addr": event.get("addr"),
                             "port": event.get("port")})
+            elif what == "failed" and event.get("g") == self._g:  # a member could not make it
+                self._again = True
+                self._changed.notify_all()
 
     def _tell(self, message):
         if self._server is not None:
