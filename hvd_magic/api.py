@@ -84,6 +84,7 @@ def _reading(job):
 def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=None,
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
         broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
+        timeline_steps=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
         verbose=False, data=None, equal_shards=False, data_cache=None, mlflow=None,
         min_np=None, max_np=None, elastic_timeout=None, fresh=None):
@@ -149,11 +150,12 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     placement, options = check_together(placement, options)
     reading = _reading(job)
     kind = elastic_kind(reading, job) if placement.elastic is not None else None
-    refuse_without_horovod(reading, job, placement, options, kind)
+    profile = torch_profile(reading, job, options)
+    refuse_without_horovod(reading, job, placement, options, kind, profile)
     view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
     launcher = make_launcher(placement, elastic_kind=kind)
     run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
-               elastic=placement.elastic)
+               elastic=placement.elastic, profile=profile)
     return run_.launch(job, kwargs_pickled, background=background)
 
 
@@ -183,7 +185,28 @@ def elastic_kind(reading, job):
         f"then ends the run with its error, and you rerun it from your last checkpoint.")
 
 
-def refuse_without_horovod(reading, job, placement, options, elastic=None):
+TORCH_ROOTS = ("torch", "lightning", "pytorch_lightning", "accelerate")
+
+
+def torch_profile(reading, job, options):
+    """What ``--timeline`` records of a job that uses torch and no Horovod: torch's profiler on
+    every rank over a window of optimizer steps ({"skip", "steps"}: `hvd_magic.rank.profile`);
+    None where Horovod's timeline is recorded, or no timeline is asked for. A job that uses
+    neither gets a UsageError saying what to do."""
+    if not options.timeline or reading.horovod:
+        return None
+    if not any(name.split(".")[0] in TORCH_ROOTS for name in reading.imports):
+        what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
+        raise UsageError(
+            f"--timeline records Horovod's timeline (code that uses Horovod) or torch's profiler "
+            f"(code that imports torch, Lightning or accelerate); this {what} uses neither. "
+            f"For TensorFlow, record with tf.profiler.experimental.start(logdir) in the code "
+            f"and open the logs in TensorBoard (--tensorboard brings every rank's back).")
+    first, last = (int(n) for n in options.timeline_steps.split(":"))
+    return {"skip": first - 1, "steps": last - first + 1}
+
+
+def refuse_without_horovod(reading, job, placement, options, elastic=None, profile=None):
     """What needs Horovod where it is not installed, said before anything starts: a Horovod
     elastic run (`elastic`: Horovod's elastic driver runs here), and where the ranks run on this very Python (``--np
     -N``, a local Spark session), a job that imports Horovod or records its timeline. Elsewhere
@@ -199,7 +222,7 @@ def refuse_without_horovod(reading, job, placement, options, elastic=None):
     what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
     if uses:
         _refuse(f"This {what} imports {uses[0]}: it", where=RANKS_HERE)
-    if options.timeline:
+    if options.timeline and profile is None:
         _refuse("--timeline (Horovod's timeline, recorded by the ranks)", where=RANKS_HERE)
 
 

@@ -136,6 +136,7 @@ class RunOptions:
     horovod_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     broadcast_bytes: int = DEFAULT_BROADCAST_BYTES
     timeline: bool = False
+    timeline_steps: Optional[str] = None  # "A:B": the optimizer steps torch's profiler records
     tensorboard: Optional[str] = None
     data: Any = None
     equal_shards: bool = False
@@ -158,6 +159,9 @@ class RunOptions:
                              f"every rank sees its host's GPUs and pins by local rank).")
         if self.on_stall not in ON_STALL:
             raise UsageError(f"--on-stall takes {' or '.join(ON_STALL)}, not {self.on_stall!r}.")
+        if self.timeline_steps is not None:
+            _set(self, timeline=True)
+        _set(self, timeline_steps=_steps(self.timeline_steps or DEFAULT_TIMELINE_STEPS))
         _whole("retries", self.retries, 0)
         _whole("broadcast_bytes", self.broadcast_bytes, 0)
         if self.tensorboard:
@@ -175,6 +179,25 @@ class RunOptions:
         """What MLflow records of these options (`hvd_magic.driver.tracking`)."""
         return {"timeout": self.timeout, "timeline": self.timeline, "retries": self.retries,
                 "name": self.name, "data": self.data is not None or None}
+
+
+DEFAULT_TIMELINE_STEPS = "4:8"  # torch's profiler: steps 4 to 8 (three to warm up)
+MOST_PROFILED_STEPS = 50
+
+
+def _steps(text):
+    """``--timeline-steps A:B`` (optimizer steps, from 1, both recorded), as "A:B"."""
+    first, _, last = str(text).partition(":")
+    try:
+        first, last = int(first), int(last or first)
+    except ValueError:
+        first = last = None
+    if first is None or not 2 <= first <= last or last - first >= MOST_PROFILED_STEPS:
+        raise UsageError(f"--timeline-steps {text}: give the optimizer steps to profile as A:B "
+                         f"(from step A to step B, both recorded; A at least 2, since torch's "
+                         f"profiler starts at the end of a step; at most {MOST_PROFILED_STEPS} "
+                         f"steps), e.g. --timeline-steps {DEFAULT_TIMELINE_STEPS}.")
+    return f"{first}:{last}"
 
 
 def is_dataframe(value):

@@ -15,6 +15,7 @@ import time
 
 from ..errors import is_follow_on, is_peer_gone
 from ..lines import is_aside, last_said
+from ..timelines import ranks as ranks_timeline
 from .folder import FILE_KINDS, FOLDER_KINDS
 
 
@@ -72,6 +73,10 @@ def apply_event(run, event, request_stop):
         relayed = run.gathering.add(rank, event)
         if relayed is not None:
             run._server.announce({"t": "rendezvous", "relay": relayed})
+            if run.profile:  # every task is here: each host's clock against ours
+                ranks_timeline.ask_clocks(run._server)
+    elif kind == "clock":
+        ranks_timeline.heard_clock(r, event)
     elif kind == "file" and event.get("kind") in FILE_KINDS:
         run.folder.receive(event)
     elif kind == "file" and event.get("kind") in FOLDER_KINDS:
@@ -96,7 +101,7 @@ def apply_event(run, event, request_stop):
             run.elastic.lost(run, r, event)  # the others go on without it
         elif status not in ("ok", "stopped", "lost"):
             run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
-    recorded = kind not in ("lines", "file", "resources")  # (resources: kept in r.usage)
+    recorded = kind not in ("lines", "file", "resources", "clock")  # (resources: in r.usage)
     if recorded:
         run.folder.record(event)
     if run.view is not None:

@@ -31,7 +31,8 @@ from .metrics import MetricHistory
 FILE_KINDS = {"timeline": "timeline.json"}   # files a task may send back, and their names
 # folders of binary files a task may send back: TensorBoard's logs; torch's error file of a
 # failed rank (TORCHELASTIC_ERROR_FILE, what `torch.distributed.elastic...errors.record` writes)
-FOLDER_KINDS = {"tensorboard", "torchelastic"}
+# torch's profile of a few steps (--timeline without Horovod: rank/profile.py)
+FOLDER_KINDS = {"tensorboard", "torchelastic", "profile"}
 FLUSH_EVERY = 0.2                             # seconds at most between a write and its flush
 
 

@@ -253,6 +253,9 @@ class Driver:
         if run.folder.has_partial("timeline"):
             from ..timelines.trace import finalize
             run.timeline_path = finalize(run.run_dir)
+        elif run.profile:  # every rank's profile, merged (timelines/ranks.py)
+            from ..timelines.ranks import merge
+            run.timeline_path = merge(run.run_dir, [r.clock for r in run.ranks])
         outcomes = run.launcher.outcomes or []
         results, exports, infos, retried = collect(outcomes, run.np, run.cell is not None)
         ok_ranks = {rank for rank, status, _ in outcomes if status == "ok"}

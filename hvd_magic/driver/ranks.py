@@ -28,6 +28,7 @@ class RankState:
         self.metrics = {}           # the latest value of each metric
         self.history = MetricHistory()  # every [step, {metric: value}] reported, in columns
         self.usage = Usage()        # its CPU, memory and GPUs, sampled by its task (usage.py)
+        self.clock = None           # its host's clock against ours: (offset, uncertainty) in s
         self.last_line = ""
         self.lines = 0
         self.exit = None     # {"code", "status", "summary"} once the rank ended

@@ -124,9 +124,10 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
     """One launch of a function on N ranks. `results` are in rank order; `value` is rank 0's."""
 
     def __init__(self, np, options=None, *, launcher=None, view=None, cell=None, env=None,
-                 elastic=None):
+                 elastic=None, profile=None):
         """`np` rows (ranks, or an elastic run's slots); `env`: `options.env` with what MLflow
-        adds; `elastic`: the placement's (min_np, max_np, timeout)."""
+        adds; `elastic`: the placement's (min_np, max_np, timeout); `profile`: what torch's
+        profiler records on every rank (`hvd_magic.api.torch_profile`)."""
         self.options = options = options if options is not None else RunOptions()
         self.id = new_run_id()
         self.np = np
@@ -142,6 +143,7 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         self.broadcast_bytes = options.broadcast_bytes
         self.allow_retry = options.retries > 0
         self.timeline = options.timeline
+        self.profile = profile       # --timeline of torch without Horovod (api.torch_profile)
         self.tensorboard = options.tensorboard  # the ranks' TensorBoard logs (default: run folder)
         self.stall_timeout = options.stall_timeout
         self.on_stall = options.on_stall
@@ -256,7 +258,8 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
             events_address=f"{self.launcher.driver_host}:{self._server.port}",
             token=self._server.token, job=pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
-            broadcast_kwargs=shared, extra_env=self.extra_env, timeline=self.timeline,
+            broadcast_kwargs=shared, extra_env=self.extra_env,
+            timeline=self.timeline and not self.profile, profile=self.profile,
             timeline_window=may_record_window(job), executor_cores=self.launcher.executor_cores)
         self.started = time.time()
         self.state = "running"

@@ -60,7 +60,8 @@ def run_options(magics, args, data, opening=None):
         elastic_timeout=args.elastic_timeout, log_dir=magics.run_root, verbose=verbose)
     options = cell_options(magics, args, data, env=env_option(args.env),
                            horovod_env=magics.horovod_settings, retries=args.retries,
-                           timeline=args.timeline, tensorboard=args.tensorboard)
+                           timeline=args.timeline, timeline_steps=args.timeline_steps,
+                           tensorboard=args.tensorboard)
     view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose,
                      opening=opening)
     if isinstance(view, TextView):  # the dashboard shows the timeline itself

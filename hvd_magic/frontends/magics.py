@@ -102,8 +102,14 @@ class HorovodMagics(Magics):
     @argument("--on-stall", choices=("warn", "fail"), default="warn",
               help="What a stall does: warn (report and keep waiting) or fail (stop the run).")
     @argument("--timeline", action="store_true",
-              help="Record a Horovod timeline on rank 0; it is brought back to the run folder "
-                   "as timeline.json (see %%horovod_timeline).")
+              help="Record where the time goes: a Horovod timeline on rank 0 for a cell that "
+                   "uses Horovod; for one that uses torch without Horovod (DDP, FSDP, "
+                   "Lightning, accelerate, a plain loop), torch's profiler on every rank over a "
+                   "few optimizer steps, merged with the clocks aligned. Brought back to the "
+                   "run folder (see %%horovod_timeline).")
+    @argument("--timeline-steps", type=str, default=None, metavar="A:B",
+              help="With torch: the optimizer steps the profiler records, from A to B "
+                   "(default 4:8; implies --timeline).")
     @argument("--tensorboard", type=str, default=None, metavar="DIR",
               help="Where each rank's TensorBoard logs (what it wrote to "
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "
@@ -221,10 +227,11 @@ class HorovodMagics(Magics):
     @argument("--list", action="store_true",
               help="List the runs that have a timeline: id, start time, np, state, file size.")
     @argument("--path", action="store_true",
-              help="Return the path of the run's timeline.json (to open or copy it).")
+              help="Return the path of the run's timeline file (to open or copy it).")
     @argument("--summary", action="store_true",
               help="Tables of the top tensors and operations: count, total and mean time, "
-                   "bytes, share of wall time.")
+                   "bytes, share of wall time (a torch run's: each step's time on each rank, "
+                   "inside collectives and waiting there).")
     @argument("--top", type=int, default=None,
               help="Rows per --summary table (default 10); lanes of the picture (default 16).")
     @line_magic
@@ -247,6 +254,14 @@ class HorovodMagics(Magics):
         steps inside the cell. The picture has a lane per tensor and Horovod's phases
         (NEGOTIATE_ALLREDUCE, QUEUE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE...) as coloured spans;
         Perfetto (ui.perfetto.dev) or chrome://tracing open the file itself.
+
+        A cell that uses torch without Horovod (DDP, FSDP, Lightning, accelerate, a plain
+        loop) records with ``--timeline`` torch's profiler on every rank over a few optimizer
+        steps (``--timeline-steps A:B``, default 4:8). The profiles come back merged into
+        hvd_runs/<run id>/timeline-ranks.json.gz, a process per rank, the clocks aligned; the
+        picture has a lane per rank (its steps, its time inside collectives, its wait there for
+        the last rank to arrive), a table per step and rank (``--summary``) and a verdict
+        naming the rank the others waited on.
 
         Examples
         --------

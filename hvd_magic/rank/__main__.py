@@ -20,8 +20,8 @@ import traceback
 
 from .. import payload
 from ..errors import name_cells, name_cells_in_warnings
-from . import (elastic_world, gpus, keras_alias, reporting, script, stacks, stall, stream,
-               torch_store, trainers)
+from . import (elastic_world, gpus, keras_alias, profile, reporting, script, stacks, stall,
+               stream, torch_store, trainers)
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -44,8 +44,10 @@ def _die_with_parent():
 
 
 def _on_stop(signum, frame):
-    """SIGTERM from the task (the run stops): write out the timeline's queued events, then go."""
+    """SIGTERM from the task (the run stops): write out the timeline's queued events and the
+    profile so far, then go."""
     _stop_timeline()
+    profile.finish()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(128 + signum)
@@ -169,6 +171,7 @@ def main(workdir):
     torch_store.install()
     trainers.install()
     gpus.install()  # the rank's own GPU, where the cell never pins one
+    profile.install()  # --timeline of a torch job without Horovod: its optimizer steps counted
     keras_alias.install()  # before unpickling: the job may refer to `keras` by name
     import cloudpickle  # noqa: F401  (needed to unpickle the job)
     import pickle
@@ -279,6 +282,7 @@ def main_session(workdir):
 if __name__ == "__main__":
     code = (main_session if "--session" in sys.argv[2:] else main)(sys.argv[1])
     _stop_timeline()
+    profile.finish()
     if code == 0:
         _shutdown_horovod()
         torch_store.release()

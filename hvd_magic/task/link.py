@@ -131,6 +131,9 @@ class DriverLink:
             self.probe.tell("hold" if msg.get("on") else "release")
         elif kind in ("cell", "cell_part", "interrupt", "debug") and self.session is not None:
             self.session.on_message(msg)
+        elif kind == "clock":  # the driver's clock against this host's (timelines/ranks.py)
+            self.forward.send({"t": "clock", "id": msg.get("id"), "sent": msg.get("sent"),
+                               "here": time.time()})
         elif kind in ("lost", "reform", "world", "leave") and self.probe is not None:
             if msg.get("slot") in (None, self.forward.rank):  # an elastic world (rank/elastic_world.py)
                 self.probe.tell(json.dumps(msg))

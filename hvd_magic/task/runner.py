@@ -182,6 +182,10 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         # `hvd_magic.timeline()` (it costs every rank each cycle: driver/run.py).
         if settings.timeline or settings.timeline_window:
             env.setdefault("HOROVOD_TIMELINE", timeline_path if settings.timeline else "DYNAMIC")
+        profiled = os.path.join(workdir, "profile")  # torch's profile of a few steps (rank/profile.py)
+        if settings.profile:
+            env["HVD_MAGIC_PROFILE"] = json.dumps(dict(settings.profile,
+                                                       path=os.path.join(profiled, "trace.json")))
         cwd = settings.cwd if settings.cwd and os.path.isdir(settings.cwd) else workdir
         proc = link.proc = start_rank(
             settings, ["hvd_magic.rank", workdir] + (["--session"] if settings.session else []),
@@ -222,6 +226,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         send_folder(forward, tensorboard, "tensorboard")  # what the rank logged, whatever happened
         if code != 0:
             send_folder(forward, torch_errors, "torchelastic")
+        send_folder(forward, profiled, "profile")
         # stopped: by the stop's own signals (a rank that killed itself as the stop came died)
         outcome = _outcome(workdir, code, rank, host, ended_by(code, link.signalled), env, sampler)
         forward.send({"t": "exit", "code": code, "status": outcome[1],

@@ -18,6 +18,7 @@ class TaskSettings:
     extra_env: dict = dataclasses.field(default_factory=dict)
     timeline: bool = False          # record a Horovod timeline on rank 0 for the whole run
     timeline_window: bool = True    # HOROVOD_TIMELINE=DYNAMIC, for `hvd_magic.timeline()` blocks
+    profile: dict = None            # --timeline of torch without Horovod: skip, steps, budget
     session: bool = False           # a warm session: the rank takes cells until stopped
     connect: bool = False           # Spark Connect: the executors may not reach the driver
     executor_cores: int = None      # cores an executor has for ranks; None: its host's (threads.py)

@@ -14,6 +14,7 @@ import time
 import urllib.parse
 from typing import NamedTuple, Optional
 
+from . import ranks, ranks_picture
 from .picture import svg
 from .summary import Table, _ms, _size, summarize
 from .trace import FILE_NAME, HOW_TO_RECORD, PICTURE_MAX_BYTES, Trace, finalize
@@ -34,6 +35,8 @@ def timeline_html(run, max_lanes=16):
     path = getattr(run, "timeline_path", None)
     if not path or not os.path.exists(path):
         raise ValueError(f"run {run.id} has no timeline. {HOW_TO_RECORD}")
+    if path.endswith(ranks.FILE_NAME):
+        return ranks_html(run, path, max_lanes=max(max_lanes, 32))
     size = os.path.getsize(path)
     if size <= PICTURE_MAX_BYTES:
         trace = Trace.load(path)
@@ -53,6 +56,28 @@ def timeline_html(run, max_lanes=16):
         '<i>Open trace file</i>;<br>or in Chrome open <code>chrome://tracing</code> → '
         '<i>Load</i>.</div>'
         f'{picture}</div>')
+
+
+def ranks_html(run, path, max_lanes=32):
+    """HTML for a run whose ranks' torch profiles came back merged (`timelines.ranks`): the
+    verdict, the file, a lane per rank and the table per step and rank."""
+    timeline = ranks.RanksTimeline.load(path)
+    clocks = "; ".join(
+        f"rank {r['rank']} ({html.escape(str(r['host']))}) "
+        + ("clock unknown" if r["uncertainty_us"] is None else
+           f"{round(r['offset_us'] / 1000, 2) + 0:+.2f} ms ± {r['uncertainty_us'] / 1000:.2f}")
+        + (f", {r['cut_events']} short events left out" if r["cut_events"] else "")
+        for r in timeline.ranks[:8]) + ("; ..." if len(timeline.ranks) > 8 else "")
+    return (
+        '<div class="hvd-magic-timeline">'
+        f'<div><b>torch profile</b> of run {html.escape(run.id)}, every rank: '
+        f'<b>{html.escape(timeline.verdict())}</b></div>'
+        f'<div><a href="{html.escape(_href(path))}" download="{html.escape(run.id)}-'
+        f'{ranks.FILE_NAME}" target="_blank">{html.escape(os.path.relpath(path))}</a> '
+        f'({_size(os.path.getsize(path))}; opens in ui.perfetto.dev or chrome://tracing, a '
+        f'process per rank). Clocks against the notebook\'s: {clocks}.</div>'
+        f'{ranks_picture.svg(timeline, max_lanes=max_lanes)}'
+        f'{ranks_picture.table(timeline)._repr_html_()}</div>')
 
 
 def timeline_note(run):
@@ -105,6 +130,8 @@ def known_runs(run_root="hvd_runs"):
         path = os.path.join(run_dir, FILE_NAME)
         if meta.get("id") not in ours and os.path.exists(path + ".part"):
             finalize(run_dir)  # a run whose notebook died while the timeline streamed in
+        if not os.path.exists(path):  # a torch run's profiles, merged
+            path = os.path.join(run_dir, ranks.FILE_NAME)
         records[str(meta.get("id") or os.path.basename(run_dir))] = RunRecord(
             str(meta.get("id") or os.path.basename(run_dir)), run_dir,
             path if os.path.exists(path) else None, meta.get("started"), meta.get("np"),
@@ -163,6 +190,8 @@ def timeline_magic(magics, line):
     run = _pick(runs, args.run)
     if args.path:
         return run.timeline_path
+    if args.summary and run.timeline_path.endswith(ranks.FILE_NAME):
+        return ranks_picture.table(ranks.RanksTimeline.load(run.timeline_path))
     if args.summary:
         return summarize(run.timeline_path, top=args.top or 10)
     from IPython.display import HTML

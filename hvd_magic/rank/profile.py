@@ -1,0 +1,143 @@
+"""``--timeline`` on a torch rank that runs no Horovod: torch's profiler over a few steps.
+
+The driver asks for it in ``HVD_MAGIC_PROFILE`` (JSON: ``skip``, ``steps``, ``budget``, ``path``).
+A step is an optimizer's step, whatever wrote the loop (a plain loop, DDP, FSDP, Lightning,
+accelerate: each calls ``Optimizer.step``), counted by torch's global post-step hook, so no
+line of the cell changes. After ``skip`` steps the profiler starts; ``steps`` steps later it
+stops and the trace is written to ``path`` (the task sends it back), with the wall-clock time of
+each step's end and the rank's host. A run that ends (or is stopped) sooner writes what it has.
+
+The file keeps the trace events torch exported, their times made absolute (microseconds of the
+rank's wall clock), and at most ``budget`` bytes of them: the shortest operator events go first,
+and how many went is written in the file. The merging, clocks and reading are the driver's
+(`hvd_magic.timelines.ranks`).
+
+Not for: Horovod's timeline (``HOROVOD_TIMELINE``, rank 0's, set by the task).
+"""
+
+import json
+import os
+import socket
+import threading
+import time
+
+from . import hooks
+
+PLAN = "HVD_MAGIC_PROFILE"
+_KEEP = ("user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "cuda_runtime")
+
+
+class _Window:
+    def __init__(self, plan):
+        self.skip, self.steps = int(plan.get("skip", 3)), int(plan.get("steps", 5))
+        self.budget, self.path = int(plan.get("budget", 4 << 20)), plan["path"]
+        self.count = 0
+        self.marks = []          # each profiled step's end (and the start of the first)
+        self.profiler = None
+        self.done = False
+        self._lock = threading.RLock()  # (the SIGTERM handler may come inside `stepped`)
+
+    def stepped(self, *_):
+        """torch's post-step hook: one more optimizer step."""
+        with self._lock:
+            if self.done:
+                return
+            self.count += 1
+            if self.count == self.skip:
+                self._start()
+            elif self.profiler is not None:
+                self.marks.append(time.time_ns() // 1000)
+                if len(self.marks) > self.steps:
+                    self._finish()
+
+    def _start(self):
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            activities.append(ProfilerActivity.CUDA)
+        self.profiler = profile(activities=activities)
+        self.profiler.start()
+        self.marks.append(time.time_ns() // 1000)
+
+    def finish(self):
+        with self._lock:
+            if not self.done and self.profiler is not None:
+                self._finish()
+            self.done = True
+
+    def _finish(self):
+        self.done = True
+        profiler, self.profiler = self.profiler, None
+        profiler.stop()
+        raw = self.path + ".torch.json"
+        profiler.export_chrome_trace(raw)
+        with open(raw, encoding="utf-8") as f:
+            trace = json.load(f)
+        os.remove(raw)
+        events, cut = _within(_absolute(trace), self.budget)
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "steps": self.marks,
+                  "skip": self.skip, "cut": cut, "events": events,
+                  "distributed": trace.get("distributedInfo")}
+        tmp = self.path + ".part"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f, separators=(",", ":"))
+        os.replace(tmp, self.path)
+
+
+def _absolute(trace):
+    """The trace's events, each ``ts`` made microseconds of the wall clock (torch writes them
+    from ``baseTimeNanoseconds``)."""
+    base = trace.get("baseTimeNanoseconds", 0) / 1000
+    events = []
+    for event in trace.get("traceEvents", ()):
+        if "ts" in event:
+            event = dict(event, ts=float(event["ts"]) + base)
+        events.append(event)
+    return events
+
+
+def _within(events, budget):
+    """`events` in at most `budget` bytes of JSON: the metadata, annotations (steps,
+    collectives, module calls) and GPU work are kept; operator events go shortest first.
+    (events kept, how many went)."""
+    size = len(json.dumps(events, separators=(",", ":")))
+    if size <= budget:
+        return events, 0
+    ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") not in _KEEP),
+                 key=lambda e: e.get("dur", 0))
+    gone = set()
+    for event in ops:
+        if size <= budget:
+            break
+        gone.add(id(event))
+        size -= len(json.dumps(event, separators=(",", ":"))) + 1
+    return [e for e in events if id(e) not in gone], len(gone)
+
+
+_window = None
+
+
+def install():
+    """Count the optimizer steps once torch's optimizers load (nothing imported here)."""
+    global _window
+    plan = os.environ.get(PLAN)
+    if not plan or _window is not None:
+        return
+    _window = _Window(json.loads(plan))
+    os.makedirs(os.path.dirname(_window.path), exist_ok=True)
+    hooks.when_imported("torch.optim.optimizer", _hook)
+
+
+def _hook(module):
+    module.register_optimizer_step_post_hook(_window.stepped)
+
+
+def finish():
+    """The rank ends (or is stopped): the window so far, written."""
+    if _window is not None:
+        try:
+            _window.finish()
+        except Exception as exc:  # noqa: BLE001  (the run's own outcome matters more)
+            os.write(2, f"hvd_magic: the profile could not be written: {exc!r}\n".encode())

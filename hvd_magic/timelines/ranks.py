@@ -1,0 +1,216 @@
+"""Every rank's torch profile (``--timeline`` of torch code without Horovod) as one trace, the
+clocks aligned, and what it says: where each step's time went on each rank, and which rank the
+others waited for at each collective.
+
+- clocks: when every task has connected, the driver asks each for its host's time a few
+  times (`ask_clocks`); the answer with the shortest round trip gives the host's offset to the
+  notebook's clock, within half that round trip (`heard_clock`). Where the same collective ends
+  on two ranks (Gloo and NCCL end an all-reduce together), the median of their end times refines
+  the offset, kept within what the handshake allows;
+- `merge`: the ranks' files (`hvd_magic.rank.profile`, in ``profile/rank-<k>/trace.json``) as one
+  gzipped Chrome/Perfetto trace, ``timeline-ranks.json.gz``: a process per rank named
+  "rank k (host)" with its threads as tracks and a "steps" track, times in microseconds from the
+  first event, each rank's offset and its uncertainty in ``hvd_magic.ranks`` (and in the
+  process's name labels);
+- `RanksTimeline`: read back, with the table per step and rank (step time, time inside
+  collectives, time waiting for the last rank to arrive) and a one-line verdict.
+
+Not for: Horovod's timeline (`trace`, rank 0's only), or drawing (`ranks_picture`).
+"""
+
+import gzip
+import json
+import os
+import statistics
+import threading
+import time
+
+from .trace import _union
+
+FILE_NAME = "timeline-ranks.json.gz"
+PINGS = 5              # clock questions to each task
+PING_EVERY = 0.02      # seconds between them
+_COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
+
+
+# -- clocks ---------------------------------------------------------------------------------------
+def ask_clocks(server, pings=PINGS, every=PING_EVERY):
+    """Ask every task for its host's time, `pings` times (in the background)."""
+    def ask():
+        for i in range(pings):
+            server.broadcast({"t": "clock", "id": i, "sent": time.time()})
+            time.sleep(every)
+
+    threading.Thread(target=ask, name="hvd-magic-clocks", daemon=True).start()
+
+
+def heard_clock(rank_state, event, now=None):
+    """A task's answer: the rank's (offset, uncertainty) in seconds, the best answer kept."""
+    now = time.time() if now is None else now
+    sent, here = event.get("sent"), event.get("here")
+    if not isinstance(sent, (int, float)) or not isinstance(here, (int, float)) or now < sent:
+        return
+    half = (now - sent) / 2
+    if rank_state.clock is None or half < rank_state.clock[1]:
+        rank_state.clock = (here - (sent + now) / 2, half)
+
+
+# -- merging --------------------------------------------------------------------------------------
+def _collectives(events):
+    """name -> [(start, end)] of the collectives in a rank's events, in order of start."""
+    found = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name.startswith(_COLLECTIVE_PREFIXES):
+            found.setdefault(name, []).append((e["ts"], e["ts"] + e.get("dur", 0)))
+    return {name: sorted(spans) for name, spans in found.items()}
+
+
+def _refined(offsets, collectives):
+    """Each rank's offset (µs) moved to where its collectives end with rank 0's (the median of
+    the differences), within its handshake uncertainty (None: unknown, any move)."""
+    refined = dict(offsets)
+    base = collectives.get(0, {})
+    for rank, spans in collectives.items():
+        if rank == 0 or rank not in offsets:
+            continue
+        diffs = [(mine[1] - offsets[rank][0]) - (theirs[1] - offsets[0][0])
+                 for name, ours in spans.items()
+                 for mine, theirs in zip(ours, base.get(name, ()))]
+        if len(diffs) < 3:
+            continue
+        move, (offset, uncertainty) = statistics.median(diffs), offsets[rank]
+        if uncertainty is not None:
+            move = max(-uncertainty, min(uncertainty, move))
+        refined[rank] = (offset + move, uncertainty)
+    return refined
+
+
+def merge(run_dir, clocks):
+    """The ranks' profiles under `run_dir`/profile as one trace file; its path (None if no rank
+    sent one). `clocks`: each rank's (offset, uncertainty) in seconds, or None."""
+    ranks = {}
+    for rank in range(len(clocks)):
+        path = os.path.join(run_dir, "profile", f"rank-{rank}", "trace.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                ranks[rank] = json.load(f)
+        except (OSError, ValueError):
+            continue
+    if not ranks:
+        return None
+    offsets = {rank: (clocks[rank][0] * 1e6, clocks[rank][1] * 1e6) if clocks[rank] else (0.0, None)
+               for rank in ranks}
+    offsets = _refined(offsets, {rank: _collectives(r["events"]) for rank, r in ranks.items()})
+    t0 = min(e["ts"] - offsets[rank][0] for rank, r in ranks.items()
+             for e in r["events"] + [{"ts": s} for s in r["steps"]] if "ts" in e)
+    events, about = [], []
+    for rank, record in sorted(ranks.items()):
+        offset, uncertainty = offsets[rank]
+        shift = offset + t0
+        name = f"rank {rank} ({record.get('host', '?')})"
+        events += [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                    "args": {"name": name}},
+                   {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                    "args": {"sort_index": rank}},
+                   {"ph": "M", "name": "thread_name", "pid": rank, "tid": "steps",
+                    "args": {"name": "steps"}}]
+        for e in record["events"]:
+            if e.get("ph") == "M" and e.get("name") in ("process_name", "process_labels",
+                                                         "process_sort_index"):
+                continue
+            e = dict(e, pid=rank)
+            if "ts" in e:
+                e["ts"] = round(e["ts"] - shift, 3)
+            events.append(e)
+        marks = record["steps"]
+        first = record.get("skip", 0) + 1
+        events += [{"ph": "X", "name": f"step {first + i}", "cat": "hvd_magic.step", "pid": rank,
+                    "tid": "steps", "ts": round(a - shift, 3), "dur": round(b - a, 3)}
+                   for i, (a, b) in enumerate(zip(marks, marks[1:]))]
+        about.append({"rank": rank, "host": record.get("host"), "offset_us": round(offset, 1),
+                      "uncertainty_us": None if uncertainty is None else round(uncertainty, 1),
+                      "cut_events": record.get("cut", 0), "first_step": first,
+                      "steps": [round(m - shift, 3) for m in marks]})
+    path = os.path.join(run_dir, FILE_NAME)
+    with gzip.open(path + ".part", "wt", encoding="utf-8") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms",
+                   "hvd_magic": {"ranks": about, "t0_us": t0}}, f, separators=(",", ":"))
+    os.replace(path + ".part", path)
+    return path
+
+
+# -- reading --------------------------------------------------------------------------------------
+class RanksTimeline:
+    """A merged trace (`merge`), read: `steps` per rank ([(start, end)] in µs from the trace's
+    start), `collectives` ([(name, {rank: (start, end)})], each matched across the ranks by its
+    order among its name's), the ranks' clock facts (`ranks`)."""
+
+    def __init__(self, trace):
+        self.ranks = trace["hvd_magic"]["ranks"]
+        events = trace["traceEvents"]
+        self.steps = {r["rank"]: list(zip(r["steps"], r["steps"][1:])) for r in self.ranks}
+        self.first_step = min((r["first_step"] for r in self.ranks), default=1)
+        by_rank = {}
+        for e in events:
+            if isinstance(e.get("pid"), int):
+                by_rank.setdefault(e["pid"], []).append(e)
+        spans = {rank: _collectives(evs) for rank, evs in by_rank.items()}
+        self.collectives = []
+        names = sorted({n for per in spans.values() for n in per})
+        for name in names:
+            count = min(len(per.get(name, ())) for per in spans.values())
+            for i in range(count):
+                self.collectives.append((name, {rank: per[name][i] for rank, per in spans.items()}))
+        self.collectives.sort(key=lambda c: min(s for s, _ in c[1].values()))
+
+    @classmethod
+    def load(cls, path):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return cls(json.load(f))
+
+    def waits(self):
+        """[(name, last rank, {rank: µs it waited for the last to arrive}, spans)] for each
+        collective that more than one rank recorded."""
+        out = []
+        for name, spans in self.collectives:
+            if len(spans) < 2:
+                continue
+            last = max(spans, key=lambda r: spans[r][0])
+            arrived = spans[last][0]
+            out.append((name, last, {r: arrived - s for r, (s, _) in spans.items() if r != last},
+                        spans))
+        return out
+
+    def table(self):
+        """[{step, rank, step_us, collective_us, waiting_us}] per profiled step and rank:
+        the step's time, its time inside collectives, and how long the rank waited in them
+        for the last rank to arrive."""
+        waits = self.waits()
+        rows = []
+        for rank, steps in sorted(self.steps.items()):
+            mine = sorted(spans[rank] for _, spans in self.collectives if rank in spans)
+            for i, (a, b) in enumerate(steps):
+                inside = _union([(max(s, a), min(e, b)) for s, e in mine if s < b and e > a])
+                waited = sum(w[rank] for _, _, w, spans in waits
+                             if rank in w and a <= spans[rank][0] < b)
+                rows.append({"step": self.first_step + i, "rank": rank, "step_us": b - a,
+                             "collective_us": inside, "waiting_us": waited})
+        return rows
+
+    def verdict(self):
+        """One line: the rank that arrived last most often and what it cost the others."""
+        waits = self.waits()
+        if not waits:
+            return "no collective was recorded in the profiled steps"
+        counts = {}
+        for _, last, _, _ in waits:
+            counts[last] = counts.get(last, 0) + 1
+        worst = max(counts, key=counts.get)
+        waited = [statistics.mean(w.values()) for _, last, w, _ in waits if last == worst]
+        steps = max(1, max((len(s) for s in self.steps.values()), default=1))
+        kinds = sorted({name.split(":", 1)[1] for name, *_ in waits})
+        return (f"rank {worst} arrived last at {counts[worst]} of {len(waits)} collectives "
+                f"({', '.join(kinds)}); the others waited {sum(waited) / steps / 1000:.1f} ms "
+                f"a step on it")
+

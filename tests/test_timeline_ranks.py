@@ -1,0 +1,128 @@
+"""``--timeline`` on torch code without Horovod: torch's profiler on every rank over a window of
+optimizer steps, gathered to the notebook, merged with the clocks aligned, read (the rank the
+others waited on) and drawn offline (real DDP over Gloo, on the driver and on Spark)."""
+
+import gzip
+import json
+import os
+
+import pytest
+from IPython.core.error import UsageError
+
+import hvd_magic
+from hvd_magic.rank import profile
+from hvd_magic.timelines import ranks
+
+from conftest import spark_session
+
+# Rank 1 sleeps before each step: it arrives last at every all_reduce, the others wait for it.
+DDP_CELL = """\
+import time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(10):
+    if dist.get_rank() == 1:
+        time.sleep(0.04)
+    optimizer.zero_grad()
+    model(torch.randn(16, 32)).sum().backward()
+    optimizer.step()
+dist.get_rank()
+"""
+
+
+@pytest.mark.parametrize("np", ["-2", "2"], ids=["driver", "spark"])
+def test_every_ranks_profile_merged_says_who_the_others_waited_for(ip, np):
+    if np == "2":
+        spark_session(4)
+    ip.run_cell_magic("horovod", f"--np {np} --timeline-steps 3:6 --quiet", DDP_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "done", run.error
+    assert run.timeline_path.endswith(ranks.FILE_NAME) and os.path.exists(run.timeline_path)
+
+    with gzip.open(run.timeline_path, "rt") as f:
+        trace = json.load(f)
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "process_name"}
+    assert sorted(names) == [0, 1] and all(names[r].startswith(f"rank {r} (") for r in names)
+    for rank in (0, 1):
+        steps = [e["name"] for e in trace["traceEvents"]
+                 if e.get("pid") == rank and e.get("cat") == "hvd_magic.step"]
+        assert steps == ["step 3", "step 4", "step 5", "step 6"], steps
+        mine = [e for e in trace["traceEvents"] if e.get("pid") == rank]
+        assert any(e.get("name") == "gloo:all_reduce" for e in mine)  # torch's own events
+    for about in trace["hvd_magic"]["ranks"]:  # one host: the offset is within the handshake's
+        assert about["uncertainty_us"] is not None
+        assert abs(about["offset_us"]) <= 2 * about["uncertainty_us"], about
+
+    timeline = ranks.RanksTimeline.load(run.timeline_path)
+    rows = timeline.table()
+    assert sorted((r["step"], r["rank"]) for r in rows) == [(s, r) for s in range(3, 7)
+                                                            for r in (0, 1)]
+    assert all(r["waiting_us"] == 0 for r in rows if r["rank"] == 1)  # the last never waits
+    assert all(r["waiting_us"] > 20_000 for r in rows if r["rank"] == 0), rows  # (40 ms asleep)
+    verdict = timeline.verdict()
+    waits = timeline.waits()
+    assert len(waits) >= 4 and verdict.startswith(
+        f"rank 1 arrived last at {len(waits)} of {len(waits)} collectives (all_reduce)"), verdict
+
+    page = ip.run_line_magic("horovod_timeline", run.id).data
+    assert "rank 1 arrived last" in page and "<svg" in page and page.count(">rank ") >= 2
+    assert len(ip.run_line_magic("horovod_timeline", f"{run.id} --summary").rows) == 8
+
+
+def _profile_file(run_dir, rank, steps, collectives, host="h"):
+    """A rank's file as `hvd_magic.rank.profile` writes it: collectives [(start, end)] µs."""
+    folder = os.path.join(run_dir, "profile", f"rank-{rank}")
+    os.makedirs(folder)
+    events = [{"ph": "X", "name": "gloo:all_reduce", "cat": "user_annotation", "ts": s,
+               "dur": e - s, "tid": 7} for s, e in collectives]
+    with open(os.path.join(folder, "trace.json"), "w") as f:
+        json.dump({"host": host, "steps": steps, "skip": 1, "cut": 0, "events": events}, f)
+
+
+def test_clocks_are_aligned_by_the_handshake_then_by_where_collectives_end(tmp_path):
+    """Rank 1's host runs 5 s ahead (the handshake says so, ± 2 ms) and its collectives end
+    0.5 ms later than rank 0's in its clock beyond that: the offset moves by the 0.5 ms the
+    ends say. Where the handshake allows less (± 0.2 ms), the move stops there."""
+    ahead = 5_000_000
+    zero = [(1000 + 1000 * i, 1600 + 1000 * i) for i in range(4)]
+    one = [(s + ahead + 800, e + ahead + 500) for s, e in zero]
+    marks = [900, 2900, 4900]
+    for uncertainty, moved in ((2e-3, 500), (2e-4, 200)):
+        run_dir = tmp_path / str(uncertainty)
+        _profile_file(run_dir, 0, marks, zero)
+        _profile_file(run_dir, 1, [m + ahead for m in marks], one)
+        path = ranks.merge(str(run_dir), [(0.0, 1e-4), (5.0, uncertainty)])
+        with gzip.open(path, "rt") as f:
+            about = json.load(f)["hvd_magic"]["ranks"]
+        assert about[1]["offset_us"] == pytest.approx(ahead + moved)
+        timeline = ranks.RanksTimeline.load(path)
+        ends = [(spans[0][1], spans[1][1]) for _, spans in timeline.collectives]
+        assert all(b - a == pytest.approx(500 - moved) for a, b in ends), ends
+        # rank 1 starts 800 µs later (less what the alignment moved it): the last at each
+        assert timeline.verdict().startswith("rank 1 arrived last at 4 of 4 collectives")
+
+
+def test_a_profile_over_its_budget_leaves_out_its_shortest_operators_and_says_how_many():
+    events = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}]
+    events += [{"ph": "X", "name": "aten::add", "cat": "cpu_op", "ts": i, "dur": i % 50}
+               for i in range(2000)]
+    events += [{"ph": "X", "name": "gloo:all_reduce", "cat": "user_annotation", "ts": 5,
+                "dur": 0}]
+    kept, cut = profile._within(events, 60_000)
+    assert 0 < cut < 2000 and len(json.dumps(kept, separators=(",", ":"))) <= 60_000
+    assert kept[0]["name"] == "thread_name" and kept[-1]["name"] == "gloo:all_reduce"
+    shortest_kept = min(e["dur"] for e in kept if e.get("cat") == "cpu_op")
+    assert all(e["dur"] <= shortest_kept for e in events
+               if e.get("cat") == "cpu_op" and e not in kept)
+    assert profile._within(events, 10 ** 9) == (events, 0)
+
+
+def test_timeline_options_that_cannot_work_say_what_to_do(ip):
+    with pytest.raises(UsageError, match="--timeline-steps 1:3: give the optimizer steps"):
+        ip.run_cell_magic("horovod", "--np -2 --timeline-steps 1:3", "import torch\n1")
+    with pytest.raises(UsageError, match="uses neither"):
+        ip.run_cell_magic("horovod", "--np -2 --timeline", "import math\nmath.pi")
