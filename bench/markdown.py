@@ -27,6 +27,10 @@ TITLES = {
     "resources-cost": "Every rank's resources sampled each second: rank 0's steps/s (np -2), with "
                       "it and without (HVD_MAGIC_NO_RESOURCES=1)",
     "first-cell": "The first `%%horovod --np 2` cell of a new kernel, wall seconds",
+    "timeline-ranks": "`--timeline` of a DDP cell (every rank's torch profile, merged): step "
+                      "time with it and without (ratio: to without), merging, drawing",
+    "timeline-ranks-files": "`--timeline` of a DDP cell: the files (2 ranks, 5 steps, a "
+                            "three-layer MLP)",
     "install": "`pip install` of the wheel into a user's environment, seconds (np: not a run)",
     "reinit": "hvd.init()/shutdown cycles under load; hvd.init() skew",
     "shards": "`--data`: Parquet read directly, converted, beside Spark's Arrow stage and `toPandas()`",

@@ -99,6 +99,8 @@ BENCHMARKS = {
     "resources": ("bench_resources.py", ["--reps", "6"], ["--reps", "2", "--steps", "200"]),
     # the first cell of a new kernel, Spark started at load or by the cell (#51)
     "first-cell": ("bench_first_cell.py", ["--reps", "3"], ["--reps", "1"]),
+    # --timeline of torch code without Horovod: its cost, its files, merging and drawing (#64)
+    "timeline-ranks": ("bench_timeline_ranks.py", ["--reps", "5"], ["--reps", "2"]),
     # the driver side at np 64-1024 simulated ranks (issue #29)
     "scale": ("bench_scale.py", ["--np", "64", "256", "1024"], ["--quick"]),
     # that dashboard's updates replayed in Chromium: frame time, DOM size (issue #29)

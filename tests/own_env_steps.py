@@ -102,12 +102,21 @@ def steps(ip):
         "session": lambda: session(ip),
         "horovod_driver": lambda: cell("--np -2", HOROVOD, magic="horovod"),
         "horovod_spark": lambda: cell("--np 2", HOROVOD, magic="horovod"),
-        "timeline": lambda: cell("--np -2 --timeline", DDP),
+        "timeline": lambda: timeline(ip),
         "horovod_runner": lambda: hvd_magic.HorovodRunner(np=-2).run(horovod_size),
         "elastic": lambda: cell("--np -2 --min-np 1", HOROVOD, magic="horovod"),
         "pyspark_loaded": lambda: sorted(m for m in sys.modules
                                          if m.split(".")[0] in ("pyspark", "py4j")),
     }
+
+
+def timeline(ip):
+    """--timeline of torch code: every rank's profile, merged (no Horovod needed)."""
+    import hvd_magic
+    value = ip.run_cell_magic("distributed", "--np -2 --timeline-steps 2:2 --quiet", DDP.replace(
+        "torch.optim.SGD(ddp.parameters(), lr=0.5).step()",
+        "opt = torch.optim.SGD(ddp.parameters(), lr=0.5)\nopt.step(); opt.step()"))
+    return {"value": value, "file": os.path.basename(hvd_magic.last_run().timeline_path)}
 
 
 def data(ip):

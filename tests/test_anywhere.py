@@ -92,6 +92,11 @@ def test_lightning_fits_without_horovod(without_horovod):
     assert weights0 != pytest.approx(start, abs=1e-3)  # and it moved
 
 
+def test_a_torch_cells_timeline_without_horovod(without_horovod):
+    """--timeline of DDP code records torch's profile on every rank: no Horovod needed."""
+    assert value(without_horovod["timeline"])["file"] == "timeline-ranks.json.gz"
+
+
 def test_the_other_ways_in_without_horovod(without_horovod):
     assert value(without_horovod["run_function"]) == [3.0, 3.0]
     assert value(without_horovod["torch_distributor"]) == 3.0           # on Spark
@@ -105,7 +110,6 @@ def test_the_other_ways_in_without_horovod(without_horovod):
     ("horovod_driver", "This cell imports horovod.torch"),
     ("horovod_spark", "This cell imports horovod.torch"),   # a local session: this Python
     ("horovod_runner", "This function imports horovod.torch"),  # HorovodRunner(np=-2).run(f)
-    ("timeline", "--timeline"),
     ("elastic", "--min-np")])
 def test_what_needs_horovod_says_so_before_anything_starts(env_without_horovod, without_horovod,
                                                            step, needed_by):

@@ -3,6 +3,7 @@ stuck in C code holding the GIL still answering, and the failing rank's frames i
 
 import io
 import os
+import re
 import sys
 import threading
 import time
@@ -66,6 +67,8 @@ import time, torch, torch.distributed as dist
 dist.init_process_group('gloo')
 def load_batch(batch_id):
     time.sleep(120)
+for step in range(3):
+    dist.all_reduce(torch.ones(2))
 if dist.get_rank() == 1:
     load_batch(7)
 dist.all_reduce(torch.ones(2))
@@ -83,6 +86,10 @@ def test_ddp_a_sleeping_rank_and_one_in_dist_all_reduce_give_both_stacks(ip):
     assert "rank 0: Cell In[" in text and "→ all_reduce" in text, text  # blocked in Gloo's C++
     assert "rank 1: Cell In[" in text and "in load_batch" in text, text
     assert stacks.how.get(0) == "python" and not stacks.missing
+    # where each is in its collectives, from torch's Flight Recorder: rank 1 one behind
+    where = re.search(r"in collectives \(torch's Flight Recorder\): rank 0 at #(\d+) "
+                      r"gloo:all_reduce; rank 1 at #(\d+) gloo:all_reduce \(behind\)", text)
+    assert where and int(where[1]) == int(where[2]) + 1, text
 
 
 def test_eight_ranks_read_as_two_groups(ip):

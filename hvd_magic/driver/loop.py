@@ -250,12 +250,7 @@ class Driver:
         run = self.run
         self._apply_late_events()
         run.folder.close()
-        if run.folder.has_partial("timeline"):
-            from ..timelines.trace import finalize
-            run.timeline_path = finalize(run.run_dir)
-        elif run.profile:  # every rank's profile, merged (timelines/ranks.py)
-            from ..timelines.ranks import merge
-            run.timeline_path = merge(run.run_dir, [r.clock for r in run.ranks])
+        run.timeline_path = _timeline_of(run)
         outcomes = run.launcher.outcomes or []
         results, exports, infos, retried = collect(outcomes, run.np, run.cell is not None)
         ok_ranks = {rank for rank, status, _ in outcomes if status == "ok"}
@@ -296,3 +291,15 @@ def read_to_end(server, pump, limit=30.0):
             quiet_until = time.monotonic() + 2
         elif time.monotonic() > quiet_until:
             return
+
+
+def _timeline_of(run):
+    """The run's timeline file, once every rank ended: rank 0's Horovod timeline, repaired, or
+    every rank's torch profile, merged (`hvd_magic.timelines`); None if none came back."""
+    if run.folder.has_partial("timeline"):
+        from ..timelines.trace import finalize
+        return finalize(run.run_dir)
+    if run.profile:
+        from ..timelines.ranks import merge
+        return merge(run.run_dir, [r.clock for r in run.ranks])
+    return run.timeline_path

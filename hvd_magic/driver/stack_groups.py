@@ -119,9 +119,10 @@ def _others(threads, main):
 class Stacks(dict):
     """rank -> the rank's stack as text, every thread; shown grouped (`text`)."""
 
-    def __init__(self, run_id, threads, missing, how=None, seconds=None):
+    def __init__(self, run_id, threads, missing, how=None, seconds=None, collectives=None):
         super().__init__({r: "\n\n".join(thread_text(t) for t in ts) for r, ts in threads.items()})
         self.run_id = run_id
+        self.collectives = collectives or {}  # rank -> [{"group", "seq", "op"}] (rank/stacks.py)
         self.threads = threads       # rank -> [{"name", "main", "frames", "locals"}]
         self.missing = missing       # rank -> why it gave no stack
         self.how = how or {}         # rank -> "python" or "faulthandler" (no locals)
@@ -143,6 +144,7 @@ class Stacks(dict):
         out = [f"Stacks of run {self.run_id}: {len(groups)} "
                f"group{'s' if len(groups) != 1 else ''} of {len(self.threads)} "
                f"rank{'s' if len(self.threads) != 1 else ''}{took}"]
+        out.extend(where_in_collectives(self.collectives))
         for ranks, threads in groups:
             main = main_thread(threads)
             frames = main["frames"] if main else []
@@ -168,10 +170,31 @@ class Stacks(dict):
         return stacks_html(self)
 
 
+def where_in_collectives(collectives):
+    """Lines saying where the ranks are in each group's collectives, furthest first: "in
+    collectives (torch's Flight Recorder): ranks 0, 2-3 at #58 gloo:all_reduce; rank 1 at #57
+    gloo:all_reduce (behind)"; none when no rank said (no group made, or no torch)."""
+    groups = {}
+    for rank, entries in collectives.items():
+        for entry in entries:
+            groups.setdefault(str(entry.get("group")), {}).setdefault(
+                (entry.get("seq", 0), str(entry.get("op"))), []).append(rank)
+    lines = []
+    for group, places in sorted(groups.items()):
+        ordered = sorted(places.items(), key=lambda p: -p[0][0])
+        parts = [f"{rank_ranges(sorted(ranks))} at #{seq} {op}" + (" (behind)" if i else "")
+                 for i, ((seq, op), ranks) in enumerate(ordered)]
+        where = "" if len(groups) == 1 else f" of group {group}"
+        lines.append(f"in collectives{where} (torch's Flight Recorder): {'; '.join(parts)}")
+    return lines
+
+
 def stacks_html(stacks):
     """The grouped view as HTML: each group's frames, a user's frame's locals a click away."""
     parts = [f"<div style='font-family:monospace;font-size:12px'><b>"
              f"{html.escape(stacks.text().splitlines()[0])}</b>"]
+    parts.extend(f"<div>{html.escape(line)}</div>"
+                 for line in where_in_collectives(stacks.collectives))
     for ranks, threads in stacks.groups():
         main = main_thread(threads)
         frames = main["frames"] if main else []

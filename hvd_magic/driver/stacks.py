@@ -38,6 +38,7 @@ class StackRequest:
                 self.missing[r.rank] = "not started"
         self.waiting = {r.rank for r in run.ranks} - set(self.missing)
         self.threads, self.how, self.errors = {}, {}, {}
+        self.collectives = {}  # rank -> where it is in its groups' collectives (rank/stacks.py)
         self.answered = threading.Condition(_lock)
 
     def add(self, rank, event):
@@ -45,6 +46,8 @@ class StackRequest:
             if rank not in self.waiting:
                 return
             self.waiting.discard(rank)
+            if isinstance(event.get("collectives"), list) and event["collectives"]:
+                self.collectives[rank] = event["collectives"]
             if event.get("threads"):
                 self.threads[rank] = event["threads"]
                 self.how[rank] = event.get("how")
@@ -61,7 +64,7 @@ class StackRequest:
             missing.update({r: f"no answer within {self.deadline - self.started:.1f} s"
                             for r in self.waiting})
             return Stacks(self.run_id, dict(self.threads), missing, dict(self.how),
-                          time.monotonic() - self.started)
+                          time.monotonic() - self.started, dict(self.collectives))
 
 
 class StackRequests:

@@ -255,13 +255,10 @@ class HorovodMagics(Magics):
         (NEGOTIATE_ALLREDUCE, QUEUE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE...) as coloured spans;
         Perfetto (ui.perfetto.dev) or chrome://tracing open the file itself.
 
-        A cell that uses torch without Horovod (DDP, FSDP, Lightning, accelerate, a plain
-        loop) records with ``--timeline`` torch's profiler on every rank over a few optimizer
-        steps (``--timeline-steps A:B``, default 4:8). The profiles come back merged into
-        hvd_runs/<run id>/timeline-ranks.json.gz, a process per rank, the clocks aligned; the
-        picture has a lane per rank (its steps, its time inside collectives, its wait there for
-        the last rank to arrive), a table per step and rank (``--summary``) and a verdict
-        naming the rank the others waited on.
+        With torch and no Horovod (DDP, FSDP, Lightning, accelerate...), ``--timeline`` profiles
+        every rank over optimizer steps 4 to 8 (``--timeline-steps``), merged with the clocks
+        aligned into timeline-ranks.json.gz: a lane per rank (steps, collectives, waiting), a
+        table per step and rank (``--summary``), the rank the others waited on named.
 
         Examples
         --------

@@ -39,7 +39,7 @@ import threading
 import time
 
 from . import reporting
-from .torch_store import PORTS, probe
+from .torch_store import PORTS, hand_first_group_to, probe
 
 ELASTIC = "HVD_MAGIC_ELASTIC"             # "torch" in such a run's ranks
 SLOT = "HVD_MAGIC_ELASTIC_SLOT"           # this process's slot (the view's row)
@@ -181,6 +181,7 @@ class World:
                 break
         self._formed(reform["g"])
         self._forming, self._joined = reform["g"], reform  # (the group is the code's to make)
+        hand_first_group_to(self)
         _set_env(rank, len(reform["slots"]), world)
         reporting.send({"t": "unblocked"})
         return rank

@@ -65,17 +65,23 @@ def probe(address, most, gone=lambda: False):
 _MADE_BY_THE_WORLD = ("backend", "init_method", "world_size", "rank", "store")
 
 
+_joined = None  # an elastic torch rank's `World` (rank/elastic_world.py), once it joined
+
+
+def hand_first_group_to(world):
+    """The code's first ``env://`` default group is `world`'s to make (an elastic torch rank)."""
+    global _joined
+    _joined = world
+
+
 def _elastic_first(args, kwargs):
     """An elastic torch run's rank whose code makes its first default group (``env://``):
     its `World`, which makes that group from the world it joined; else None."""
-    from . import elastic_world
-
-    here = elastic_world.world()
     method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
-    if here is None or not elastic_world.active() or not here.first_pending() or \
-            method not in (None, "env://") or kwargs.get("store") is not None or len(args) > 2:
+    if _joined is None or not _joined.first_pending() or method not in (None, "env://") or \
+            kwargs.get("store") is not None or len(args) > 2:
         return None
-    return here
+    return _joined
 
 
 def _patch(c10d):
