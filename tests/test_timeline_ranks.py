@@ -126,3 +126,17 @@ def test_timeline_options_that_cannot_work_say_what_to_do(ip):
         ip.run_cell_magic("horovod", "--np -2 --timeline-steps 1:3", "import torch\n1")
     with pytest.raises(UsageError, match="uses neither"):
         ip.run_cell_magic("horovod", "--np -2 --timeline", "import math\nmath.pi")
+
+
+def test_a_lightning_cells_steps_are_its_optimizer_steps(ip):
+    """Lightning steps its optimizer itself (inside its strategy and closures): the profile's
+    steps are those, on every rank, with nothing added to the cell."""
+    from own_env_steps import LIGHTNING
+
+    ip.run_cell_magic("distributed", "--np -2 --timeline-steps 2:3 --quiet", LIGHTNING)
+    run = hvd_magic.last_run()
+    assert run.state == "done", run.error
+    timeline = ranks.RanksTimeline.load(run.timeline_path)
+    assert sorted((r["step"], r["rank"]) for r in timeline.table()) == [(2, 0), (2, 1), (3, 0),
+                                                                        (3, 1)]
+    assert "all_reduce" in timeline.verdict()  # DDP's gradients, inside Lightning's step
