@@ -41,7 +41,13 @@ def test_allreduce_on_two_workers(ip, standalone):
 
 def test_torchrun_variables_on_two_workers(ip, standalone):
     """torch.distributed across the two workers' executors: LOCAL_RANK and GROUP_RANK are
-    Horovod's local and cross ranks (the hosts as the cluster knows them)."""
+    Horovod's local and cross ranks (the hosts as the cluster knows them). Then --timeline: every
+    rank's profile comes back from both hosts, each named by its host, each host's clock
+    known."""
+    from test_timeline_ranks import DDP_CELL
+
+    from hvd_magic.timelines import ranks
+
     session = standalone.session()
     cell = ("import os, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
             "x = torch.ones(1)\ndist.all_reduce(x)\n"
@@ -53,8 +59,16 @@ def test_torchrun_variables_on_two_workers(ip, standalone):
         ip.run_cell_magic("distributed", "--np 4 --quiet", cell)
         run = hvd_magic.last_run()
         assert len({r.executor for r in run.ranks}) == 2  # both workers
+        ip.run_cell_magic("distributed", "--np 4 --timeline-steps 2:3 --quiet", DDP_CELL)
+        timed = hvd_magic.last_run()
+        profiled = ranks.RanksTimeline.load(timed.timeline_path)
     finally:
         session.stop()
+    assert [r["host"] for r in profiled.ranks] == [r.host for r in timed.ranks], \
+        (profiled.ranks, [(r.host, r.executor) for r in timed.ranks])
+    assert len({r.executor for r in timed.ranks}) == 2  # from both workers
+    assert all(r["uncertainty_us"] is not None for r in profiled.ranks), profiled.ranks
+    assert len(profiled.table()) == 8 and profiled.verdict().startswith("rank 1 arrived last")
     by_host = {}
     for rank, (total, host, rank_var, local, group, local_size, groups, *horovods) in \
             enumerate(run.results):

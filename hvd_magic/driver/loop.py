@@ -301,5 +301,5 @@ def _timeline_of(run):
         return finalize(run.run_dir)
     if run.profile:
         from ..timelines.ranks import merge
-        return merge(run.run_dir, [r.clock for r in run.ranks])
+        return merge(run.run_dir, [r.clock for r in run.ranks], [r.host for r in run.ranks])
     return run.timeline_path

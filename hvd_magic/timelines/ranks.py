@@ -86,9 +86,10 @@ def _refined(offsets, collectives):
     return refined
 
 
-def merge(run_dir, clocks):
+def merge(run_dir, clocks, hosts=None):
     """The ranks' profiles under `run_dir`/profile as one trace file; its path (None if no rank
-    sent one). `clocks`: each rank's (offset, uncertainty) in seconds, or None."""
+    sent one). `clocks`: each rank's (offset, uncertainty) in seconds, or None; `hosts`: each
+    rank's host as the run's view names it (default: as the rank named it)."""
     ranks = {}
     for rank in range(len(clocks)):
         path = os.path.join(run_dir, "profile", f"rank-{rank}", "trace.json")
@@ -106,6 +107,8 @@ def merge(run_dir, clocks):
              for e in r["events"] + [{"ts": s} for s in r["steps"]] if "ts" in e)
     events, about = [], []
     for rank, record in sorted(ranks.items()):
+        if hosts and hosts[rank]:
+            record["host"] = hosts[rank]
         offset, uncertainty = offsets[rank]
         shift = offset + t0
         name = f"rank {rank} ({record.get('host', '?')})"
