@@ -4,7 +4,8 @@ must show, checked here (not by eye).
 A round is drawn from its seed: a launcher (``--np -3`` on the driver, ``--np 3`` on a local
 Spark session), a program (a DDP loop; an elastic DDP loop written with `hvd_magic.elastic`), a
 fault (a rank SIGKILLed; a rank frozen with SIGSTOP under ``--timeout``; the run cancelled; none)
-and its moment (after a random step of a random rank). What it must show:
+and its moment (after a random step of a random rank, or as soon as the rank's process exists:
+in its imports or in ``init_process_group``). What it must show:
 
 - **ends**: the run ends within a deadline derived from its options (the timeout, the elastic
   run's recovery), or the round counts a hang;
@@ -97,7 +98,8 @@ def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
     fault = rng.choice([f for f in faults if not (program == "elastic" and f == "freeze")])
     return {"seed": seed, "round": number, "launcher": rng.choice(launchers),
             "program": program, "fault": fault, "victim": rng.randrange(NP),
-            "at_step": rng.randint(2, 25), "extra_delay": round(rng.uniform(0, 0.05), 3),
+            "at_step": rng.choice([0, rng.randint(1, 25)]),  # 0: in its start (imports, init)
+            "extra_delay": round(rng.uniform(0, 0.05), 3),
             "timeout": timeout}
 
 

@@ -16,6 +16,7 @@ Not for: parsing a magic's line (`hvd_magic.frontends.options`) or a terminal's 
 """
 
 import dataclasses
+import math
 import os
 from typing import Any, Mapping, Optional
 
@@ -46,9 +47,33 @@ def _seconds(name, value):
     """None (no limit) for None or 0; a positive number; else a UsageError."""
     if value is None or value == 0:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise UsageError(f"{name} takes a positive number of seconds, not {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or \
+            math.isinf(value):
+        raise UsageError(f"{name} takes a positive number of seconds (0 or None: no limit), "
+                         f"not {value!r}.")
     return value
+
+
+_TEXT = (str, Optional[str])
+_FLAGS = (bool, Optional[bool])
+
+
+def _typed(options):
+    """A UsageError for a field given a value of the wrong kind (a keyword of `hvd_magic.run`
+    can be anything): text where text is asked, a dict of names where a mapping is, True or
+    False where a flag is. Numbers are checked by the fields themselves."""
+    for field in dataclasses.fields(options):
+        name, value = field.name, getattr(options, field.name)
+        if value is None and field.type not in (str, bool):
+            continue
+        if field.type in _TEXT and not isinstance(value, (str, os.PathLike)):
+            raise UsageError(f"{name} takes text (a name, an address or a path), not {value!r}.")
+        if field.type in _FLAGS and not isinstance(value, bool):
+            raise UsageError(f"{name} takes True or False, not {value!r}.")
+        if field.type == Mapping[str, str] and not (
+                isinstance(value, Mapping) and all(isinstance(k, str) for k in value)):
+            raise UsageError(f"{name} takes a dict of names to values, e.g. {{'A': '1'}}, not "
+                             f"{value!r}.")
 
 
 def _set(frozen, **values):
@@ -81,6 +106,7 @@ class Placement:
 
     def __post_init__(self):
         check_np(self.np)
+        _typed(self)
         _set(self, spark_conf=dict(self.spark_conf or {}))
         if self.min_np is None:
             if self.max_np is not None or self.elastic_timeout is not None:
@@ -149,6 +175,7 @@ class RunOptions:
     def __post_init__(self):
         if self.fresh is None:
             _set(self, fresh=fresh_by_default())
+        _typed(self)
         _set(self, timeout=_seconds("--timeout", self.timeout),
              stall_timeout=_seconds("--stall-timeout", self.stall_timeout),
              env=dict(self.env or {}), horovod_env=dict(self.horovod_env or {}))
