@@ -21,6 +21,7 @@ A failing round prints its seed: ``--seed S --only R`` replays it.
     .venv/bin/python bench/chaos.py [--rounds 40] [--seed 1] [--launchers driver spark]
                                     [--programs ddp elastic] [--faults kill freeze cancel none]
                                     [--json PATH]
+    .venv/bin/python bench/chaos.py --table A.json B.json   # the figures of earlier rounds
 
 The suite runs a short seeded slice (tests/test_chaos.py); the long soak stays here.
 """
@@ -284,7 +285,16 @@ def main():
     parser.add_argument("--programs", nargs="+", default=list(PROGRAMS))
     parser.add_argument("--faults", nargs="+", default=list(FAULTS))
     parser.add_argument("--json")
+    parser.add_argument("--table", nargs="+", metavar="JSON",
+                        help="print the table of earlier rounds' --json files (no round run)")
     args = parser.parse_args()
+    if args.table:
+        outcomes = [o for path in args.table for o in json.load(open(path))]
+        print(table(outcomes))
+        print(f"{len(outcomes)} rounds, seeds {sorted({o['seed'] for o in outcomes})}, "
+              f"{sum(o['seconds'] for o in outcomes) / 60:.0f} minutes of runs; "
+              f"{sum(not o['ok'] for o in outcomes)} failed")
+        return 0
     from IPython.testing.globalipapp import start_ipython
 
     ip = start_ipython()
