@@ -31,6 +31,9 @@ TITLES = {
                       "time with it and without (ratio: to without), merging, drawing",
     "timeline-ranks-files": "`--timeline` of a DDP cell: the files (2 ranks, 5 steps, a "
                             "three-layer MLP)",
+    "shipping": "A cell importing pandas on a standalone cluster (np 4) whose executors lack "
+                "hvd_magic, pandas and its requirements (sent: first run unpacks them) beside "
+                "executors that have them installed (ratio: to installed, the same run)",
     "install": "`pip install` of the wheel into a user's environment, seconds (np: not a run)",
     "reinit": "hvd.init()/shutdown cycles under load; hvd.init() skew",
     "shards": "`--data`: Parquet read directly, converted, beside Spark's Arrow stage and `toPandas()`",

@@ -87,7 +87,7 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
         timeline_steps=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
         verbose=False, data=None, equal_shards=False, data_cache=None, mlflow=None,
-        min_np=None, max_np=None, elastic_timeout=None, fresh=None):
+        min_np=None, max_np=None, elastic_timeout=None, fresh=None, ship=None):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
     `np` > 0 runs N ranks as one Spark barrier stage (the active SparkSession, or an embedded
@@ -105,6 +105,8 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     beyond `np` join when Spark has room for them).
     `fresh`: every rank a new interpreter that imports its frameworks itself, not a fork of
     the host's template (`hvd_magic.template`); None: `hvd_magic.config.fresh_by_default`.
+    `ship`: what goes to a cluster's executors that lack it (`hvd_magic.launch.shipping`): None
+    hvd_magic and the distributions `fn` imports, "none" hvd_magic alone, or names.
     Every option is a field of `hvd_magic.config.Placement` or `RunOptions`, checked (alone
     and together) before anything starts.
 
@@ -123,6 +125,9 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     placement, options = split(np, **given)
     if not callable(fn):
         raise UsageError(f"fn must be callable, not {type(fn).__name__}.")
+    if view is not None and not all(hasattr(view, m) for m in ("start", "event", "finish")):
+        raise UsageError(f"view takes a view (hvd_magic.view.TextView(quiet=True), say) or None "
+                         f"(the dashboard, or text), not {view!r}.")
     values = {f"argument {i}": a for i, a in enumerate(args)}
     values.update({f"keyword {k}": v for k, v in (kwargs or {}).items()})
     pickled = pickle_values({"the function": fn, **values}, kind="value")
@@ -154,6 +159,7 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     refuse_without_horovod(reading, job, placement, options, kind, profile)
     view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
     launcher = make_launcher(placement, elastic_kind=kind)
+    launcher.wants = (job.get("imports") or (), options.ship)  # (a cluster's: launch/shipping.py)
     run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
                elastic=placement.elastic, profile=profile)
     return run_.launch(job, kwargs_pickled, background=background)
@@ -249,7 +255,7 @@ def _ranks_run_here(placement):
 
 def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env=None, env=None,
                   idle_timeout=None, progress=None, min_np=None, fresh=None, debug=False,
-                  elastic_api=None):
+                  elastic_api=None, ship=None):
     """Start a warm session of `np` ranks (placed as `run` places them) and wait until every
     rank is ready; return the `Session`. Its ranks keep their state between cells.
 
@@ -260,6 +266,9 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     Horovod's ring) or ``"torch"`` (ours re-forms the torch.distributed group:
     `hvd_magic.launch.elastic.ddp`); None: Horovod's where Horovod is installed. `fresh`: start the ranks as new interpreters, not forked from
     the template (`hvd_magic.template`; None: `hvd_magic.config.fresh_by_default`).
+
+    `ship`: on a cluster, the distributions the session's cells will import, sent with
+    hvd_magic to executors that lack them (`run`'s `ship`; its cells are not known yet).
 
     `debug`: a rank whose cell raises is held in pdb at its exception (``%horovod_debug``,
     `hvd_magic.driver.debugger`) until released with ``c`` or ``q``."""
@@ -274,6 +283,7 @@ def start_session(np=2, *, spark=None, master=None, spark_conf=None, horovod_env
     if placement.elastic is not None and kind == "horovod" and not installed("horovod"):
         _refuse("An elastic Horovod session (--min-np)")
     launcher = make_launcher(placement, session=True, elastic_kind=kind)
+    launcher.wants = ((), RunOptions(ship=ship).ship)
     session = Session(launcher, placement,
                       horovod_env={**DEFAULT_HOROVOD_ENV, **(horovod_env or {})},
                       extra_env={**DEFAULT_RANK_ENV, **(env or {})},  # as a run's ranks get

@@ -76,6 +76,19 @@ def _typed(options):
                              f"{value!r}.")
 
 
+def _shipped(ship):
+    """`--ship`: None (what the job imports), () ("none": hvd_magic alone), or the names of
+    the distributions to ship ("a,b" or a list)."""
+    if ship is None:
+        return None
+    names = ship.split(",") if isinstance(ship, str) else ship
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise UsageError(f"ship takes the names of distributions ('mylib,other' or a list), or "
+                         f"'none', not {ship!r}.")
+    names = tuple(n.strip() for n in names if n.strip())
+    return () if names in ((), ("none",)) else names
+
+
 def _set(frozen, **values):
     """Normalise fields of a frozen dataclass in its __post_init__."""
     for name, value in values.items():
@@ -171,6 +184,7 @@ class RunOptions:
     run_dir: Optional[str] = None
     run_root: str = "hvd_runs"
     fresh: Optional[bool] = None  # ranks started as new interpreters, not forked; None: default
+    ship: Any = None  # to a cluster's executors: None what the job imports, () none, or names
 
     def __post_init__(self):
         if self.fresh is None:
@@ -188,7 +202,8 @@ class RunOptions:
             raise UsageError(f"--on-stall takes {' or '.join(ON_STALL)}, not {self.on_stall!r}.")
         if self.timeline_steps is not None:
             _set(self, timeline=True)
-        _set(self, timeline_steps=_steps(self.timeline_steps or DEFAULT_TIMELINE_STEPS))
+        _set(self, timeline_steps=_steps(self.timeline_steps or DEFAULT_TIMELINE_STEPS),
+             ship=_shipped(self.ship))
         _whole("retries", self.retries, 0)
         _whole("broadcast_bytes", self.broadcast_bytes, 0)
         if self.tensorboard:

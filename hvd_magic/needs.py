@@ -9,6 +9,7 @@ tasks and ranks use it too.
 Not for: raising (the caller picks the error: a `UsageError` before a run, a rank's hint after).
 """
 
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -34,10 +35,15 @@ HOW = {
 RANKS_HERE = "this notebook's Python, which the ranks run"
 
 
-def installed(module):
-    """Whether `module`'s top-level package can be imported by this Python."""
+def installed(module, first=()):
+    """Whether `module`'s top-level package can be imported by this Python, or from the folders
+    `first` (a rank's PYTHONPATH: what the notebook shipped to this executor)."""
+    top = module.split(".")[0]
     try:
-        return importlib.util.find_spec(module.split(".")[0]) is not None
+        folders = [f for f in first if f]
+        if folders and importlib.machinery.PathFinder.find_spec(top, folders) is not None:
+            return True
+        return importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):
         return False
 

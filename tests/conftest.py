@@ -367,7 +367,11 @@ def env_without_pyspark(tmp_path_factory, project_wheel):
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
-    cluster = StandaloneCluster(str(tmp_path_factory.mktemp("spark-standalone"))).start()
+    # (each worker's executors know which worker they are: HVD_TEST_WORKER, for a test whose
+    # executors' Python differs by worker: test_standalone_cluster.py's shipping tests)
+    cluster = StandaloneCluster(str(tmp_path_factory.mktemp("spark-standalone")),
+                                worker_envs={0: {"HVD_TEST_WORKER": "0"},
+                                             1: {"HVD_TEST_WORKER": "1"}}).start()
     yield cluster
     cluster.stop()
 

@@ -32,7 +32,7 @@ def build_wheel(dest):
 
 def make_env(dest, wheel, without=("horovod",)):
     """A venv at `dest` with this sandbox's packages less `without` (their modules and their
-    distributions) and hvd_magic from `wheel`; the path of its python."""
+    distributions) and hvd_magic from `wheel` (None: no hvd_magic); the path of its python."""
     dest = str(dest)
     venv.EnvBuilder(with_pip=False, symlinks=True).create(dest)
     python = os.path.join(dest, "bin", "python")
@@ -45,6 +45,60 @@ def make_env(dest, wheel, without=("horovod",)):
         if name.startswith(OURS) or top in without or name == "__pycache__":
             continue
         os.symlink(os.path.join(ours, name), os.path.join(theirs, name))
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-index", wheel],
-                   check=True, capture_output=True, text=True)
+    if wheel is not None:
+        subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-index", wheel],
+                       check=True, capture_output=True, text=True)
     return python
+
+
+def small_wheel(dest, name, version, body):
+    """A pure-Python distribution `name` (one module, `body` its source), built into a wheel by
+    pip from a project made here; the wheel's path."""
+    project = os.path.join(dest, f"{name}-{version}-src")
+    os.makedirs(os.path.join(project, name))
+    with open(os.path.join(project, "pyproject.toml"), "w") as f:
+        f.write(f'[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                f'"setuptools.build_meta"\n[project]\nname = "{name}"\nversion = "{version}"\n'
+                f'[tool.setuptools]\npackages = ["{name}"]\n')
+    with open(os.path.join(project, name, "__init__.py"), "w") as f:
+        f.write(body)
+    out = os.path.join(dest, f"{name}-{version}-wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "-w", out, project],
+                   check=True, capture_output=True, text=True)
+    (wheel,) = os.listdir(out)
+    return os.path.join(out, wheel)
+
+
+def install(python_or_target, wheel):
+    """`wheel` installed by pip into a venv (its python) or a folder (a path ending in /)."""
+    if python_or_target.endswith("/"):
+        command = [sys.executable, "-m", "pip", "install", "--target", python_or_target]
+    else:
+        command = [python_or_target, "-m", "pip", "install"]
+    subprocess.run(command + ["--quiet", "--no-index", "--no-deps", wheel],
+                   check=True, capture_output=True, text=True)
+
+
+def compiled_dist(site, name, version, tag):
+    """Distribution `name` as a wheel tagged `tag` (e.g. cp311-abi3-manylinux_2_99_x86_64)
+    leaves it installed in folder `site`: its package with a compiled module's file, and its
+    metadata (no installer would put a wheel for a newer C library here: it is written as one
+    would have)."""
+    package = os.path.join(site, name)
+    info = os.path.join(site, f"{name}-{version}.dist-info")
+    os.makedirs(package)
+    os.makedirs(info)
+    files = {os.path.join(package, "__init__.py"): f"__version__ = {version!r}\n",
+             os.path.join(package, "_speed.abi3.so"): "(a compiled module)",
+             os.path.join(info, "METADATA"): f"Metadata-Version: 2.1\nName: {name}\n"
+                                             f"Version: {version}\n",
+             os.path.join(info, "WHEEL"): f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+                                          f"Tag: {tag}\n",
+             os.path.join(info, "top_level.txt"): f"{name}\n"}
+    for path, text in files.items():
+        with open(path, "w") as f:
+            f.write(text)
+    with open(os.path.join(info, "RECORD"), "w") as f:
+        f.writelines(f"{os.path.relpath(p, site)},,\n"
+                     for p in [*files, os.path.join(info, "RECORD")])

@@ -2,12 +2,14 @@
 
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
 
 import hvd_magic
 from conftest import ALLREDUCE_CELL, ancestry
+from hvd_magic.view.text import TextView
 
 
 def test_allreduce_on_two_workers(ip, standalone):
@@ -332,6 +334,44 @@ def test_executors_without_horovod_run_ddp_and_say_what_horovod_needs(ip, standa
     assert "python -m hvd_magic.build_horovod" in message
 
 
+# --- the notebook's environment on the cluster (hvd_magic.launch.shipping, task/shipped.py) ---
+
+@pytest.fixture(scope="module")
+def executors_lacking(tmp_path_factory):
+    """Executors whose Python has torch but no hvd_magic, cloudpickle, psutil nor Horovod:
+    worker 0's has no `shiptest` either, worker 1's has shiptest 0.9 and fastlib 1.0 (a
+    compiled one). The notebook gets shiptest 1.0 (a wheel pip built) and fastlib 2.0, built for
+    a C library newer than any here, in a folder put on its path (as `%pip install` would).
+    (the python executors run, the notebook's folder)"""
+    from own_env import compiled_dist, install, make_env, small_wheel
+    tmp = tmp_path_factory.mktemp("shipping")
+    without = ("horovod", "cloudpickle", "psutil")
+    lacking = make_env(tmp / "lacking", None, without)
+    older = make_env(tmp / "older", None, without)
+    install(older, small_wheel(str(tmp), "shiptest", "0.9", 'VERSION = "0.9"\n'))
+    site = subprocess.run([older, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    compiled_dist(site, "fastlib", "1.0", "cp311-abi3-manylinux_2_17_x86_64")
+    python = tmp / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$HVD_TEST_WORKER" = 1 ]; then exec {older} "$@"; fi\n'
+                      f'exec {lacking} "$@"\n')
+    python.chmod(0o755)
+    notebook = str(tmp / "notebook-site") + "/"
+    install(notebook, small_wheel(str(tmp), "shiptest", "1.0", 'VERSION = "1.0"\n'))
+    compiled_dist(notebook, "fastlib", "2.0", "cp311-abi3-manylinux_2_99_x86_64")
+    return str(python), notebook
+
+
+@pytest.fixture
+def on_lacking_executors(standalone, executors_lacking, monkeypatch):
+    python, notebook = executors_lacking
+    monkeypatch.setenv("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
+    monkeypatch.syspath_prepend(notebook)  # (and importlib's caches made again)
+    session = standalone.session(python=python)
+    yield session
+    session.stop()
+
+
 # The same loop with torch.distributed and hvd_magic.elastic (no Horovod on the ranks' side).
 ELASTIC_DDP_TRAINING = """\
 import os, time
@@ -368,17 +408,21 @@ train(state)
 """
 
 
-def test_elastic_ddp_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standalone, tmp_path):
+def test_elastic_ddp_survives_a_lost_worker_and_grows_back(ip, fresh_ns, on_lacking_executors,
+                                                          standalone, tmp_path):
     """--np 4 --min-np 2 of torch.distributed code (hvd_magic.elastic) on two workers of two
     slots: one worker is SIGKILLed mid-training; the two survivors go on in a world of 2; the
-    worker is started again, the lost slots' tasks run there again and the world is 4 again."""
-    import time
+    worker is started again, the lost slots' tasks run there again and the world is 4 again.
+    The executors lack hvd_magic and the cell's package (`executors_lacking`): the replacement
+    executor gets them as the first did."""
+    from hvd_magic.task.shipped import cache_root
 
-    session = standalone.session()
     stop_file = tmp_path / "stop"
     fresh_ns.update(stop_file=str(stop_file))
-    run = ip.run_cell_magic("distributed", "--np 4 --min-np 2 --background --quiet",
-                            ELASTIC_DDP_TRAINING)
+    cell = ELASTIC_DDP_TRAINING.replace("import hvd_magic\n", "import hvd_magic, shiptest\n") \
+        .replace('{"step": state.step,', '{"step": state.step, "shiptest": shiptest.VERSION, '
+                 '"hvd_magic": hvd_magic.__file__,')
+    run = ip.run_cell_magic("distributed", "--np 4 --min-np 2 --background --quiet", cell)
 
     wait_for = _waiter(run)
 
@@ -401,10 +445,11 @@ def test_elastic_ddp_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standal
         if run.state == "running":
             run.cancel()
             run.wait(30)
-        session.stop()
 
     assert run.state == "done", run.error
     assert len(results) == 4 and all(r["size"] == 4 for r in results)
+    assert all(r["shiptest"] == "1.0" and r["hvd_magic"].startswith(cache_root())
+               for r in results), results
     assert all(r["weights"] == results[0]["weights"] for r in results)
     assert len({r["step"] for r in results}) == 1
     lost = [c for c in run.membership if c["t"] == "lost"]
@@ -414,3 +459,58 @@ def test_elastic_ddp_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standal
     sizes = [c["size"] for c in run.membership if c["t"] == "ring"]
     assert sizes[0] == 4 and sizes[-1] == 4 and 2 in sizes, sizes
     assert not run.unended()
+
+
+SHIPPED_CELL = """\
+import os, importlib.metadata as md
+import shiptest, hvd_magic
+(shiptest.VERSION, md.version("shiptest"), os.environ.get("HVD_TEST_WORKER"),
+ os.path.dirname(os.path.dirname(hvd_magic.__file__)))
+"""
+
+
+def test_a_package_installed_in_the_notebook_reaches_executors_that_lack_it(
+        ip, on_lacking_executors, capsys, tmp_path):
+    """hvd_magic itself, what its ranks need and the cell's package (another version on one
+    worker) are shipped to executors whose Python has none of them: a cell, a second run of it
+    (nothing sent again), a function and a script all run there with the notebook's versions."""
+    from hvd_magic.task.shipped import cache_root
+    ip.run_cell_magic("horovod", "--np 4 --text", SHIPPED_CELL)
+    said = capsys.readouterr().out
+    first = hvd_magic.last_run()
+    assert {r[:2] for r in first.results} == {("1.0", "1.0")}
+    assert {r[2] for r in first.results} == {"0", "1"}  # both workers' Pythons
+    assert all(r[3].startswith(cache_root()) for r in first.results)  # the shipped hvd_magic
+    assert "sent to the executors: hvd_magic" in said and "shiptest 1.0" in said
+    assert "psutil" in said and "cloudpickle" in said and "torch" not in said
+
+    ip.run_cell_magic("horovod", "--np 4 --text", SHIPPED_CELL)
+    assert "sent to the executors" not in capsys.readouterr().out
+    assert sorted(hvd_magic.last_run().results) == sorted(first.results)
+
+    def version():
+        import shiptest
+        return shiptest.VERSION
+    assert hvd_magic.run(version, np=2, view=TextView(quiet=True)).results == ["1.0", "1.0"]
+
+    script = tmp_path / "train.py"
+    script.write_text("import shiptest\nprint('shiptest', shiptest.VERSION)\n")
+    ip.run_line_magic("horovod", f"--np 2 --quiet {script}")
+    run = hvd_magic.last_run()
+    assert all("shiptest 1.0" in open(run.log_path(k)).read() for k in range(2))
+
+
+def test_a_compiled_package_that_cannot_run_on_the_executors_is_refused_before_any_rank(
+        ip, on_lacking_executors):
+    """fastlib 2.0 needs a newer glibc than the executors have: the run fails before any rank
+    starts, naming the notebook's version and the executor's (1.0, or none)."""
+    with pytest.raises(hvd_magic.RankError) as failed:
+        ip.run_cell_magic("horovod", "--np 4 --quiet", "import fastlib\nfastlib.__version__")
+    run = hvd_magic.last_run()
+    assert all(r.pid is None for r in run.ranks)  # no rank process was started
+    message = str(failed.value)
+    assert "CannotShip: fastlib 2.0 from the notebook" in message
+    assert "it needs glibc 2.99 or newer" in message
+    summaries = " ".join(f["message"] for f in run.failures)
+    assert "the executor has fastlib 1.0" in summaries
+    assert "the executor has no fastlib" in summaries

@@ -98,6 +98,22 @@ def interruptible():
         signal.signal(signal.SIGINT, before)
 
 
+def _data_plan(run):
+    """The --data plan the ranks read their rows by (None without --data); its shards told."""
+    from ..data.plan import describe, equalize
+
+    plan = getattr(run.launcher, "data", None)
+    if plan is None:
+        return None
+    total = sum(plan["counts"])
+    if run.equal_shards:
+        plan = equalize(plan)
+    run.shards = list(plan["counts"])
+    if run.view is not None:
+        run.view.event(run, None, {"t": "shards", "message": describe(plan, total)})
+    return plan
+
+
 def _relay_notes(run):
     """The launcher's new notes (`Launcher.take_notes`) to the run's view."""
     for note in run.launcher.take_notes():
@@ -241,7 +257,7 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         self.background = background  # a view shows a background run at once (its cell ends now)
         self._prepare()
         self.data = None  # the launcher holds its plan now
-        plan = self._data_plan()
+        plan = _data_plan(self)
         self.folder.create(self.np)
         small = {n: payload.inband(d) for n, d in kwargs_pickled.items()
                  if len(d) <= self.broadcast_bytes}
@@ -260,7 +276,8 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
             horovod_env=self.horovod_env, cwd=os.getcwd(), allow_retry=self.allow_retry,
             broadcast_kwargs=shared, extra_env=self.extra_env,
             timeline=self.timeline and not self.profile, profile=self.profile,
-            timeline_window=may_record_window(job), executor_cores=self.launcher.executor_cores)
+            timeline_window=may_record_window(job), executor_cores=self.launcher.executor_cores,
+            shipment=tuple(self.launcher.shipment))
         self.started = time.time()
         self.state = "running"
         self.write_meta()
@@ -275,21 +292,6 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
             return self
         self._driver.drive()
         return self
-
-    def _data_plan(self):
-        """The --data plan the ranks read their rows by (None without --data); its shards told."""
-        from ..data.plan import describe, equalize
-
-        plan = getattr(self.launcher, "data", None)
-        if plan is None:
-            return None
-        total = sum(plan["counts"])
-        if self.equal_shards:
-            plan = equalize(plan)
-        self.shards = list(plan["counts"])
-        if self.view is not None:
-            self.view.event(self, None, {"t": "shards", "message": describe(plan, total)})
-        return plan
 
     def _prepare(self):
         """`launcher.prepare` in a helper thread, while the view (shown first) says what it waits

@@ -91,6 +91,7 @@ class Session:
             token=self.server.token, job=pickle.dumps(None), horovod_env=self.horovod_env,
             cwd=os.getcwd(), extra_env=self.extra_env, session=True,
             executor_cores=self.launcher.executor_cores, fork=not self.fresh,
+            shipment=tuple(self.launcher.shipment),
             # No Horovod timeline unless --env asks for one: its cells are not known yet, and a
             # configured timeline costs every training step (driver/run.py may_record_window).
             timeline_window=False)

@@ -61,7 +61,7 @@ def run_options(magics, args, data, opening=None):
     options = cell_options(magics, args, data, env=env_option(args.env),
                            horovod_env=magics.horovod_settings, retries=args.retries,
                            timeline=args.timeline, timeline_steps=args.timeline_steps,
-                           tensorboard=args.tensorboard)
+                           tensorboard=args.tensorboard, ship=args.ship)
     view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose,
                      opening=opening)
     if isinstance(view, TextView):  # the dashboard shows the timeline itself

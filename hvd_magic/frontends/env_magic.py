@@ -27,7 +27,9 @@ def horovod_env(magics, line):
     its tasks). Values that differ from the driver's are highlighted; a package that an
     executor lacks is reported as missing. Different Python or cloudpickle versions are the
     commonest cause of a cell that unpickles on the driver but not on the workers; a
-    Horovod built against another torch or TensorFlow than the installed one gets a note.
+    Horovod built against another torch or TensorFlow than the installed one gets a note, and
+    so does what a run on this cluster sends to executors that lack it (hvd_magic, the job's
+    packages: ``--ship``).
     Returns the report (``hvd_magic.launch.envcheck.EnvReport``; its ``mismatches`` list them).
 
     Examples
@@ -41,6 +43,7 @@ def horovod_env(magics, line):
     """
     from ..launch.connect import connect_session
     from ..launch.envcheck import check
+    from ..launch.shipping import what_ships
 
     args = parse_argstring(horovod_env, line)
     if connect_session() is not None:
@@ -49,6 +52,7 @@ def horovod_env(magics, line):
     if args.timeout <= 0:
         raise UsageError("--timeout takes a positive number of seconds.")
     report = check(timeout=args.timeout)
+    report.notes.append(what_ships(report.master))
     if args.text:
         print(report.text())
         return None

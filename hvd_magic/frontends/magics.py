@@ -114,6 +114,9 @@ class HorovodMagics(Magics):
               help="Where each rank's TensorBoard logs (what it wrote to "
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "
                    "tensorboard/ in the run folder; see %%horovod_tensorboard).")
+    @argument("--ship", type=str, default=None, metavar="NAMES",
+              help="What a cluster's executors get where they lack it: hvd_magic and the cell's "
+                   "packages (never torch, TensorFlow, Horovod unless named), 'none', or a,b.")
     @argument("--fresh", action="store_true", default=None,
               help="Start every rank as a new Python interpreter that imports torch and Horovod "
                    "itself, not forked from the host's template (an interpreter that has "
@@ -132,8 +135,7 @@ class HorovodMagics(Magics):
               help="Show what is otherwise only logged: the output of a Spark JVM this run "
                    "starts (kept in hvd_runs/spark-<time>.log either way) and C++ libraries' "
                    "start-up chatter from the ranks: INFO lines, TensorFlow's absl and oneDNN "
-                   "notes (kept in the rank logs either way). Default: "
-                   "HorovodMagics.verbose.")
+                   "notes (kept in the rank logs either way). Default: HorovodMagics.verbose.")
     @argument("command", nargs="...", metavar="script.py [args ...]",
               help="Line magic only: a Python script to run on every rank as __main__, and its "
                    "arguments (everything after the script's path is the script's, options "
@@ -156,10 +158,10 @@ class HorovodMagics(Magics):
         ``%%distributed`` is this magic under a name for cells that use no Horovod.
 
         Each rank is a task of one Spark barrier stage (or, with ``--np -N``, a process of this
-        machine). The cell runs as a function on every rank: the notebook's imports that it uses are
-        re-imported there, and the notebook values it reads are sent by value. Each rank's output
-        is shown live, labelled by rank, and kept in full in hvd_runs/<run id>/rank-<k>.log.
-        Every rank's value is in ``hvd_magic.last_run().results``.
+        machine). The cell runs as a function on every rank: the notebook's imports that it uses
+        are re-imported there, and the notebook values it reads are sent by value. Each rank's
+        output is shown live, labelled by rank, and kept in full in the run's folder
+        (hvd_runs/<run id>/rank-<k>.log). Every rank's value is in ``last_run().results``.
 
         The line magic ``%horovod [options] train.py [args]`` runs a script instead, as
         ``horovodrun python train.py args`` would: each rank runs the file as ``__main__`` with

@@ -35,6 +35,9 @@ from .options import env_option, summary_first
           help="A rank whose cell raises is held in pdb at its exception (the others wait "
                "before their next Horovod collective): the cell opens it, or %%horovod_debug for a "
                "background cell; c or q lets it go, and the cell ends with its error.")
+@argument("--ship", type=str, default=None, metavar="NAMES",
+          help="On a cluster, the packages the session's cells will import, sent to executors "
+               "that lack them (hvd_magic always goes): mylib,other.")
 @argument("--idle-timeout", type=float, default=None,
           help="Seconds idle before the ranks are stopped (default: "
                "HorovodMagics.session_idle_timeout, 3600; 0: never).")
@@ -106,7 +109,7 @@ def horovod_session(magics, line):
     if args.np is not None or args.action == "start":
         options = {"np": magics.np if args.np is None else args.np, "master": args.master,
                    "min_np": args.min_np, "debug": args.debug, "elastic_api": args.elastic_api,
-                   "env": env_option(args.env),
+                   "env": env_option(args.env), "ship": args.ship,
                    "idle_timeout": magics.session_idle_timeout if args.idle_timeout is None
                    else args.idle_timeout}
     if not options:
@@ -118,6 +121,9 @@ def horovod_session(magics, line):
         options["np"], master=options["master"], spark_conf=dict(magics.spark_conf),
         horovod_env=dict(magics.horovod_settings), env=options["env"],
         idle_timeout=options["idle_timeout"] or None, min_np=options.get("min_np"),
-        debug=options.get("debug", False), elastic_api=options.get("elastic_api"))
+        debug=options.get("debug", False), elastic_api=options.get("elastic_api"),
+        ship=options.get("ship"))
     magics.session.options = options
+    for note in magics.session.launcher.take_notes():
+        print(f"[hvd_magic] {note}")
     print(magics.session.status())

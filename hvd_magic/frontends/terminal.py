@@ -59,6 +59,9 @@ def parser():
     p.add_argument("--timeline", action="store_true",
                    help="Record a Horovod timeline on rank 0 (hvd_runs/<run id>/timeline.json).")
     p.add_argument("--name", help="A label for the run.")
+    p.add_argument("--ship", metavar="NAMES",
+                   help="On a cluster, what goes to executors that lack it: hvd_magic and the "
+                        "packages the script imports (default), 'none', or names a,b.")
     p.add_argument("--retries", type=int, default=0,
                    help="Let Spark re-attempt the barrier stage this many times (default 0).")
     p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -106,7 +109,7 @@ def main(argv=None):
         run_script(args.command[0], args.command[1:], args.np, master=args.master,
                    spark_conf={k: v for k, v in (_conf(item) for item in args.conf)},
                    timeout=args.timeout or None, env=env_option(args.env),
-                   timeline=args.timeline, name=args.name, retries=args.retries,
+                   timeline=args.timeline, name=args.name, retries=args.retries, ship=args.ship,
                    stall_timeout=args.stall_timeout or None, on_stall=args.on_stall,
                    run_root=args.run_root, view=TextView(quiet=args.quiet, verbose=args.verbose),
                    verbose=args.verbose, mlflow=args.mlflow, **elastic_kwargs(args))

@@ -40,6 +40,8 @@ class Launcher:
     driver_host = "127.0.0.1"     # the address tasks connect to for the event channel
     data = None                   # the plan the ranks read a --data DataFrame by (`use_data`)
     executor_cores = None         # cores an executor has for ranks; None: its host's usable cores
+    wants = None                  # (the job's imports, --ship): what a cluster's executors get
+    shipment = ()                 # what they got: `hvd_magic.task.shipped.Parcel`s (prepare)
     error_loses_ranks = True      # an `error` means tasks died under their ranks (not so in a
     # session, whose ranks outlive a cell: there it says which ranks ignored the interrupt)
 

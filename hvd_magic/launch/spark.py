@@ -25,6 +25,7 @@ from ..errors import LaunchError, RunCancelled
 from ..task import spark_task
 from ..task.threads import executor_cores
 from ..words import plural
+from .shipping import send as ship_to
 from .base import Launcher
 from ..data.frames import check_data, data_plan
 from .prestart import adopt as adopt_prestart
@@ -147,8 +148,21 @@ class SparkLauncher(Launcher):
                 "Spark's dynamic allocation is on, and barrier stages cannot run with it. Start the "
                 "session with spark.dynamicAllocation.enabled=false (and a fixed number of "
                 "executors), or make the run elastic (--min-np M), whose ranks are plain tasks.")
+        self._ship(sc)
         self._set_phase(None)
         return self.session
+
+    def _ship(self, sc):
+        """What the ranks get of the notebook's environment on a cluster's executors (hvd_magic,
+        the job's packages: `shipping`); nothing on a local session, whose executors run this
+        very Python."""
+        if self.wants is None or local_slots(sc.master) is not None:
+            return
+        imports, only = self.wants
+        self._set_phase("packing hvd_magic and the job's packages for the executors")
+        self.shipment, line = ship_to(sc, imports, only)
+        if line:
+            self._note(line)
 
     def _adopt_prestart(self, np):
         """Wait for the session the extension began starting when it loaded, and keep it."""

@@ -29,7 +29,7 @@ from ..frameworks.base import iface_towards
 from ..rank import elastic_world
 from .link import DriverLink
 from .plan import _local_ip_towards, machine_name
-from .runner import run_worker
+from .runner import run_worker, unshippable
 
 WAIT_STEP = 0.2  # seconds between looks at the driver link while the slot waits for an order
 
@@ -59,6 +59,9 @@ def run_slot(settings, slot, attempt=0, gpus=()):
     link.on_order = on_order
     host = socket.gethostname()
     try:
+        refused = unshippable(settings, link, slot, host)
+        if refused is not None:
+            return refused
         while True:
             link.forward.send({"t": "slot", "host": host, "machine": machine_name(),
                                "attempt": attempt})

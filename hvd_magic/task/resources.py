@@ -25,7 +25,8 @@ import os
 import threading
 import time
 
-import psutil
+# psutil is imported where it is used: a task imports this module before the packages shipped
+# with the job (psutil among them, where the executor lacks it: task/shipped.py) are on its path.
 
 INTERVAL = 1.0
 RESCAN = 5      # samples between two looks for the rank's child processes
@@ -55,6 +56,8 @@ def _memory_cgroup(pid):
 
 def memory_limit(folder):
     """(bytes, "cgroup" | "host"): the cgroup's limit where it is below the host's memory."""
+    import psutil
+
     host = psutil.virtual_memory().total
     if folder is not None:
         for name in ("memory.limit_in_bytes", "memory.max"):
@@ -174,6 +177,8 @@ class Sampler(threading.Thread):
         self._stop = threading.Event()
 
     def run(self):
+        import psutil
+
         nvml = _Nvml() if self.gpus else None
         while not self._stop.wait(self.interval):
             try:
@@ -185,6 +190,8 @@ class Sampler(threading.Thread):
             self.send(event)
 
     def sample(self, nvml=None):
+        import psutil
+
         root = self._process(self.pid)
         # The rank's child processes, looked for every RESCAN samples: psutil reads every
         # process of the host for them (2.4 ms with 95); in between, the ones known.
@@ -215,6 +222,8 @@ class Sampler(threading.Thread):
                 "free": psutil.virtual_memory().available, "gpus": gpus}
 
     def _process(self, pid):
+        import psutil
+
         if pid not in self._processes:
             self._processes[pid] = psutil.Process(pid)
             self._processes[pid].cpu_percent(None)  # (its first call says 0.0: a baseline)

@@ -28,6 +28,7 @@ import tempfile
 import threading
 
 from .. import frameworks, payload
+from .shipped import arrive, spark_fetched
 from ..rank.session import FRAMEWORK_VARS
 from .environ import rank_base_env
 from .gpus import VIEW as GPU_VIEW, GpuLayout, layout as gpu_layout
@@ -63,6 +64,10 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
     slot = slots[coord.partition_id]
     host = socket.gethostname()
     link = make_link(slot.rank) if make_link is not None else DriverLink(settings, slot.rank)
+    refused = unshippable(settings, link, slot.rank, host)
+    if refused is not None:  # before any rank starts: no rendezvous is relayed without this task
+        link.close()
+        return refused
     serving = None
     own = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if "CUDA_VISIBLE_DEVICES" in settings.extra_env:  # env= chose (TorchDistributor's
@@ -95,12 +100,29 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             serving.stop()
 
 
+def unshippable(settings, link, rank, host):
+    """The outcome of a task whose executor cannot use what the notebook shipped (a compiled
+    package built for another Python: `shipped.arrive`), said to the driver; None where it can."""
+    if not settings.shipment:
+        return None
+    refused = arrive(settings.shipment, spark_fetched)[1]
+    if not refused:
+        return None
+    info = {"rank": rank, "host": host, "code": None, "type": "CannotShip",
+            "message": "\n".join(refused)}
+    link.forward.send({"t": "exit", "code": None, "status": "error", "summary": info})
+    return (rank, "error", info)
+
+
 def rank_env(settings, slot_vars, gpus, ranks_on_host, ranks_on_executor=None):
     """The whole environment of a rank process: its task's (less what only a Spark worker needs:
     environ.py), its share of the host's cores (threads.py), the driver's Horovod knobs, ``--env``
     (which wins over both), its slot's variables (every framework's: `hvd_magic.frameworks`) and
     its GPUs (a `GpuLayout`: task/gpus.py)."""
     env = rank_base_env()
+    if settings.shipment:  # the notebook's packages this executor lacks, first on the path
+        folders = arrive(settings.shipment, spark_fetched)[0]
+        env["PYTHONPATH"] = os.pathsep.join(folders + [p for p in [env.get("PYTHONPATH")] if p])
     threads = rank_threads(ranks_on_host, settings.executor_cores, ranks_on_executor)
     env.update(thread_env(threads, settings.extra_env))
     env.update(settings.horovod_env)

@@ -23,6 +23,7 @@ class TaskSettings:
     connect: bool = False           # Spark Connect: the executors may not reach the driver
     executor_cores: int = None      # cores an executor has for ranks; None: its host's (threads.py)
     fork: bool = False              # fork the rank from this host's template (task/spawn.py)
+    shipment: tuple = ()            # the notebook's packages sent to the executors (shipped.py)
 
 
 class Coordinator:

@@ -8,6 +8,7 @@ kind of handle (``pid``, ``poll``, ``wait``, ``send_signal``, the pipes), and th
 environment, folder, streams and process group of its own.
 """
 
+import os
 import pickle
 import subprocess
 import sys
@@ -21,7 +22,8 @@ def start_rank(settings, argv, env, cwd, fd_env):
     stay open in it, each variable naming its number there."""
     if settings.fork:
         job = pickle.loads(settings.job)  # a dict of pickles: nothing of the user's is loaded
-        modules = wanted(job) if job else ()  # (a warm session's: what the template holds)
+        path = env.get("PYTHONPATH", "").split(os.pathsep)  # (what was shipped comes first)
+        modules = wanted(job, path) if job else ()  # (a warm session's: what the template holds)
         proc = client.fork_rank(argv, env, cwd, modules=modules, stdin=settings.session,
                                 fd_env=fd_env)
         if proc is not None:

@@ -61,13 +61,14 @@ def imported_names(job):
     return names
 
 
-def wanted(job):
-    """The modules a template should hold before this job's ranks are forked, in import order."""
+def wanted(job, path=()):
+    """The modules a template should hold before this job's ranks are forked, in import order
+    (`path`: the ranks' PYTHONPATH folders, which come first)."""
     found = []
     for name in sorted(imported_names(job)):
         for module, needs in FORKABLE.items():
             if (name == module or name.startswith(module + ".")) and \
-                    all(installed(n) for n in needs):  # (a rank that imports one says so)
+                    all(installed(n, path) for n in needs):  # (a rank that imports one says so)
                 found.extend(n for n in needs if n not in found)
     order = [n for needs in FORKABLE.values() for n in needs]
     return sorted(set(found), key=order.index)
