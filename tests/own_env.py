@@ -30,9 +30,16 @@ def build_wheel(dest):
     return os.path.join(dest, wheel)
 
 
-def make_env(dest, wheel, without=("horovod",)):
+# torch and what it requires, nothing else: an executor's image that has "only Python and torch"
+TORCH_ONLY = ("torch", "functorch", "torchgen", "filelock", "fsspec", "jinja2", "markupsafe",
+              "mpmath", "networkx", "sympy", "isympy", "typing_extensions", "setuptools",
+              "_distutils_hack", "pkg_resources", "distutils")
+
+
+def make_env(dest, wheel, without=("horovod",), keep=None):
     """A venv at `dest` with this sandbox's packages less `without` (their modules and their
-    distributions) and hvd_magic from `wheel` (None: no hvd_magic); the path of its python."""
+    distributions), or only those named in `keep`, and hvd_magic from `wheel` (None: no
+    hvd_magic); the path of its python."""
     dest = str(dest)
     venv.EnvBuilder(with_pip=False, symlinks=True).create(dest)
     python = os.path.join(dest, "bin", "python")
@@ -42,7 +49,8 @@ def make_env(dest, wheel, without=("horovod",)):
     ours = sysconfig.get_path("purelib")
     for name in os.listdir(ours):
         top = name.split("-")[0].split(".")[0].lower()
-        if name.startswith(OURS) or top in without or name == "__pycache__":
+        if name.startswith(OURS) or top in without or name == "__pycache__" or \
+                keep is not None and top not in keep:
             continue
         os.symlink(os.path.join(ours, name), os.path.join(theirs, name))
     if wheel is not None:

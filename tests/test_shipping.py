@@ -35,6 +35,7 @@ def names(dists):
 def test_a_job_gets_hvd_magic_what_its_ranks_need_and_what_it_imports_less_the_frameworks():
     got = names(shipping.chosen(["torch.nn", "horovod.torch", "yaml", "pandas", "os", "json"]))
     assert got[:3] == ["hvd-magic", "cloudpickle", "psutil"]
+    assert "numpy" in names(shipping.chosen(["torch"]))  # (torch uses it, not requires it)
     assert {"pyyaml", "pandas", "numpy", "python-dateutil"} <= set(got)  # pandas's own too
     assert not {"torch", "horovod"} & set(got)
     assert names(shipping.chosen(["yaml"], only=())) == ["hvd-magic", "cloudpickle", "psutil"]

@@ -338,19 +338,19 @@ def test_executors_without_horovod_run_ddp_and_say_what_horovod_needs(ip, standa
 
 @pytest.fixture(scope="module")
 def executors_lacking(tmp_path_factory):
-    """Executors whose Python has torch but no hvd_magic, cloudpickle, psutil nor Horovod:
-    worker 0's has no `shiptest` either, worker 1's has shiptest 0.9 and fastlib 1.0 (a
-    compiled one). The notebook gets shiptest 1.0 (a wheel pip built) and fastlib 2.0, built for
-    a C library newer than any here, in a folder put on its path (as `%pip install` would).
+    """Executors whose Python has torch and nothing else (no hvd_magic, cloudpickle, psutil,
+    numpy, pyspark nor Horovod: Spark's own zips serve its Python workers): worker 0's has no
+    `shiptest` either, worker 1's has shiptest 0.9 and fastlib 1.0 (a compiled one). The
+    notebook gets shiptest 1.0 (a wheel pip built) and fastlib 2.0, built for a C library newer
+    than any here, in a folder put on its path (as `%pip install` would).
     (the python executors run, the notebook's folder)"""
-    from own_env import compiled_dist, install, make_env, small_wheel
+    from own_env import TORCH_ONLY, compiled_dist, install, make_env, small_wheel
     tmp = tmp_path_factory.mktemp("shipping")
-    without = ("horovod", "cloudpickle", "psutil")
-    lacking = make_env(tmp / "lacking", None, without)
-    older = make_env(tmp / "older", None, without)
-    install(older, small_wheel(str(tmp), "shiptest", "0.9", 'VERSION = "0.9"\n'))
+    lacking = make_env(tmp / "lacking", None, keep=TORCH_ONLY)
+    older = make_env(tmp / "older", None, keep=TORCH_ONLY)
     site = subprocess.run([older, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           check=True, capture_output=True, text=True).stdout.strip()
+    install(site + "/", small_wheel(str(tmp), "shiptest", "0.9", 'VERSION = "0.9"\n'))
     compiled_dist(site, "fastlib", "1.0", "cp311-abi3-manylinux_2_17_x86_64")
     python = tmp / "python"
     python.write_text(f'#!/bin/sh\nif [ "$HVD_TEST_WORKER" = 1 ]; then exec {older} "$@"; fi\n'
@@ -514,3 +514,35 @@ def test_a_compiled_package_that_cannot_run_on_the_executors_is_refused_before_a
     summaries = " ".join(f["message"] for f in run.failures)
     assert "the executor has fastlib 1.0" in summaries
     assert "the executor has no fastlib" in summaries
+
+
+def test_a_warm_session_gets_what_the_executors_lack(ip, fresh_ns, on_lacking_executors,
+                                                     capsys):
+    """A warm session started with --ship shiptest on the executors that have only Python and
+    torch: its cells import the package."""
+    ip.run_line_magic("horovod_session", "start --np 2 --ship shiptest")
+    try:
+        said = capsys.readouterr().out
+        assert "sent to the executors: hvd_magic" in said and "shiptest 1.0" in said
+        assert ip.run_cell_magic("horovod", "--quiet", "import shiptest\nshiptest.VERSION") == "1.0"
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+def test_hvd_run_gets_what_the_executors_lack(standalone, executors_lacking, tmp_path):
+    """A terminal's hvd-run of a script (its own Python, the package on its path) on the
+    executors that have only Python and torch."""
+    from conftest import ROOT, _stop_spark
+    _stop_spark()  # (a session of this process would hold the cluster's cores)
+    python, notebook = executors_lacking
+    script = tmp_path / "show.py"
+    script.write_text("import shiptest\nprint('shiptest', shiptest.VERSION)\n")
+    env = dict(os.environ, PYSPARK_PYTHON=python, PYTHONPATH=os.pathsep.join([notebook, ROOT]))
+    done = subprocess.run(
+        [sys.executable, "-m", "hvd_magic", "-np", "2", "--master", standalone.url,
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+         "--conf", "spark.executor.memory=1g", str(script)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("] shiptest 1.0\n") == 2, done.stdout  # ([rank k] ...)
+    assert "sent to the executors: hvd_magic" in done.stdout + done.stderr

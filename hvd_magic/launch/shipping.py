@@ -39,6 +39,9 @@ FRAMEWORKS = {"torch", "torchvision", "torchaudio", "torchtext", "torchdata", "t
               "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tf-keras", "keras",
               "tensorflow-io-gcs-filesystem", "tensorboard", "tensorboard-data-server",
               "horovod", "jax", "jaxlib", "pyspark", "py4j", "triton", "mxnet"}
+# What a framework uses without requiring it: torch's object collectives (broadcast_object_list,
+# which hvd_magic.elastic's state sync uses) and tensor.numpy() need numpy.
+ALSO = {"torch": ("numpy",)}
 _BINARY = (".so", ".pyd", ".dylib")
 _MANYLINUX = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"}
 
@@ -181,6 +184,11 @@ def _chosen_now(imports, only=None):
         dist = distribution_of(module)
         if dist is not None and not _never(dist.metadata["Name"]) and module != OURS:
             add(dist)
+        for name in ALSO.get(module, ()):
+            try:
+                add(metadata.distribution(name))
+            except metadata.PackageNotFoundError:
+                pass
     return list(found.values())
 
 
