@@ -102,7 +102,7 @@ BENCHMARKS = {
     # --timeline of torch code without Horovod: its cost, its files, merging and drawing (#64)
     "timeline-ranks": ("bench_timeline_ranks.py", ["--reps", "5"], ["--reps", "2"]),
     # the notebook's packages sent to a cluster's executors that lack them, beside installed (#65)
-    "shipping": ("bench_shipping.py", ["--reps", "3"], ["--reps", "1"]),
+    "shipping": ("bench_shipping.py", ["--reps", "5"], ["--reps", "1"]),
     # the driver side at np 64-1024 simulated ranks (issue #29)
     "scale": ("bench_scale.py", ["--np", "64", "256", "1024"], ["--quick"]),
     # that dashboard's updates replayed in Chromium: frame time, DOM size (issue #29)

@@ -284,6 +284,20 @@ def _suffixes(files):
 _packed = {}
 
 
+def _compiled(src, rel):
+    """`src` compiled, as a .pyc beside its .py in a zip: Spark's Python worker imports
+    hvd_magic from the zip, where it cannot cache what it compiles (~50 ms a worker). Its hash
+    is not checked; a Python of another version rejects it by its magic number and compiles."""
+    import py_compile
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "c.pyc")
+        py_compile.compile(src, cfile=out, dfile=rel, doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        with open(out, "rb") as f:
+            return f.read()
+
+
 def pack(dist):
     """(`Parcel`, the zip's path): `dist` packed once, kept by its content's hash (compiled
     files stored as they are: packing numpy takes a fraction of a second, not seconds)."""
@@ -303,9 +317,12 @@ def pack(dist):
         part = f"{path}.part-{os.getpid()}"
         how = dict(compression=zipfile.ZIP_STORED) if suffixes else \
             dict(compression=zipfile.ZIP_DEFLATED, compresslevel=1)
+        ours = _is_ours(dist)
         with zipfile.ZipFile(part, "w", **how) as z:
             for rel, src in files:
                 z.write(src, rel)
+                if rel.endswith(".py") and ours:
+                    z.writestr(rel + "c", _compiled(src, rel))
         os.replace(part, path)
     ours = _is_ours(dist)
     parcel = Parcel(name, version, stem + ".zip", os.path.getsize(path), suffixes=suffixes,
