@@ -110,3 +110,20 @@ def test_horovod_env_says_what_a_run_on_a_cluster_sends():
     assert line.startswith("Runs on this cluster send hvd_magic ")
     assert "cloudpickle" in line and "psutil" in line and " MB)" in line
     assert "send nothing" in shipping.what_ships("local[4]")
+
+
+def test_hvd_magic_from_a_checkout_pip_never_installed_ships_too(monkeypatch, tmp_path):
+    real = metadata.distribution
+
+    def unlisted(name):
+        if shipping.normalized(name) == "hvd-magic":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+    monkeypatch.setattr(shipping.metadata, "distribution", unlisted)
+    monkeypatch.setattr(shipping, "cache_folder", lambda: str(tmp_path))
+    monkeypatch.setattr(shipping, "_chosen", {})  # (not what an earlier test chose)
+    ours = shipping.chosen(["yaml"], only=())[0]
+    assert isinstance(ours, shipping._Unlisted)
+    parcel, path = shipping.pack(ours)
+    assert (parcel.name, parcel.always) == ("hvd_magic", True)
+    assert "hvd_magic/task/shipped.py" in zipfile.ZipFile(path).namelist()

@@ -169,7 +169,7 @@ def _chosen_now(imports, only=None):
                 except metadata.PackageNotFoundError:
                     pass  # (not installed here: an executor's own may serve; a rank says so)
 
-    add(metadata.distribution(OURS), follow=False)
+    add(_ours(), follow=False)
     for name in RANK_NEEDS:
         add(metadata.distribution(name))
     if only is not None:
@@ -190,6 +190,26 @@ def _chosen_now(imports, only=None):
             except metadata.PackageNotFoundError:
                 pass
     return list(found.values())
+
+
+class _Unlisted:
+    """hvd_magic run from a checkout that pip never installed: its package, no metadata."""
+    metadata = {"Name": OURS}
+    requires = files = None
+
+    def __init__(self):
+        import hvd_magic
+        self.version = hvd_magic.__version__
+
+    def read_text(self, name):
+        return None
+
+
+def _ours():
+    try:
+        return metadata.distribution(OURS)
+    except metadata.PackageNotFoundError:
+        return _Unlisted()
 
 
 def _files(dist):
