@@ -615,6 +615,17 @@ def _in_view(table, row):
                                       "t.parentElement.clientWidth")}
 
 
+def _settled_in_view(page, table, row, want, seconds=15):
+    """`_in_view` once the page is laid out again after a resize (and the live table, redrawn
+    each second, settled): `want` as soon as it holds, else what it was at the deadline."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = _in_view(table, row)
+        if got == want or time.monotonic() > deadline:
+            return got
+        page.wait_for_timeout(250)
+
+
 def _megabytes(text):
     """The first "N MB" or "N GB" of `text`, in MB; 0 without one."""
     found = re.search(r"([\d.]+) (MB|GB)", text or "")
@@ -652,9 +663,9 @@ def test_a_ranks_memory_in_its_row_and_the_memory_chart_in_chromium(tmp_path, ch
         assert _in_view(table, row) == {"memory": True, "last line": True, "scrolls": False}
         page.set_viewport_size({"width": 1000, "height": 800})  # narrower than the table's least
         expect(page.locator("#filebrowser")).to_be_visible()
-        page.wait_for_timeout(500)  # (laid out again)
+        narrow = {"memory": True, "last line": True, "scrolls": True}
+        assert _settled_in_view(page, table, row, narrow) == narrow
         cell.screenshot(path=os.path.join(ARTIFACTS, "table-narrow.png"))
-        assert _in_view(table, row) == {"memory": True, "last line": True, "scrolls": True}
         page.set_viewport_size({"width": 1280, "height": 800})
         charts = cell.locator(".jp-OutputArea-output .hvd-magic-charts")
         chart = charts.locator("svg[data-memory]")

