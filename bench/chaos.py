@@ -2,24 +2,36 @@
 must show, checked here (not by eye).
 
 A round is drawn from its seed: a launcher (``--np -3`` on the driver, ``--np 3`` on a local
-Spark session), a program (a DDP loop; an elastic DDP loop written with `hvd_magic.elastic`), a
-fault (a rank SIGKILLed; a rank frozen with SIGSTOP under ``--timeout``; the run cancelled; none)
-and its moment (after a random step of a random rank, or as soon as the rank's process exists:
-in its imports or in ``init_process_group``). What it must show:
+Spark session), a program (a DDP loop; an elastic DDP loop written with `hvd_magic.elastic`; a
+Horovod loop), a fault and its moment (after a random step of a random rank, or as soon as the
+rank's process exists: in its imports or in ``init_process_group``/``hvd.init()``):
+
+- kill: the rank SIGKILLed; freeze: the rank stopped (SIGSTOP) under ``--timeout``; cancel: the
+  run cancelled; task: the rank's Spark task (the Python worker that runs it) SIGKILLed; oom: the
+  rank moved into a memory cgroup of 160 MB and made to grow past it; notebook: the notebook that
+  started the run (an IPython shell in a process of its own) SIGKILLed; none.
+
+What it must show:
 
 - **ends**: the run ends within a deadline derived from its options (the timeout, the elastic
   run's recovery), or the round counts a hang;
-- **names its cause**: killed → a `RankError` naming the rank and SIGKILL (an elastic run: no
-  error, the survivors and the replacement end with equal weights); frozen → `RunTimeout`;
-  cancelled → `RunCancelled`; none → done;
-- **leaves nothing behind**: no process whose command line names the run is left 10 s after it
-  ended (ranks, their children);
-- **keeps every log**: the run folder has a log for every rank.
+- **names its cause**: killed → a `RankError` naming the rank and SIGKILL; out of memory → a
+  `RankError` naming the rank and "out of memory"; its task killed → a `LaunchError` naming the
+  rank and its Spark task; frozen → `RunTimeout`; cancelled → `RunCancelled`; none → done. An
+  elastic run that loses a rank (killed, out of memory, its task): no error, the survivors and
+  the replacement end with equal weights;
+- **leaves nothing behind**: no process of the run (its ranks, and any whose command line names
+  it) is left 10 s after it ended; a killed notebook's ranks, tasks and templates are gone within
+  30 s of it, its Spark JVM within 120 s (a JVM reads its notebook's end only once its start-up
+  is over: the seconds are in each round's record);
+- **keeps every log**: the run folder has a log for every rank (a killed notebook's: every rank
+  that had reported a step).
 
 A failing round prints its seed: ``--seed S --only R`` replays it.
 
     .venv/bin/python bench/chaos.py [--rounds 40] [--seed 1] [--launchers driver spark]
-                                    [--programs ddp elastic] [--faults kill freeze cancel none]
+                                    [--programs ddp elastic horovod]
+                                    [--faults kill freeze cancel task oom notebook none]
                                     [--json PATH]
     .venv/bin/python bench/chaos.py --table A.json B.json   # the figures of earlier rounds
 
@@ -31,8 +43,11 @@ import collections
 import json
 import os
 import random
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 
 NP = 3
@@ -54,6 +69,7 @@ for step in range(steps):
     optimizer.step()
     hvd_magic.report(step=step + 1, total=steps)
     time.sleep(0.03)
+    {told}
 dist.get_rank()
 """
 
@@ -81,23 +97,68 @@ def train(state):
             state.commit()
         hvd_magic.report(step=state.step, total=steps)
         time.sleep(0.03)
+        {told}
 
 train(state)
 torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 """
 
-PROGRAMS = {"ddp": DDP, "elastic": ELASTIC}
+HOROVOD = """\
+import time, torch
+import horovod.torch as hvd
+import hvd_magic
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+for step in range(steps):
+    optimizer.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    hvd_magic.report(step=step + 1, total=steps)
+    time.sleep(0.03)
+    {told}
+hvd.rank()
+"""
+
+# What a rank does when the harness tells it (the oom fault): a file named by its pid in the
+# round's folder `told` says "hold" (it stops stepping: its peers wait in their next collective),
+# then "grow" (32 MB more every 50 ms, until its memory cgroup's limit ends it).
+OBEY = """\
+import os, time
+def obey():
+    path, blocks = f"{told}/{os.getpid()}", []
+    while os.path.exists(path):
+        if open(path).read() == "grow":
+            blocks.append(b"x" * (32 << 20))
+        time.sleep(0.05)
+"""
+
+
+def program(name):
+    """The cell of program `name`, obeying the harness after each step."""
+    return OBEY + PROGRAMS[name].replace("{told}", "obey()")
+
+
+PROGRAMS = {"ddp": DDP, "elastic": ELASTIC, "horovod": HOROVOD}
 LAUNCHERS = {"driver": f"--np -{NP}", "spark": f"--np {NP}"}
-FAULTS = ("kill", "freeze", "cancel", "none")
+FAULTS = ("kill", "freeze", "cancel", "task", "oom", "notebook", "none")
+OOM_LIMIT = 160 << 20   # the memory cgroup a rank is moved into for the oom fault
+SEEN_WAIT = 15.0        # seconds for the rank's sampler to see it there (it samples each second)
+NOTEBOOK_GONE = 30.0    # seconds for the ranks, tasks and templates of a killed notebook to go
+JVM_GONE = 120.0        # and for its Spark JVM (it reads its end only once its start-up is over)
 
 
 def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
     """Round `number` of seed `seed`: what runs, what goes wrong, and when (`timeout`: the
     --timeout of a round whose rank is frozen)."""
     rng = random.Random(f"{seed}:{number}")
-    program = rng.choice(programs)
-    fault = rng.choice([f for f in faults if not (program == "elastic" and f == "freeze")])
-    return {"seed": seed, "round": number, "launcher": rng.choice(launchers),
+    program, launcher = rng.choice(programs), rng.choice(launchers)
+    fault = rng.choice([f for f in faults if not (program == "elastic" and f == "freeze")
+                        and not (launcher == "driver" and f == "task")])  # (no task there)
+    return {"seed": seed, "round": number, "launcher": launcher,
             "program": program, "fault": fault, "victim": rng.randrange(NP),
             "at_step": rng.choice([0, rng.randint(1, 25)]),  # 0: in its start (imports, init)
             "extra_delay": round(rng.uniform(0, 0.05), 3),
@@ -118,7 +179,7 @@ def deadline(round_):
     base = 120.0 if round_["launcher"] == "spark" else 90.0
     if round_["program"] == "elastic":
         base += 60.0  # a replacement's start and the world formed again
-    return base + (round_["timeout"] if round_["fault"] == "freeze" else 0)
+    return base + {"freeze": round_["timeout"], "oom": SEEN_WAIT}.get(round_["fault"], 0)
 
 
 def _alive(pid):
@@ -129,21 +190,26 @@ def _alive(pid):
         return False
 
 
-def _leftovers(run):
-    """Pids of the run's processes still alive: every rank process it had (a forked rank's
-    command line is its template's), and any process whose command line names the run (a
-    fresh rank's folder)."""
-    pids = {r.pid for r in run.ranks if r.pid} | {
-        c["pid"] for c in (run.membership or []) if isinstance(c.get("pid"), int)}
+def _named(run_id):
+    """Pids of the processes whose command line names run `run_id` (a fresh rank's folder)."""
+    found = set()
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != os.getpid():
             try:
                 with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if run.id.encode() in f.read():
-                        pids.add(int(name))
+                    if run_id.encode() in f.read():
+                        found.add(int(name))
             except OSError:
                 pass
-    return sorted(pid for pid in pids if _alive(pid))
+    return found
+
+
+def _leftovers(run):
+    """Pids of the run's processes still alive: every rank process it had (a forked rank's
+    command line is its template's), and any process whose command line names the run."""
+    pids = {r.pid for r in run.ranks if r.pid} | {
+        c["pid"] for c in (run.membership or []) if isinstance(c.get("pid"), int)}
+    return sorted(pid for pid in pids | _named(run.id) if _alive(pid))
 
 
 def _at_step(run, rank, step, limit):
@@ -155,31 +221,102 @@ def _at_step(run, rank, step, limit):
     return False
 
 
+def _task_of(pid):
+    """The pid of the Spark task that runs rank process `pid`: the process that reads the
+    rank's standard output (its pipe's read end; a forked rank's parent is its host's
+    template, not its task)."""
+    pipe = os.readlink(f"/proc/{pid}/fd/1")
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == pid:
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{name}/fd"):
+                if os.readlink(f"/proc/{name}/fd/{fd}") == pipe:
+                    with open(f"/proc/{name}/fdinfo/{fd}") as f:
+                        flags = next(int(line.split()[1], 8) for line in f
+                                     if line.startswith("flags:"))
+                    if flags & 3 == os.O_RDONLY:
+                        return int(name)
+        except OSError:
+            continue
+    raise ProcessLookupError(f"no process reads rank process {pid}'s output")
+
+
+def _memory_cgroup_parent():
+    """This process's memory cgroup (v1), where a child can be made; None where it cannot."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                folder = "/sys/fs/cgroup/memory" + path
+                return folder if os.access(folder, os.W_OK) else None
+    return None
+
+
+def _out_of_memory(run, victim, pid, told, limit):
+    """The oom fault: rank `victim` (process `pid`) held, moved into a memory cgroup of
+    OOM_LIMIT, and, once its sampler saw that limit, made to grow; the cgroup's folder."""
+    parent = _memory_cgroup_parent()
+    if parent is None:
+        raise RuntimeError("the oom fault needs a writable cgroup v1 memory controller (root)")
+    note = os.path.join(told, str(pid))
+    with open(note + ".part", "w") as f:
+        f.write("hold")
+    os.replace(note + ".part", note)
+    folder = os.path.join(parent, f"hvd_magic_chaos_{os.getpid()}_{pid}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(OOM_LIMIT))
+    with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+        f.write(str(pid))
+    seen_by = min(limit, time.monotonic() + SEEN_WAIT)
+    while run.state == "running" and time.monotonic() < seen_by and \
+            (run.ranks[victim].usage.latest or {}).get("limit") != OOM_LIMIT:
+        time.sleep(0.05)
+    with open(note + ".part", "w") as f:
+        f.write("grow")
+    os.replace(note + ".part", note)
+    return folder
+
+
+def _strike(run, round_, told, limit):
+    """The round's fault, at its moment; (a frozen pid, a cgroup folder made) to undo."""
+    victim, fault = round_["victim"], round_["fault"]
+    if fault == "none" or not _at_step(run, victim, round_["at_step"], limit):
+        return None, None
+    time.sleep(round_["extra_delay"])
+    pid = run.ranks[victim].pid
+    try:
+        if fault == "kill":
+            os.kill(pid, signal.SIGKILL)
+        elif fault == "freeze":
+            os.kill(pid, signal.SIGSTOP)
+            return pid, None
+        elif fault == "cancel":
+            run.cancel()
+        elif fault == "task":
+            os.kill(_task_of(pid), signal.SIGKILL)
+        elif fault == "oom":
+            return None, _out_of_memory(run, victim, pid, told, limit)
+    except (ProcessLookupError, FileNotFoundError):
+        pass  # (it ended meanwhile)
+    return None, None
+
+
 def play(ip, round_):
     """Run one round; its outcome: the round with ``ok`` and, where not, ``problems``."""
     import hvd_magic
 
+    if round_["fault"] == "notebook":
+        return play_notebook(round_)
     if round_["launcher"] == "spark":
         hvd_magic.spark_session()
-    ip.user_ns["steps"] = STEPS
+    told = tempfile.mkdtemp(prefix="chaos-told-")
+    ip.user_ns.update(steps=STEPS, told=told)
     began = time.monotonic()
     limit = began + deadline(round_)
-    run = ip.run_cell_magic("distributed", options(round_), PROGRAMS[round_["program"]])
-    victim, fault = round_["victim"], round_["fault"]
-    stopped_pid = None
-    if fault != "none" and _at_step(run, victim, round_["at_step"], limit):
-        time.sleep(round_["extra_delay"])
-        pid = run.ranks[victim].pid
-        try:
-            if fault == "kill":
-                os.kill(pid, signal.SIGKILL)
-            elif fault == "freeze":
-                os.kill(pid, signal.SIGSTOP)
-                stopped_pid = pid
-            elif fault == "cancel":
-                run.cancel()
-        except ProcessLookupError:
-            pass
+    run = ip.run_cell_magic("distributed", options(round_), program(round_["program"]))
+    stopped_pid, cgroup = _strike(run, round_, told, limit)
     error = None
     try:
         run.wait(max(1.0, limit - time.monotonic()))
@@ -200,24 +337,124 @@ def play(ip, round_):
             os.kill(stopped_pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
-    gone_by = time.monotonic() + LEAK_WAIT
-    left = _leftovers(run)
-    while left and time.monotonic() < gone_by:
-        time.sleep(0.2)
-        left = _leftovers(run)
-    if left:
-        problems.append(f"leak: processes {left} outlived the run")
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    problems += _left_behind(lambda: _leftovers(run), LEAK_WAIT)
     logs = [k for k in range(NP) if not os.path.exists(run.folder.log_path(k))]
     if logs:
         problems.append(f"lost logs: no log of rank(s) {logs}")
+    shutil.rmtree(told, ignore_errors=True)
+    if cgroup is not None:
+        _remove_cgroup(cgroup)
     return dict(round_, run=run.id, seconds=round(took, 2), state=run.state,
-                error=type(error).__name__ if error else None, ok=not problems,
+                error=type(error).__name__ if error else None,
+                said=str(error).splitlines()[0][:300] if error else None, ok=not problems,
                 problems=problems)
+
+
+def _left_behind(leftovers, wait):
+    """["leak: ..."] if `leftovers()` still names live processes after `wait` seconds (they
+    are killed then); else []."""
+    gone_by = time.monotonic() + wait
+    left = leftovers()
+    while left and time.monotonic() < gone_by:
+        time.sleep(0.2)
+        left = leftovers()
+    named = [f"{pid} ({_command(pid)})" for pid in left]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return [f"leak: processes {', '.join(named)} outlived the run"] if left else []
+
+
+def _command(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+    except OSError:
+        return "?"
+
+
+def _remove_cgroup(folder):
+    gone_by = time.monotonic() + 10
+    while time.monotonic() < gone_by:
+        try:
+            os.rmdir(folder)
+            return
+        except OSError:  # (not empty yet: its process is being reaped)
+            time.sleep(0.1)
+
+
+NOTEBOOK = """\
+import json, sys, time
+from IPython.testing.globalipapp import start_ipython
+import hvd_magic
+round_ = json.loads(sys.argv[1])
+ip = start_ipython()
+ip.run_line_magic("load_ext", "hvd_magic")
+if round_["launcher"] == "spark":
+    hvd_magic.spark_session()
+ip.user_ns.update(steps=round_["steps"], told=round_["told"])
+run = ip.run_cell_magic("distributed", round_["options"], round_["cell"])
+print("CHAOS", json.dumps({"run": run.id, "folder": run.run_dir}), flush=True)
+while True:
+    print("CHAOS", json.dumps({"state": run.state, "pids": [r.pid for r in run.ranks],
+                      "steps": [r.step or 0 for r in run.ranks]}), flush=True)
+    time.sleep(0.02)
+"""
+
+
+def play_notebook(round_):
+    """The notebook fault: the round's run started by a notebook of its own (an IPython shell in
+    a process of its own), SIGKILLed at the round's moment; every process it had (its Spark JVM,
+    templates, tasks, ranks) must be gone within NOTEBOOK_GONE, without a word from it."""
+    import psutil
+
+    told = tempfile.mkdtemp(prefix="chaos-told-")
+    began = time.monotonic()
+    limit = began + deadline(round_)
+    spec = dict(round_, steps=STEPS, told=told, options=options(round_),
+                cell=program(round_["program"]))
+    notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK, json.dumps(spec)],
+                                stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    problems, first, last = [], None, None
+    victim, at = round_["victim"], round_["at_step"]
+    try:
+        for line in notebook.stdout:
+            if not line.startswith("CHAOS "):
+                continue  # (what the notebook says besides)
+            said = json.loads(line[len("CHAOS "):])
+            first = first or said
+            last = said if "pids" in said else last
+            if last and (last["state"] != "running" or time.monotonic() > limit or
+                         last["pids"][victim] and last["steps"][victim] >= at):
+                break
+        time.sleep(round_["extra_delay"])
+        family = {p.pid for p in psutil.Process(notebook.pid).children(recursive=True)}
+        jvms = {pid for pid in family if "java" in _command(pid).split(" ")[0]}
+    finally:
+        notebook.kill()
+        notebook.wait()
+    killed = time.monotonic()
+    took = killed - began
+    if first is None:
+        problems.append("lost run: the notebook ended before its run started")
+        first = {"run": "?", "folder": None}
+    ranks = {pid for pid in (last or {}).get("pids", []) if pid}
+    ours = family | ranks | _named(first["run"])
+    problems += _left_behind(lambda: sorted(p for p in ours - jvms if _alive(p)), NOTEBOOK_GONE)
+    ours_gone = round(time.monotonic() - killed, 1)
+    problems += _left_behind(lambda: sorted(p for p in jvms if _alive(p)), JVM_GONE)
+    jvm_gone = round(time.monotonic() - killed, 1) if jvms else None
+    started = [k for k, step in enumerate((last or {}).get("steps", [])) if step >= 1]
+    if first["folder"] is not None:
+        logs = [k for k in started if not os.path.exists(os.path.join(first["folder"],
+                                                                      f"rank-{k}.log"))]
+        if logs:
+            problems.append(f"lost logs: no log of rank(s) {logs}")
+    shutil.rmtree(told, ignore_errors=True)
+    return dict(round_, run=first["run"], seconds=round(took, 2), state="killed",
+                error=None, gone=ours_gone, jvm_gone=jvm_gone, ok=not problems, problems=problems)
 
 
 def _misnamed(round_, run, error):
@@ -226,20 +463,24 @@ def _misnamed(round_, run, error):
     message = str(error) if error is not None else ""
     if run.state == "running":
         return []  # (a hang, said already)
-    if fault == "none" or (fault == "kill" and elastic):
+    if fault == "none" or (fault in ("kill", "task", "oom") and elastic):
         if run.state != "done":
             return [f"lost run: {run.state} ({type(error).__name__}: {message[:300]})"]
         if elastic and len({json.dumps(r) for r in run.results}) != 1:
             return ["unequal weights after the elastic run"]
         return []
-    expected = {"kill": "RankError", "freeze": "RunTimeout", "cancel": "RunCancelled"}[fault]
-    if type(error).__name__ != expected:
-        if run.state == "done" and fault in ("cancel", "kill"):
+    expected = {"kill": ("RankError",), "freeze": ("RunTimeout",), "cancel": ("RunCancelled",),
+                "oom": ("RankError",),
+                "task": ("LaunchError",)}[fault]
+    if type(error).__name__ not in expected:
+        if run.state == "done" and fault in ("cancel", "kill", "task"):
             return []  # the fault came after the last step (the run had ended)
-        return [f"misnamed: {type(error).__name__} ({message[:300]}), not {expected}"]
-    if fault == "kill" and not (f"rank {round_['victim']}" in message and "SIGKILL" in message):
-        return [f"misnamed: the kill's error does not name rank {round_['victim']} and "
-                f"SIGKILL: {message[:300]}"]
+        return [f"misnamed: {type(error).__name__} ({message[:300]}), not {expected[0]}"]
+    words = {"kill": ("SIGKILL",), "oom": ("out of memory",), "task": ("Spark task",)}
+    if fault in words and not all(w in message for w in (f"rank {round_['victim']}",
+                                                         *words[fault])):
+        return [f"misnamed: the {fault}'s error does not name rank {round_['victim']} and "
+                f"{' and '.join(words[fault])}: {message[:300]}"]
     return []
 
 

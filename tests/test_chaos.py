@@ -13,12 +13,14 @@ import chaos  # noqa: E402
 
 SEED = 7
 CASES = [("ddp", "kill"), ("elastic", "kill"), ("ddp", "freeze"), ("elastic", "cancel"),
-         ("ddp", "none")]
+         ("horovod", "oom"), ("ddp", "none")]
 
 
 @pytest.mark.parametrize("program, fault", CASES, ids=[f"{p}-{f}" for p, f in CASES])
 def test_a_round_with_a_fault_at_random_ends_names_its_cause_and_leaves_nothing(
         ip, program, fault):
+    if fault == "oom" and chaos._memory_cgroup_parent() is None:
+        pytest.skip("the oom fault needs a writable cgroup v1 memory controller (root)")
     outcome, = chaos.rounds(ip, SEED, 1, launchers=["driver"], programs=[program],
                             faults=[fault], timeout=8)
     assert outcome["ok"], (f"replay with: bench/chaos.py --seed {SEED} --only 0 --launchers "
