@@ -39,6 +39,7 @@ The suite runs a short seeded slice (tests/test_chaos.py); the long soak stays h
 """
 
 import argparse
+import atexit
 import collections
 import json
 import os
@@ -143,8 +144,11 @@ def program(name):
 
 
 PROGRAMS = {"ddp": DDP, "elastic": ELASTIC, "horovod": HOROVOD}
-LAUNCHERS = {"driver": f"--np -{NP}", "spark": f"--np {NP}"}
-FAULTS = ("kill", "freeze", "cancel", "task", "oom", "notebook", "none")
+LAUNCHERS = {"driver": f"--np -{NP}", "spark": f"--np {NP}", "cluster": f"--np {NP}"}
+FAULTS = ("kill", "freeze", "cancel", "task", "oom", "notebook", "worker", "none")
+# Where a fault cannot happen: no Spark task on the driver; a standalone worker only on the
+# cluster; a notebook of its own on the cluster would wait for the cores this one's session holds.
+NOT_ON = {"driver": {"task", "worker"}, "spark": {"worker"}, "cluster": {"notebook"}}
 OOM_LIMIT = 160 << 20   # the memory cgroup a rank is moved into for the oom fault
 SEEN_WAIT = 15.0        # seconds for the rank's sampler to see it there (it samples each second)
 NOTEBOOK_GONE = 30.0    # seconds for the ranks, tasks and templates of a killed notebook to go
@@ -157,7 +161,7 @@ def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
     rng = random.Random(f"{seed}:{number}")
     program, launcher = rng.choice(programs), rng.choice(launchers)
     fault = rng.choice([f for f in faults if not (program == "elastic" and f == "freeze")
-                        and not (launcher == "driver" and f == "task")])  # (no task there)
+                        and f not in NOT_ON[launcher]])
     return {"seed": seed, "round": number, "launcher": launcher,
             "program": program, "fault": fault, "victim": rng.randrange(NP),
             "at_step": rng.choice([0, rng.randint(1, 25)]),  # 0: in its start (imports, init)
@@ -176,9 +180,11 @@ def options(round_):
 
 def deadline(round_):
     """Seconds the round's run may take at most: its work, start-up, and what its fault adds."""
-    base = 120.0 if round_["launcher"] == "spark" else 90.0
+    base = {"driver": 90.0, "spark": 120.0, "cluster": 150.0}[round_["launcher"]]
     if round_["program"] == "elastic":
         base += 60.0  # a replacement's start and the world formed again
+        if round_["fault"] == "worker":
+            base += 60.0  # the worker started again, its executor registered
     return base + {"freeze": round_["timeout"], "oom": SEEN_WAIT}.get(round_["fault"], 0)
 
 
@@ -279,11 +285,94 @@ def _out_of_memory(run, victim, pid, told, limit):
     return folder
 
 
+class Cluster:
+    """The standalone cluster of the "cluster" launcher (tests/conftest.py's, two workers of two
+    cores on loopback addresses: the suite's), started at its first round and kept; its session
+    made again where another launcher's took its place."""
+
+    def __init__(self):
+        self.cluster = self.folder = None
+        self.down = None  # the worker a round killed and did not start again
+
+    def use(self):
+        from pyspark import SparkContext
+        if self.cluster is None:
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+                os.path.abspath(__file__))), "tests"))
+            from conftest import StandaloneCluster
+            self.folder = tempfile.mkdtemp(prefix="chaos-cluster-")
+            self.cluster = StandaloneCluster(self.folder).start()
+            atexit.register(self.stop)
+        sc = SparkContext._active_spark_context
+        if sc is None or sc.master != self.cluster.url:
+            self.cluster.session()  # (stops the session there was)
+
+    def leave(self):
+        """The cluster's session stopped (a local one comes next)."""
+        from pyspark import SparkContext
+        sc = SparkContext._active_spark_context
+        if self.cluster is not None and sc is not None and sc.master == self.cluster.url:
+            from pyspark.sql import SparkSession
+            SparkSession.builder.getOrCreate().stop()
+
+    def kill_worker_of(self, pid, run, back):
+        """SIGKILL the worker (its executor, Python workers and ranks) that runs rank process
+        `pid`; with `back`, started again a moment later (an elastic run grows back); the ranks
+        that were on it."""
+        from conftest import ancestry
+        chain = ancestry(pid)
+        index = next(i for i, w in enumerate(self.cluster.workers) if w.pid in chain)
+        lost = [r.rank for r in run.ranks
+                if r.pid and _under(r.pid, self.cluster.workers[index].pid)]
+        rings = [c for c in run.membership or () if c["t"] == "ring"]
+        world = rings[-1]["slots"] if rings else []
+        self.cluster.kill_worker(index)
+        if back:
+            time.sleep(1.0)
+            self.cluster.restart_worker(index)
+        else:
+            self.down = index
+        return lost, (set(world) <= set(lost)) if world else None  # (None: no world yet)
+
+    def mend(self):
+        """The worker a round killed started again, and every slot registered."""
+        from hvd_magic.launch.spark import cluster_slots
+        from pyspark import SparkContext
+        if self.cluster is None:
+            return
+        if self.down is not None:
+            self.cluster.restart_worker(self.down)
+            self.down = None
+        sc = SparkContext._active_spark_context
+        if sc is not None and sc.master == self.cluster.url:
+            ready_by = time.monotonic() + 180
+            while cluster_slots(sc) < 4 and time.monotonic() < ready_by:
+                time.sleep(0.2)
+
+    def stop(self):
+        if self.cluster is not None:
+            self.cluster.stop()
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.cluster = None
+
+
+CLUSTER = Cluster()
+
+
+def _under(pid, ancestor):
+    from conftest import ancestry
+    try:
+        return ancestor in ancestry(pid)
+    except Exception:  # noqa: BLE001  (it is gone)
+        return False
+
+
 def _strike(run, round_, told, limit):
-    """The round's fault, at its moment; (a frozen pid, a cgroup folder made) to undo."""
+    """The round's fault, at its moment; what it did, to check and undo: {"stopped": a frozen
+    pid, "cgroup": a folder made, "lost": the ranks of a killed worker}."""
     victim, fault = round_["victim"], round_["fault"]
     if fault == "none" or not _at_step(run, victim, round_["at_step"], limit):
-        return None, None
+        return {}
     time.sleep(round_["extra_delay"])
     pid = run.ranks[victim].pid
     try:
@@ -291,16 +380,19 @@ def _strike(run, round_, told, limit):
             os.kill(pid, signal.SIGKILL)
         elif fault == "freeze":
             os.kill(pid, signal.SIGSTOP)
-            return pid, None
+            return {"stopped": pid}
         elif fault == "cancel":
             run.cancel()
         elif fault == "task":
             os.kill(_task_of(pid), signal.SIGKILL)
         elif fault == "oom":
-            return None, _out_of_memory(run, victim, pid, told, limit)
+            return {"cgroup": _out_of_memory(run, victim, pid, told, limit)}
+        elif fault == "worker":
+            lost, whole = CLUSTER.kill_worker_of(pid, run, back=round_["program"] == "elastic")
+            return {"lost": lost, "whole world": whole}
     except (ProcessLookupError, FileNotFoundError):
         pass  # (it ended meanwhile)
-    return None, None
+    return {}
 
 
 def play(ip, round_):
@@ -309,14 +401,17 @@ def play(ip, round_):
 
     if round_["fault"] == "notebook":
         return play_notebook(round_)
-    if round_["launcher"] == "spark":
+    if round_["launcher"] == "cluster":
+        CLUSTER.use()
+    elif round_["launcher"] == "spark":
+        CLUSTER.leave()
         hvd_magic.spark_session()
     told = tempfile.mkdtemp(prefix="chaos-told-")
     ip.user_ns.update(steps=STEPS, told=told)
     began = time.monotonic()
     limit = began + deadline(round_)
     run = ip.run_cell_magic("distributed", options(round_), program(round_["program"]))
-    stopped_pid, cgroup = _strike(run, round_, told, limit)
+    done = _strike(run, round_, told, limit)
     error = None
     try:
         run.wait(max(1.0, limit - time.monotonic()))
@@ -331,10 +426,10 @@ def play(ip, round_):
             run.wait(60)
         except Exception:  # noqa: BLE001
             pass
-    problems += _misnamed(round_, run, error)
-    if stopped_pid is not None:  # (a frozen rank the stop could not end is a leak below)
+    problems += _misnamed(round_, run, error, done.get("lost"), done.get("whole world"))
+    if done.get("stopped") is not None:  # (a frozen rank the stop could not end: a leak below)
         try:
-            os.kill(stopped_pid, signal.SIGCONT)
+            os.kill(done["stopped"], signal.SIGCONT)
         except ProcessLookupError:
             pass
     problems += _left_behind(lambda: _leftovers(run), LEAK_WAIT)
@@ -342,8 +437,9 @@ def play(ip, round_):
     if logs:
         problems.append(f"lost logs: no log of rank(s) {logs}")
     shutil.rmtree(told, ignore_errors=True)
-    if cgroup is not None:
-        _remove_cgroup(cgroup)
+    if done.get("cgroup") is not None:
+        _remove_cgroup(done["cgroup"])
+    CLUSTER.mend()
     return dict(round_, run=run.id, seconds=round(took, 2), state=run.state,
                 error=type(error).__name__ if error else None,
                 said=str(error).splitlines()[0][:300] if error else None, ok=not problems,
@@ -457,25 +553,40 @@ def play_notebook(round_):
                 error=None, gone=ours_gone, jvm_gone=jvm_gone, ok=not problems, problems=problems)
 
 
-def _misnamed(round_, run, error):
-    """What is wrong with how the run ended, for its fault ([] if nothing)."""
+def _misnamed(round_, run, error, lost=None, whole=False):
+    """What is wrong with how the run ended, for its fault ([] if nothing); `lost`: the ranks
+    of a killed worker, `whole`: they were the elastic run's whole world (no survivor holds
+    its state: the run must end saying so)."""
     fault, elastic = round_["fault"], round_["program"] == "elastic"
     message = str(error) if error is not None else ""
     if run.state == "running":
         return []  # (a hang, said already)
-    if fault == "none" or (fault in ("kill", "task", "oom") and elastic):
+    ended_whole = "every rank it had was lost" in message
+    if elastic and whole is None and ended_whole:
+        return []  # (no world had formed: every rank that had started was on the worker)
+    if elastic and whole and run.state != "done":
+        if not ended_whole:
+            return [f"misnamed: the elastic run lost its whole world {lost}, and said: "
+                    f"{type(error).__name__} ({message[:300]})"]
+        return []
+    if fault == "none" or (fault in ("kill", "task", "oom", "worker") and elastic):
         if run.state != "done":
             return [f"lost run: {run.state} ({type(error).__name__}: {message[:300]})"]
         if elastic and len({json.dumps(r) for r in run.results}) != 1:
             return ["unequal weights after the elastic run"]
         return []
     expected = {"kill": ("RankError",), "freeze": ("RunTimeout",), "cancel": ("RunCancelled",),
-                "oom": ("RankError",),
-                "task": ("LaunchError",)}[fault]
+                "oom": ("RankError",), "task": ("LaunchError",),
+                "worker": ("LaunchError", "RankError")}[fault]
     if type(error).__name__ not in expected:
-        if run.state == "done" and fault in ("cancel", "kill", "task"):
+        if run.state == "done" and fault in ("cancel", "kill", "task", "worker"):
             return []  # the fault came after the last step (the run had ended)
         return [f"misnamed: {type(error).__name__} ({message[:300]}), not {expected[0]}"]
+    if fault == "worker":  # a rank of the lost worker named, and where it ran
+        if not any(f"rank {k}" in message for k in lost or ()) or "executor" not in message:
+            return [f"misnamed: the lost worker's error names none of its ranks {lost} and "
+                    f"their executor: {message[:300]}"]
+        return []
     words = {"kill": ("SIGKILL",), "oom": ("out of memory",), "task": ("Spark task",)}
     if fault in words and not all(w in message for w in (f"rank {round_['victim']}",
                                                          *words[fault])):

@@ -225,8 +225,10 @@ class ElasticLauncher(Launcher):
                                                self._lost))
         if outcomes or not self._lost:
             return None
-        return LaunchError(f"the elastic run ended: every rank was lost ({lost_text(self._lost)}), "
-                           f"and none was left to go on. {replaced_text()}")
+        return LaunchError(f"the elastic run ended: every rank it had was lost "
+                           f"({lost_text(self._lost)}), and none was left to go on from (an "
+                           f"elastic run goes on from its survivors' last commit). "
+                           f"{replaced_text()}")
 
     def _gave_up_waiting(self, waited, timeout):
         """(Horovod's driver) fewer than `min_np` slots for `timeout` seconds: it stops."""
