@@ -2,14 +2,17 @@
 must show, checked here (not by eye).
 
 A round is drawn from its seed: a launcher (``--np -3`` on the driver, ``--np 3`` on a local
-Spark session), a program (a DDP loop; an elastic DDP loop written with `hvd_magic.elastic`; a
-Horovod loop), a fault and its moment (after a random step of a random rank, or as soon as the
+Spark session or on a standalone cluster of two workers), a program (a DDP loop; an elastic DDP
+loop written with `hvd_magic.elastic`; a Horovod loop; the Horovod loop as a cell of a warm
+session started for the round), a fault and its moment (after a random step of a random rank, or as soon as the
 rank's process exists: in its imports or in ``init_process_group``/``hvd.init()``):
 
 - kill: the rank SIGKILLed; freeze: the rank stopped (SIGSTOP) under ``--timeout``; cancel: the
   run cancelled; task: the rank's Spark task (the Python worker that runs it) SIGKILLed; oom: the
   rank moved into a memory cgroup of 160 MB and made to grow past it; notebook: the notebook that
-  started the run (an IPython shell in a process of its own) SIGKILLed; none.
+  started the run (an IPython shell in a process of its own) SIGKILLed; worker: the cluster's
+  worker that runs the rank SIGKILLed with its executor (started again at once for an elastic
+  run, after the round for the others); none.
 
 What it must show:
 
@@ -18,8 +21,12 @@ What it must show:
 - **names its cause**: killed → a `RankError` naming the rank and SIGKILL; out of memory → a
   `RankError` naming the rank and "out of memory"; its task killed → a `LaunchError` naming the
   rank and its Spark task; frozen → `RunTimeout`; cancelled → `RunCancelled`; none → done. An
-  elastic run that loses a rank (killed, out of memory, its task): no error, the survivors and
-  the replacement end with equal weights;
+  elastic run that loses a rank (killed, out of memory, its task, its worker): no error, the
+  survivors and the replacement end with equal weights (or, where the ranks lost were every
+  rank it had, an error saying so); a lost worker → an error naming one of its ranks and their
+  executor;
+- **a session stays usable or says so**: the session's next cell runs on every rank, or is
+  refused with "%horovod_session restart"; then it is stopped;
 - **leaves nothing behind**: no process of the run (its ranks, and any whose command line names
   it) is left 10 s after it ended; a killed notebook's ranks, tasks and templates are gone within
   30 s of it, its Spark JVM within 120 s (a JVM reads its notebook's end only once its start-up
@@ -143,7 +150,8 @@ def program(name):
     return OBEY + PROGRAMS[name].replace("{told}", "obey()")
 
 
-PROGRAMS = {"ddp": DDP, "elastic": ELASTIC, "horovod": HOROVOD}
+# "session": the Horovod loop as a cell of a warm session started for the round
+PROGRAMS = {"ddp": DDP, "elastic": ELASTIC, "horovod": HOROVOD, "session": HOROVOD}
 LAUNCHERS = {"driver": f"--np -{NP}", "spark": f"--np {NP}", "cluster": f"--np {NP}"}
 FAULTS = ("kill", "freeze", "cancel", "task", "oom", "notebook", "worker", "none")
 # Where a fault cannot happen: no Spark task on the driver; a standalone worker only on the
@@ -161,6 +169,7 @@ def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
     rng = random.Random(f"{seed}:{number}")
     program, launcher = rng.choice(programs), rng.choice(launchers)
     fault = rng.choice([f for f in faults if not (program == "elastic" and f == "freeze")
+                        and not (program == "session" and f == "notebook")
                         and f not in NOT_ON[launcher]])
     return {"seed": seed, "round": number, "launcher": launcher,
             "program": program, "fault": fault, "victim": rng.randrange(NP),
@@ -170,7 +179,9 @@ def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
 
 
 def options(round_):
-    line = f"{LAUNCHERS[round_['launcher']]} --background --quiet"
+    line = "--background --quiet"
+    if round_["program"] != "session":  # (a session's cell runs where the session is)
+        line = f"{LAUNCHERS[round_['launcher']]} {line}"
     if round_["program"] == "elastic":
         line += f" --min-np {NP - 1}"
     if round_["fault"] == "freeze":
@@ -410,6 +421,8 @@ def play(ip, round_):
     ip.user_ns.update(steps=STEPS, told=told)
     began = time.monotonic()
     limit = began + deadline(round_)
+    if round_["program"] == "session":
+        ip.run_line_magic("horovod_session", f"start {LAUNCHERS[round_['launcher']]}")
     run = ip.run_cell_magic("distributed", options(round_), program(round_["program"]))
     done = _strike(run, round_, told, limit)
     error = None
@@ -432,6 +445,8 @@ def play(ip, round_):
             os.kill(done["stopped"], signal.SIGCONT)
         except ProcessLookupError:
             pass
+    if round_["program"] == "session":
+        problems += _session_after(ip, round_, run)
     problems += _left_behind(lambda: _leftovers(run), LEAK_WAIT)
     logs = [k for k in range(NP) if not os.path.exists(run.folder.log_path(k))]
     if logs:
@@ -444,6 +459,24 @@ def play(ip, round_):
                 error=type(error).__name__ if error else None,
                 said=str(error).splitlines()[0][:300] if error else None, ok=not problems,
                 problems=problems)
+
+
+def _session_after(ip, round_, run):
+    """A session after its cell's fault: usable (its next cell's result on every rank), or
+    saying it needs a restart; then stopped. What is wrong ([] if nothing)."""
+    import hvd_magic
+    problems = []
+    try:
+        ip.run_cell_magic("distributed", "--quiet", "1")
+        if hvd_magic.last_run().results != [1] * NP:
+            problems.append(f"unusable session: its next cell gave {hvd_magic.last_run().results}")
+    except hvd_magic.LaunchError as exc:
+        if "%horovod_session restart" not in str(exc):
+            problems.append(f"unusable session: {str(exc)[:300]}")
+    except Exception as exc:  # noqa: BLE001
+        problems.append(f"unusable session: {type(exc).__name__}: {str(exc)[:300]}")
+    ip.run_line_magic("horovod_session", "stop")
+    return problems
 
 
 def _left_behind(leftovers, wait):
@@ -618,8 +651,8 @@ def table(outcomes):
         c["rounds"] += 1
         for problem in o["problems"]:
             c[problem.split(":")[0]] += 1
-    kinds = ["hang", "misnamed", "lost run", "unequal weights after the elastic run", "leak",
-             "lost logs"]
+    kinds = ["hang", "misnamed", "lost run", "unequal weights after the elastic run",
+             "unusable session", "leak", "lost logs"]
     lines = ["| fault | launcher | program | rounds | " + " | ".join(kinds) + " |",
              "|---|---|---|---:|" + "---:|" * len(kinds)]
     for (fault, launcher, program), c in sorted(cells.items()):
