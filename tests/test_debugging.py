@@ -565,3 +565,83 @@ def test_a_held_rank_that_dies_is_named_not_waited_on(ip, capsys, monkeypatch):
             run.wait(60)
     finally:
         ip.run_line_magic("horovod_session", "stop")
+
+
+# pdb's own commands that let a rank go or leave pdb: not random input (they are the release)
+_RESUMING = {"c", "cont", "continue", "q", "quit", "exit", "n", "next", "s", "step", "r",
+             "return", "unt", "until", "j", "jump", "run", "restart", "debug", "interact"}
+
+
+def test_a_held_ranks_channel_fed_random_frames_and_commands_stays_up(ip, fresh_ns):
+    """The debugger's channel fuzzed (hypothesis) while rank 0 of a session cell is held in pdb:
+    a peer with the session's token sends ``debug`` events of every wrong shape and cut-off
+    frames, and the person types random lines into pdb. Each line gets pdb's answer; the rank
+    stays held, still answers ``p loss`` from its live frame, and ``c`` lets it go with the
+    cell's values; the session's next cell runs."""
+    import socket
+    import struct
+
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from hvd_magic.driver.debugger import PROMPT
+    from hvd_magic.events import EventClient, encode_frame
+
+    ip.run_line_magic("horovod_session", "start --np -2")
+    session = ip.magics_manager.registry["HorovodMagics"].session
+    try:
+        cell = ("import hvd_magic, os\n"
+                "def step(rank):\n"
+                "    loss = 1.5 + rank\n"
+                "    hvd_magic.breakpoint()\n"
+                "    return loss\n"
+                "step(int(os.environ['HOROVOD_RANK']))\n")
+        run = ip.run_cell_magic("horovod", "--quiet --background", cell)
+        deadline = time.monotonic() + 120
+        while not run.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(run.held()) == [0]
+        answers = run._debug_queue(0)
+
+        def answer(line):
+            """pdb's answer to `line` (what it printed up to its next prompt)."""
+            run.debug_command(0, line)
+            text = ""
+            while not text.endswith(PROMPT):
+                event = answers.get(timeout=60)
+                assert event.get("state") == "prompt", event  # never let go
+                text += str(event.get("text") or "")
+            return text
+
+        while not answers.empty():  # (its first prompt)
+            answers.get()
+        server = session.server
+        client = EventClient(server.address, server.token)
+        junk = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=40),
+                         st.lists(st.integers(), max_size=3))
+        fields = {"rank": st.one_of(junk, st.integers(min_value=2), st.integers(max_value=-1)),
+                  "state": junk, "text": junk, "why": junk, "cmd": junk}
+
+        @settings(max_examples=60, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+        @given(st.fixed_dictionaries({}, optional=fields), st.binary(max_size=64),
+               st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=60))
+        def fuzzed(event, cut, line):
+            client.send(dict(event, t="debug"))  # no held rank's, or of no shape pdb's side knows
+            host, port = server.address.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                # a peer with the token whose frame is cut off
+                sock.sendall(encode_frame({"token": server.token})
+                             + struct.pack("!I", len(cut) + 10) + cut)
+            if line.strip().split(" ")[0].split(";")[0] not in _RESUMING and \
+                    not line.lstrip().startswith(("!", "import", "os.", "sys.", "exit", "quit")):
+                answer(line)
+            assert run.state == "running" and list(run.held()) == [0]
+
+        fuzzed()
+        assert "1.5" in answer("p loss").replace(PROMPT, "\n").splitlines()
+        run.debug_command(0, "c")
+        assert run.wait(60) == [1.5, 2.5]
+        client.close()
+        assert ip.run_cell_magic("horovod", "--quiet", "6 * 7") == 42
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
