@@ -12,11 +12,14 @@ rank's process exists: in its imports or in ``init_process_group``/``hvd.init()`
   rank moved into a memory cgroup of 160 MB and made to grow past it; notebook: the notebook that
   started the run (an IPython shell in a process of its own) SIGKILLed; worker: the cluster's
   worker that runs the rank SIGKILLed with its executor (started again at once for an elastic
-  run, after the round for the others); none.
+  run, after the round for the others); executor: its executor's JVM SIGKILLed (the worker
+  starts another); cut: the cluster's two simulated hosts (network namespaces) cut apart for
+  3-20 s, then joined again; interrupt: the run cancelled while a rank is in its framework's
+  init; none.
 
 What it must show:
 
-- **ends**: the run ends within a deadline derived from its options (the timeout, the elastic
+- **ends**: the run ends (a run whose hosts were cut apart for seconds: done) within a deadline derived from its options (the timeout, the elastic
   run's recovery), or the round counts a hang;
 - **names its cause**: killed → a `RankError` naming the rank and SIGKILL; out of memory → a
   `RankError` naming the rank and "out of memory"; its task killed → a `LaunchError` naming the
@@ -56,6 +59,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 NP = 3
@@ -150,13 +154,47 @@ def program(name):
     return OBEY + PROGRAMS[name].replace("{told}", "obey()")
 
 
+LIGHTNING = """\
+import time, torch, lightning as L
+import hvd_magic
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, index):
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def on_train_batch_end(self, outputs, batch, index):
+        hvd_magic.report(step=self.global_step, total=steps)
+        time.sleep(0.03)
+        {told}
+
+torch.manual_seed(0)
+model = Tiny()
+data = torch.utils.data.DataLoader(torch.randn(steps * 4 * 3, 8), batch_size=4)
+trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=3, num_nodes=1, max_steps=steps,
+                    enable_checkpointing=False, logger=False, enable_model_summary=False,
+                    enable_progress_bar=False)
+trainer.fit(model, data)
+model.layer.weight.detach().flatten().tolist()
+"""
+
 # "session": the Horovod loop as a cell of a warm session started for the round
-PROGRAMS = {"ddp": DDP, "elastic": ELASTIC, "horovod": HOROVOD, "session": HOROVOD}
+PROGRAMS = {"ddp": DDP, "elastic": ELASTIC, "horovod": HOROVOD, "lightning": LIGHTNING,
+            "session": HOROVOD}
 LAUNCHERS = {"driver": f"--np -{NP}", "spark": f"--np {NP}", "cluster": f"--np {NP}"}
-FAULTS = ("kill", "freeze", "cancel", "task", "oom", "notebook", "worker", "none")
-# Where a fault cannot happen: no Spark task on the driver; a standalone worker only on the
-# cluster; a notebook of its own on the cluster would wait for the cores this one's session holds.
-NOT_ON = {"driver": {"task", "worker"}, "spark": {"worker"}, "cluster": {"notebook"}}
+FAULTS = ("kill", "freeze", "cancel", "interrupt", "task", "executor", "oom", "notebook",
+          "worker", "cut", "none")
+# Where a fault cannot happen: no Spark task on the driver; an executor of its own, a standalone
+# worker only on the cluster (local Spark's executor is the notebook's JVM); a notebook of its
+# own on the cluster would wait for the cores this one's session holds.
+NOT_ON = {"driver": {"task", "executor", "worker", "cut"},
+          "spark": {"executor", "worker", "cut"}, "cluster": {"notebook"}}
 OOM_LIMIT = 160 << 20   # the memory cgroup a rank is moved into for the oom fault
 SEEN_WAIT = 15.0        # seconds for the rank's sampler to see it there (it samples each second)
 NOTEBOOK_GONE = 30.0    # seconds for the ranks, tasks and templates of a killed notebook to go
@@ -167,7 +205,10 @@ def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
     """Round `number` of seed `seed`: what runs, what goes wrong, and when (`timeout`: the
     --timeout of a round whose rank is frozen)."""
     rng = random.Random(f"{seed}:{number}")
-    program, launcher = rng.choice(programs), rng.choice(launchers)
+    program = rng.choice(programs)
+    # (Lightning's devices are one host's: its ranks on one)
+    launcher = rng.choice([x for x in launchers if not (program == "lightning" and
+                                                        x == "cluster")] or launchers)
     fault = rng.choice([f for f in faults if not (program == "elastic" and f == "freeze")
                         and not (program == "session" and f == "notebook")
                         and f not in NOT_ON[launcher]])
@@ -175,7 +216,7 @@ def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
             "program": program, "fault": fault, "victim": rng.randrange(NP),
             "at_step": rng.choice([0, rng.randint(1, 25)]),  # 0: in its start (imports, init)
             "extra_delay": round(rng.uniform(0, 0.05), 3),
-            "timeout": timeout}
+            "timeout": timeout, "cut_seconds": round(rng.uniform(3, 20), 1)}
 
 
 def options(round_):
@@ -196,7 +237,8 @@ def deadline(round_):
         base += 60.0  # a replacement's start and the world formed again
         if round_["fault"] == "worker":
             base += 60.0  # the worker started again, its executor registered
-    return base + {"freeze": round_["timeout"], "oom": SEEN_WAIT}.get(round_["fault"], 0)
+    return base + {"freeze": round_["timeout"], "oom": SEEN_WAIT,
+                   "cut": round_.get("cut_seconds", 0) + 30}.get(round_["fault"], 0)
 
 
 def _alive(pid):
@@ -308,15 +350,41 @@ class Cluster:
     def use(self):
         from pyspark import SparkContext
         if self.cluster is None:
-            sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-                os.path.abspath(__file__))), "tests"))
-            from conftest import StandaloneCluster
-            self.folder = tempfile.mkdtemp(prefix="chaos-cluster-")
-            self.cluster = StandaloneCluster(self.folder).start()
-            atexit.register(self.stop)
+            self._start()
         sc = SparkContext._active_spark_context
         if sc is None or sc.master != self.cluster.url:
             self.cluster.session()  # (stops the session there was)
+
+    def _start(self):
+        """Two simulated hosts (tests/simhosts.py: the root network namespace and one more on a
+        bridge), a worker on each; loopback addresses where namespaces cannot be made."""
+        import contextlib
+        tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "tests")
+        sys.path.insert(0, tests)
+        import simhosts
+        from conftest import StandaloneCluster
+        self.folder = tempfile.mkdtemp(prefix="chaos-cluster-")
+        self.hosts = contextlib.ExitStack()
+        atexit.register(self.stop)
+        if simhosts.unavailable() is None:
+            root, other = self.hosts.enter_context(simhosts.simulated_hosts(2))
+            self.link = f"hvr{os.getpid()}x1"  # the other host's cable (its veth's bridge end)
+            self.cluster = StandaloneCluster(self.folder, worker_hosts=(root.address, other.address),
+                                             master_host=root.address,
+                                             worker_prefixes={1: other.prefix}).start()
+        else:
+            self.link = None
+            self.cluster = StandaloneCluster(self.folder).start()
+
+    def cut(self, seconds):
+        """The second host cut off from the first (its link down) for `seconds`, then back."""
+        import simhosts
+        simhosts.ip("link", "set", self.link, "down")
+        try:
+            time.sleep(seconds)
+        finally:
+            simhosts.ip("link", "set", self.link, "up")
 
     def leave(self):
         """The cluster's session stopped (a local one comes next)."""
@@ -345,6 +413,15 @@ class Cluster:
             self.down = index
         return lost, (set(world) <= set(lost)) if world else None  # (None: no world yet)
 
+    def kill_executor_of(self, pid, run):
+        """SIGKILL the executor JVM that runs rank process `pid`; the ranks it had."""
+        from conftest import ancestry
+        executor = next(p for p in ancestry(pid)
+                        if "CoarseGrainedExecutorBackend" in _command(p, whole=True))
+        lost = [r.rank for r in run.ranks if r.pid and _under(r.pid, executor)]
+        os.kill(executor, signal.SIGKILL)
+        return lost
+
     def mend(self):
         """The worker a round killed started again, and every slot registered."""
         from hvd_magic.launch.spark import cluster_slots
@@ -363,6 +440,7 @@ class Cluster:
     def stop(self):
         if self.cluster is not None:
             self.cluster.stop()
+            self.hosts.close()
             shutil.rmtree(self.folder, ignore_errors=True)
             self.cluster = None
 
@@ -382,6 +460,12 @@ def _strike(run, round_, told, limit):
     """The round's fault, at its moment; what it did, to check and undo: {"stopped": a frozen
     pid, "cgroup": a folder made, "lost": the ranks of a killed worker}."""
     victim, fault = round_["victim"], round_["fault"]
+    if fault == "interrupt":  # the person's interrupt while a rank is in its framework's init
+        while run.state == "running" and time.monotonic() < limit and not (
+                run.ranks[victim].blocked_op == "init" or (run.ranks[victim].step or 0) >= 1):
+            time.sleep(0.005)
+        run.cancel()
+        return {}
     if fault == "none" or not _at_step(run, victim, round_["at_step"], limit):
         return {}
     time.sleep(round_["extra_delay"])
@@ -396,6 +480,12 @@ def _strike(run, round_, told, limit):
             run.cancel()
         elif fault == "task":
             os.kill(_task_of(pid), signal.SIGKILL)
+        elif fault == "cut" and CLUSTER.link is not None:  # the hosts apart, then together
+            cut = threading.Thread(target=CLUSTER.cut, args=(round_["cut_seconds"],))
+            cut.start()
+            return {"cut": cut}
+        elif fault == "executor":  # its JVM (the worker starts another)
+            return {"lost": CLUSTER.kill_executor_of(pid, run)}
         elif fault == "oom":
             return {"cgroup": _out_of_memory(run, victim, pid, told, limit)}
         elif fault == "worker":
@@ -431,6 +521,8 @@ def play(ip, round_):
     except Exception as exc:  # noqa: BLE001  (the run's error: checked below)
         error = exc
     took = time.monotonic() - began
+    if done.get("cut") is not None:
+        done["cut"].join()
     problems = []
     if run.state == "running":
         problems.append(f"hang: still running after {deadline(round_):.0f} s")
@@ -496,10 +588,11 @@ def _left_behind(leftovers, wait):
     return [f"leak: processes {', '.join(named)} outlived the run"] if left else []
 
 
-def _command(pid):
+def _command(pid, whole=False):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+            text = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            return text if whole else text[:160]
     except OSError:
         return "?"
 
@@ -602,22 +695,25 @@ def _misnamed(round_, run, error, lost=None, whole=False):
             return [f"misnamed: the elastic run lost its whole world {lost}, and said: "
                     f"{type(error).__name__} ({message[:300]})"]
         return []
-    if fault == "none" or (fault in ("kill", "task", "oom", "worker") and elastic):
+    if fault in ("none", "cut") or (fault in ("kill", "task", "executor", "oom", "worker")
+                                    and elastic):
         if run.state != "done":
             return [f"lost run: {run.state} ({type(error).__name__}: {message[:300]})"]
         if elastic and len({json.dumps(r) for r in run.results}) != 1:
             return ["unequal weights after the elastic run"]
         return []
     expected = {"kill": ("RankError",), "freeze": ("RunTimeout",), "cancel": ("RunCancelled",),
-                "oom": ("RankError",), "task": ("LaunchError",),
+                "interrupt": ("RunCancelled",), "oom": ("RankError",), "task": ("LaunchError",),
+                "executor": ("LaunchError", "RankError"),
                 "worker": ("LaunchError", "RankError")}[fault]
     if type(error).__name__ not in expected:
-        if run.state == "done" and fault in ("cancel", "kill", "task", "worker"):
+        if run.state == "done" and fault in ("cancel", "interrupt", "kill", "task", "executor",
+                                             "worker"):
             return []  # the fault came after the last step (the run had ended)
         return [f"misnamed: {type(error).__name__} ({message[:300]}), not {expected[0]}"]
-    if fault == "worker":  # a rank of the lost worker named, and where it ran
+    if fault in ("worker", "executor"):  # a rank of the lost executor named, and where it ran
         if not any(f"rank {k}" in message for k in lost or ()) or "executor" not in message:
-            return [f"misnamed: the lost worker's error names none of its ranks {lost} and "
+            return [f"misnamed: the lost {fault}'s error names none of its ranks {lost} and "
                     f"their executor: {message[:300]}"]
         return []
     words = {"kill": ("SIGKILL",), "oom": ("out of memory",), "task": ("Spark task",)}

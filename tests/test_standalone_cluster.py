@@ -258,6 +258,31 @@ hvd.init()
 """
 
 
+def test_a_session_cell_whose_worker_is_lost_ends_naming_its_rank(ip, fresh_ns, standalone):
+    """A warm session on the cluster; a worker is SIGKILLed while a cell runs (its executor,
+    tasks and ranks die without a word): the cell ends naming a rank of that worker and its
+    lost executor, and the session says it needs a restart. (It waited for its ranks forever:
+    found by bench/chaos.py.)"""
+    session = standalone.session()
+    ip.run_line_magic("horovod_session", "start --np 4")
+    try:
+        run = ip.run_cell_magic("horovod", "--quiet --background", "import time\ntime.sleep(300)")
+        on_worker_1 = _ranks_under(standalone.workers[1].pid, run.ranks)
+        assert len(on_worker_1) == 2, [(r.rank, r.pid) for r in run.ranks]
+        standalone.kill_worker(1)
+        with pytest.raises(hvd_magic.RankError) as info:
+            run.wait(120)
+        text = str(info.value)
+        assert any(f"rank {r.rank} " in text for r in run.ranks if r.pid in on_worker_1), text
+        assert "its executor was lost" in text, text
+        with pytest.raises(hvd_magic.LaunchError, match="%horovod_session restart"):
+            ip.run_cell_magic("horovod", "--quiet", "1")
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+        standalone.restart_worker(1)
+        session.stop()
+
+
 def test_elastic_ranks_have_local_ranks_per_worker_host(ip, standalone):
     """Horovod's elastic driver sees a host key per rank; the ranks are still told their local
     rank among the ranks of their own worker host (SPARK_LOCAL_IP: 127.0.0.1 and 127.0.0.2),

@@ -75,6 +75,7 @@ class Session:
         # reads (capture/session.py sends the notebook's current values of those).
         self.assigned = set()
         self.functions = {}
+        self.exited = set()          # the ranks whose process's end was heard
         self._cell_ids = itertools.count(1)
         self._current = None
         self._lock = threading.Lock()
@@ -85,6 +86,8 @@ class Session:
         self.launcher.prepare(self.np)
         self.where = self.launcher.where
         self.server = self.launcher.open_channel(sink=self)  # events come to `put`, at once
+        if self.elastic is None:  # (an elastic launcher's own channel names its lost slots)
+            self.server.report_drops = True  # a task gone with its executor says nothing more
         settings = TaskSettings(
             run_id=self.id, np=self.np,
             events_address=f"{self.launcher.driver_host}:{self.server.port}",
@@ -197,6 +200,11 @@ class Session:
             self._ring(event)
         elif not isinstance(rank, int) or not 0 <= rank < self.np:
             return
+        if kind == "dropped":  # its task's connection ended
+            if self.stopped or rank in self.exited:
+                return
+            event = self._task_lost(rank)
+            kind = "exit"
         if kind == "lines" and event.get("between_cells"):  # no cell's, whichever runs now
             self._between_cells(rank, event.get("lines") or [])
             return
@@ -212,6 +220,7 @@ class Session:
             return
         elif kind == "exit" and "cell" not in event and not self.stopped:
             # the rank process itself ended: killed, crashed, out of memory
+            self.exited.add(rank)
             summary = event.get("summary") or {}
             how = ("out of memory" if summary.get("oom") else None) or summary.get('signal') \
                 or summary.get('type') or event.get('status')
@@ -222,6 +231,16 @@ class Session:
         current = self._current
         if current is not None:
             current.deliver(event)
+
+    def _task_lost(self, rank):
+        """The end of rank `rank` whose task ended without a word: its executor was lost (a
+        worker gone, a host cut off) or Spark killed the task (its barrier stage failed)."""
+        host = self.host_of(rank) or "?"
+        return {"t": "exit", "rank": rank, "code": None, "status": "died",
+                "summary": {"type": "TaskLost", "host": host, "message":
+                            f"its task on {host} (executor {self.ranks.get(rank, {}).get('executor')}"
+                            f") ended without a word: its executor was lost, or Spark killed the "
+                            f"task"}}
 
     def log_path(self, rank):
         """What rank `rank` printed while no cell ran."""

@@ -228,8 +228,9 @@ class SparkLauncher(Launcher):
             raise UsageError(f"np={np} but the session's {setting} allows at most {most} task "
                              f"slots; use --np {max(most, 1)} or raise {setting.split('=')[0]}.")
         # executors register a few seconds after a session starts: wait from its start, so that
-        # a session that has been up for a while is judged at once
-        deadline = sc.startTime / 1000 + self.slot_wait
+        # a session that has been up for a while is judged at once (from when one we started was
+        # ready: its JVM's own start time was 37 s before, on a loaded machine)
+        deadline = max(sc.startTime / 1000, getattr(sc, "_hvd_magic_ready", 0)) + self.slot_wait
         while True:
             slots = cluster_slots(sc)
             if slots >= np or time.time() > deadline:

@@ -32,6 +32,7 @@ import os
 import re
 import sys
 import threading
+import time
 import warnings
 
 from ..errors import LaunchError, RunCancelled
@@ -148,6 +149,9 @@ class SparkStart:
                 self._undo()
                 raise self.cancelled_error()
             self._gateway = None  # PySpark's own from now on
+        # (when it could first ask for executors: its JVM's start time can be long before, on a
+        # loaded machine; the launcher's wait for slots counts from the later: launch/spark.py)
+        context._hvd_magic_ready = time.time()
         return SparkSession.builder.getOrCreate()
 
     def cancel(self):

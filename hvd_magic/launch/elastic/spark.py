@@ -137,7 +137,8 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
             if not (self._ended or self._stopping or self._cancelled):
                 self._job_failed(slot, java_message(exc, sc.pythonExec))
         finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
+            if sc._jsc is not None:  # (none once the session was stopped under the run)
+                sc.setLocalProperty("spark.jobGroup.id", None)
 
     def _job_failed(self, slot, message):
         """Spark gave up on a slot (its task failed `spark.task.maxFailures` times, or could not
