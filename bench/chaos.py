@@ -725,10 +725,13 @@ def _misnamed(round_, run, error, lost=None, whole=False):
 
 
 def rounds(ip, seed, count, launchers=tuple(LAUNCHERS), programs=tuple(PROGRAMS),
-           faults=FAULTS, only=None, out=sys.stderr, timeout=TIMEOUT):
-    """Play `count` rounds of `seed` (or round `only`); their outcomes."""
-    outcomes = []
+           faults=FAULTS, only=None, out=sys.stderr, timeout=TIMEOUT, minutes=None):
+    """Play `count` rounds of `seed` (or round `only`; none begun after `minutes`); their
+    outcomes, each also printed to `out` as a line of JSON."""
+    outcomes, began = [], time.monotonic()
     for number in ([only] if only is not None else range(count)):
+        if minutes is not None and time.monotonic() - began > minutes * 60:
+            break
         round_ = draw(seed, number, list(launchers), list(programs), list(faults), timeout)
         outcome = play(ip, round_)
         outcomes.append(outcome)
@@ -757,9 +760,20 @@ def table(outcomes):
     return "\n".join(lines)
 
 
+def _outcomes_in(path):
+    """The outcomes in a --json file, or in what a run printed (a line of JSON a round)."""
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.startswith('{"seed"')]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="begin no round after this many minutes")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", type=int, default=None, help="replay this round of the seed")
     parser.add_argument("--launchers", nargs="+", default=list(LAUNCHERS))
@@ -770,7 +784,7 @@ def main():
                         help="print the table of earlier rounds' --json files (no round run)")
     args = parser.parse_args()
     if args.table:
-        outcomes = [o for path in args.table for o in json.load(open(path))]
+        outcomes = [o for path in args.table for o in _outcomes_in(path)]
         print(table(outcomes))
         print(f"{len(outcomes)} rounds, seeds {sorted({o['seed'] for o in outcomes})}, "
               f"{sum(o['seconds'] for o in outcomes) / 60:.0f} minutes of runs; "
@@ -782,7 +796,7 @@ def main():
     ip.run_line_magic("load_ext", "hvd_magic")
     began = time.monotonic()
     outcomes = rounds(ip, args.seed, args.rounds, args.launchers, args.programs, args.faults,
-                      args.only)
+                      args.only, minutes=args.minutes)
     print(table(outcomes))
     failed = [o for o in outcomes if not o["ok"]]
     print(f"{len(outcomes)} rounds (seed {args.seed}) in {time.monotonic() - began:.0f} s; "
