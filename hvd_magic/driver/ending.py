@@ -8,6 +8,7 @@ the event channel, and are unpickled here.
 
 import pickle
 import re
+import time
 
 from .postmortem import attach
 from ..needs import RANKS_HERE, missing_message, missing_module
@@ -141,6 +142,9 @@ def _first_failure(run, failures, infos):
     return attach(RankError(first, others, run_id=run.id))  # its frames, for %debug
 
 
+SILENT = 15.0  # seconds without a word from a task that say its host could not be reached
+
+
 def _lost_task_error(run):
     """A LaunchError naming the rank whose Spark task died without a word, if one did."""
     error = run.launcher.error
@@ -169,10 +173,14 @@ def _lost_task_error(run):
             f"executors more memory (spark.executor.memory, spark.executor.memoryOverhead: a "
             f"rank is a Python process beside the executor's JVM), or run fewer ranks an "
             f"executor. [{error}]")
+    # (a task sends its rank's usage every second: a long silence is its host's, not its own)
+    silent = time.monotonic() - r.last_event if r.pid is not None else 0  # (heard from once)
+    why = (f"nothing was heard from its host for {silent:.0f} s before: it was cut off from the "
+           f"driver's network, or frozen" if silent > SILENT else
+           "its Python worker or executor was killed")
     return LaunchError(
         f"the Spark task of rank {r.rank} on {r.host} (executor {r.executor}) died "
-        f"before its rank ended (its Python worker or executor was killed); every "
-        f"other rank was stopped. Spark aborts a barrier stage whose task fails and "
+        f"before its rank ended ({why}); every other rank was stopped. Spark aborts a barrier stage whose task fails and "
         f"hvd_magic does not re-attempt it, so training was not started over. "
         f"[{error}]")
 
