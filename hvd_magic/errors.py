@@ -15,7 +15,9 @@ from .words import size
 
 FOLLOW_ON_TYPES = {"HorovodInternalError", "HorovodShutdownError"}
 FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken pipe",
-                  "Connection reset by peer", "Connection closed by peer")
+                  "Connection reset by peer", "Connection closed by peer",
+                  # torch's TCPStore client whose server (rank 0's) went away
+                  "Connection was likely closed")
 
 
 _CELL_FRAME = re.compile(r'File "<hvd_magic cell ([^>]+)>", line (\d+)(, in <module>)?')

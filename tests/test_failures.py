@@ -478,3 +478,15 @@ def test_a_mistyped_name_keeps_pythons_own_hint(ip):
     with pytest.raises(hvd_magic.RankError) as info:
         ip.run_cell_magic("distributed", "--np -2 --quiet", "'text'.uper()\n")
     assert "Did you mean: 'upper'?" in str(info.value)
+
+
+def test_a_ranks_error_that_only_says_its_store_went_away_is_not_the_cause():
+    """torch's TCPStore client whose server (rank 0's, gone with its Spark task) closed: the
+    words of a bystander, as a reset connection is (found by bench/chaos.py: the run named
+    rank 1's DistNetworkError as the cause of rank 0's killed task)."""
+    from hvd_magic.errors import is_follow_on
+    said = ("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+            "shutdown or crash?")
+    assert is_follow_on({"type": "DistNetworkError", "message": said})
+    assert not is_follow_on({"type": "DistNetworkError", "message": "The client socket has "
+                             "timed out after 600000ms while trying to connect to (10.0.0.1, 29500)."})

@@ -72,9 +72,11 @@ def run_error(run, infos, retried):
         # collective when its peer was stopped): the stop is the cause, as their rows say
         failures = []
     lost_task = _lost_task_error(run)
-    if failures and lost_task is not None and all(is_follow_on(f) for f in failures):
+    if failures and lost_task is not None and \
+            all(is_follow_on(f) or f.get("signal") == "SIGABRT" for f in failures):
         # a task died with its executor, and the others only failed because its rank was
-        # gone: the dead task is the cause
+        # gone (or Horovod aborted them: Gloo, or its rendezvous in task 0, lost a peer): the
+        # dead task is the cause
         return lost_task
     if failures:
         return _first_failure(run, failures, infos)
