@@ -792,6 +792,8 @@ def main():
         return 0
     from IPython.testing.globalipapp import start_ipython
 
+    # a TERM ends the soak as an exception would: its cluster, hosts and cgroups are undone
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ip = start_ipython()
     ip.run_line_magic("load_ext", "hvd_magic")
     began = time.monotonic()
