@@ -743,19 +743,23 @@ def rounds(ip, seed, count, launchers=tuple(LAUNCHERS), programs=tuple(PROGRAMS)
 
 
 def table(outcomes):
-    """Markdown: rounds per fault and launcher, and the rounds that failed each check."""
+    """Markdown: rounds per fault and launcher (with the programs they ran), and the rounds that
+    failed each check."""
     cells = collections.defaultdict(lambda: collections.Counter())
+    programs = collections.defaultdict(lambda: collections.Counter())
     for o in outcomes:
-        c = cells[(o["fault"], o["launcher"], o["program"])]
+        c = cells[(o["fault"], o["launcher"])]
         c["rounds"] += 1
+        programs[(o["fault"], o["launcher"])][o["program"]] += 1
         for problem in o["problems"]:
             c[problem.split(":")[0]] += 1
     kinds = ["hang", "misnamed", "lost run", "unequal weights after the elastic run",
              "unusable session", "leak", "lost logs"]
-    lines = ["| fault | launcher | program | rounds | " + " | ".join(kinds) + " |",
-             "|---|---|---|---:|" + "---:|" * len(kinds)]
-    for (fault, launcher, program), c in sorted(cells.items()):
-        lines.append(f"| {fault} | {launcher} | {program} | {c['rounds']} | "
+    lines = ["| fault | launcher | rounds | programs | " + " | ".join(kinds) + " |",
+             "|---|---|---:|---|" + "---:|" * len(kinds)]
+    for (fault, launcher), c in sorted(cells.items()):
+        ran = ", ".join(f"{p} {n}" for p, n in sorted(programs[(fault, launcher)].items()))
+        lines.append(f"| {fault} | {launcher} | {c['rounds']} | {ran} | "
                      + " | ".join(str(c[k]) for k in kinds) + " |")
     return "\n".join(lines)
 
