@@ -703,7 +703,9 @@ def _misnamed(round_, run, error, lost=None, whole=False):
             return ["unequal weights after the elastic run"]
         return []
     expected = {"kill": ("RankError",), "freeze": ("RunTimeout",), "cancel": ("RunCancelled",),
-                "interrupt": ("RunCancelled",), "oom": ("RankError",), "task": ("LaunchError",),
+                "interrupt": ("RunCancelled",), "oom": ("RankError",),
+                # (a session's lost task is its rank's end: the cell's RankError names it)
+                "task": ("RankError",) if round_["program"] == "session" else ("LaunchError",),
                 "executor": ("LaunchError", "RankError"),
                 "worker": ("LaunchError", "RankError")}[fault]
     if type(error).__name__ not in expected:
@@ -716,7 +718,8 @@ def _misnamed(round_, run, error, lost=None, whole=False):
             return [f"misnamed: the lost {fault}'s error names none of its ranks {lost} and "
                     f"their executor: {message[:300]}"]
         return []
-    words = {"kill": ("SIGKILL",), "oom": ("out of memory",), "task": ("Spark task",)}
+    words = {"kill": ("SIGKILL",), "oom": ("out of memory",),
+             "task": ("its task",) if round_["program"] == "session" else ("Spark task",)}
     if fault in words and not all(w in message for w in (f"rank {round_['victim']}",
                                                          *words[fault])):
         return [f"misnamed: the {fault}'s error does not name rank {round_['victim']} and "

@@ -13,7 +13,8 @@ import sys
 
 from .words import size
 
-FOLLOW_ON_TYPES = {"HorovodInternalError", "HorovodShutdownError"}
+# (Lightning's own SIGTERM handler raises SIGTERMException: the stop's signal, not a cause)
+FOLLOW_ON_TYPES = {"HorovodInternalError", "HorovodShutdownError", "SIGTERMException"}
 FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken pipe",
                   "Connection reset by peer", "Connection closed by peer",
                   # torch's TCPStore client whose server (rank 0's) went away

@@ -490,3 +490,11 @@ def test_a_ranks_error_that_only_says_its_store_went_away_is_not_the_cause():
     assert is_follow_on({"type": "DistNetworkError", "message": said})
     assert not is_follow_on({"type": "DistNetworkError", "message": "The client socket has "
                              "timed out after 600000ms while trying to connect to (10.0.0.1, 29500)."})
+
+
+def test_lightnings_own_sigterm_exception_is_the_stops_not_a_cause():
+    """Lightning's SIGTERM handler turns the stop's signal into SIGTERMException: a cancelled
+    Lightning run is cancelled, not failed (found by bench/chaos.py: an interrupt in a fit read
+    as rank 2's RankError)."""
+    from hvd_magic.errors import is_follow_on
+    assert is_follow_on({"type": "SIGTERMException", "message": ""})
