@@ -182,8 +182,9 @@ def _lost_task_error(run):
            "its Python worker or executor was killed")
     return LaunchError(
         f"the Spark task of rank {r.rank} on {r.host} (executor {r.executor}) died "
-        f"before its rank ended ({why}); every other rank was stopped. Spark aborts a barrier stage whose task fails and "
-        f"hvd_magic does not re-attempt it, so training was not started over. "
+        f"before its rank ended ({why}); every other rank was stopped. Spark aborts a barrier "
+        f"stage whose task fails and hvd_magic does not re-attempt it, so training was not "
+        f"started over. "
         f"[{error}]")
 
 

@@ -203,8 +203,7 @@ class Session:
         if kind == "dropped":  # its task's connection ended
             if self.stopped or rank in self.exited:
                 return
-            event = self._task_lost(rank)
-            kind = "exit"
+            event, kind = task_lost(rank, self.ranks.get(rank, {})), "exit"
         if kind == "lines" and event.get("between_cells"):  # no cell's, whichever runs now
             self._between_cells(rank, event.get("lines") or [])
             return
@@ -231,16 +230,6 @@ class Session:
         current = self._current
         if current is not None:
             current.deliver(event)
-
-    def _task_lost(self, rank):
-        """The end of rank `rank` whose task ended without a word: its executor was lost (a
-        worker gone, a host cut off) or Spark killed the task (its barrier stage failed)."""
-        host = self.host_of(rank) or "?"
-        return {"t": "exit", "rank": rank, "code": None, "status": "died",
-                "summary": {"type": "TaskLost", "host": host, "message":
-                            f"its task on {host} (executor {self.ranks.get(rank, {}).get('executor')}"
-                            f") ended without a word: its executor was lost, or Spark killed the "
-                            f"task"}}
 
     def log_path(self, rank):
         """What rank `rank` printed while no cell ran."""
@@ -312,3 +301,14 @@ def _rss(pid):
         return psutil.Process(pid).memory_info().rss
     except (psutil.Error, TypeError, ValueError):
         return None
+
+
+def task_lost(rank, known):
+    """The end of rank `rank` (`known`: its host and executor) whose task ended without a word:
+    its executor was lost (a worker gone, a host cut off) or Spark killed the task (its barrier
+    stage failed)."""
+    host = known.get("host") or "?"
+    return {"t": "exit", "rank": rank, "code": None, "status": "died",
+            "summary": {"type": "TaskLost", "host": host, "message":
+                        f"its task on {host} (executor {known.get('executor')}) ended without a "
+                        f"word: its executor was lost, or Spark killed the task"}}
