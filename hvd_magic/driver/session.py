@@ -198,8 +198,8 @@ class Session:
         kind, rank = event.get("t"), event.get("rank")
         if kind == "ring":  # from the elastic launcher: Horovod formed a ring
             self._ring(event)
-        elif not isinstance(rank, int) or not 0 <= rank < self.np:
-            return
+        elif not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.np:
+            return  # (True is no rank 1: a peer's junk must not end a rank)
         if kind == "dropped":  # its task's connection ended
             if self.stopped or rank in self.exited:
                 return
