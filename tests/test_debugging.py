@@ -452,16 +452,20 @@ def test_a_session_rank_held_at_its_exception_is_inspected_and_released(ip, caps
         ip.run_line_magic("horovod_session", "stop")
 
 
+# rank 0 stops in pdb with `loss` (1.5 + its rank) in its frame; the cell's value is `loss`
+STOPS_AT_A_BREAKPOINT = ("import hvd_magic, os\n"
+                         "def step(rank):\n"
+                         "    loss = 1.5 + rank\n"
+                         "    hvd_magic.breakpoint()\n"
+                         "    return loss\n"
+                         "step(int(os.environ['HOROVOD_RANK']))\n")
+
+
 def test_a_breakpoint_stops_one_session_rank(ip, fresh_ns, capsys, monkeypatch):
     ip.run_line_magic("horovod_session", "start --np -2")
     try:
         monkeypatch.setattr(sys, "stdin", io.StringIO("p loss\nloss = 0.25\nc\n"))
-        cell = ("import hvd_magic, os\n"
-                "def step(rank):\n"
-                "    loss = 1.5 + rank\n"
-                "    hvd_magic.breakpoint()\n"
-                "    return loss\n"
-                "step(int(os.environ['HOROVOD_RANK']))\n")
+        cell = STOPS_AT_A_BREAKPOINT
         value = ip.run_cell_magic("horovod", "--quiet", cell)
         out = capsys.readouterr().out
         assert "rank 0 stopped: hvd_magic.breakpoint() on rank 0" in out, out
@@ -606,12 +610,7 @@ def test_a_held_ranks_channel_fed_random_frames_and_commands_stays_up(ip, fresh_
     ip.run_line_magic("horovod_session", "start --np -2")
     session = ip.magics_manager.registry["HorovodMagics"].session
     try:
-        cell = ("import hvd_magic, os\n"
-                "def step(rank):\n"
-                "    loss = 1.5 + rank\n"
-                "    hvd_magic.breakpoint()\n"
-                "    return loss\n"
-                "step(int(os.environ['HOROVOD_RANK']))\n")
+        cell = STOPS_AT_A_BREAKPOINT
         run = ip.run_cell_magic("horovod", "--quiet --background", cell)
         deadline = time.monotonic() + 120
         while not run.held() and time.monotonic() < deadline:

@@ -17,6 +17,7 @@ from ..errors import is_follow_on, is_peer_gone
 from ..lines import is_aside, last_said
 from ..timelines import ranks as ranks_timeline
 from .folder import FILE_KINDS, FOLDER_KINDS
+from .ranks import is_rank
 
 
 def apply_event(run, event, request_stop):
@@ -24,7 +25,7 @@ def apply_event(run, event, request_stop):
     if event.get("t") == "ring" and run.elastic is not None:  # from the elastic launcher
         return run.elastic.ring(run, event)
     rank = event.get("rank")
-    if not isinstance(rank, int) or not 0 <= rank < run.np:
+    if not is_rank(rank, run.np):
         return False
     r = run.ranks[rank]
     r.last_event = time.monotonic()

@@ -43,6 +43,11 @@ class RankState:
         return dict(state, resources=self.usage.as_dict())
 
 
+def is_rank(value, np):
+    """True for a rank of a run of `np`: an int in range (a peer's ``True`` is no rank 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < np
+
+
 def ranks_text(ranks):
     """"rank 3" or "ranks 1, 2"."""
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r.rank) for r in ranks)}"

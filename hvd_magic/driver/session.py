@@ -34,6 +34,7 @@ import psutil
 from .. import frameworks
 from ..config import fresh_by_default
 from ..errors import LaunchError
+from .ranks import is_rank
 from ..words import plural
 from ..task.settings import TaskSettings
 
@@ -198,8 +199,8 @@ class Session:
         kind, rank = event.get("t"), event.get("rank")
         if kind == "ring":  # from the elastic launcher: Horovod formed a ring
             self._ring(event)
-        elif not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.np:
-            return  # (True is no rank 1: a peer's junk must not end a rank)
+        elif not is_rank(rank, self.np):
+            return
         if kind == "dropped":  # its task's connection ended
             if self.stopped or rank in self.exited:
                 return
