@@ -3,14 +3,16 @@ must show, checked here (not by eye).
 
 A round is drawn from its seed: a launcher (``--np -3`` on the driver, ``--np 3`` on a local
 Spark session or on a standalone cluster of two workers), a program (a DDP loop; an elastic DDP
-loop written with `hvd_magic.elastic`; a Horovod loop; the Horovod loop as a cell of a warm
-session started for the round), a fault and its moment (after a random step of a random rank, or as soon as the
-rank's process exists: in its imports or in ``init_process_group``/``hvd.init()``):
+loop written with `hvd_magic.elastic`; a Horovod loop; a Lightning fit, of four ranks on the
+cluster, two a host; the Horovod loop as a cell of a warm session started for the round), a
+fault and its moment (after a random step of a random rank, or as soon as the rank's process
+exists: in its imports or in ``init_process_group``/``hvd.init()``):
 
 - kill: the rank SIGKILLed; freeze: the rank stopped (SIGSTOP) under ``--timeout``; cancel: the
   run cancelled; task: the rank's Spark task (the Python worker that runs it) SIGKILLed; oom: the
   rank moved into a memory cgroup of 160 MB and made to grow past it; notebook: the notebook that
-  started the run (an IPython shell in a process of its own) SIGKILLed; worker: the cluster's
+  started the run (an IPython shell in a process of its own; on the cluster, an application of
+  its own there) SIGKILLed; worker: the cluster's
   worker that runs the rank SIGKILLed with its executor (started again at once for an elastic
   run, after the round for the others); executor: its executor's JVM SIGKILLed (the worker
   starts another); cut: the cluster's two simulated hosts (network namespaces) cut apart for
@@ -19,8 +21,8 @@ rank's process exists: in its imports or in ``init_process_group``/``hvd.init()`
 
 What it must show:
 
-- **ends**: the run ends (a run whose hosts were cut apart for seconds: done) within a deadline derived from its options (the timeout, the elastic
-  run's recovery), or the round counts a hang;
+- **ends**: the run ends (a run whose hosts were cut apart for seconds: done) within a deadline
+  derived from its options (the timeout, the elastic run's recovery), or the round counts a hang;
 - **names its cause**: killed → a `RankError` naming the rank and SIGKILL; out of memory → a
   `RankError` naming the rank and "out of memory"; its task killed → a `LaunchError` naming the
   rank and its Spark task; frozen → `RunTimeout`; cancelled → `RunCancelled`; none → done. An
@@ -32,8 +34,8 @@ What it must show:
   refused with "%horovod_session restart"; then it is stopped;
 - **leaves nothing behind**: no process of the run (its ranks, and any whose command line names
   it) is left 10 s after it ended; a killed notebook's ranks, tasks and templates are gone within
-  30 s of it, its Spark JVM within 120 s (a JVM reads its notebook's end only once its start-up
-  is over: the seconds are in each round's record);
+  30 s of it, its Spark JVM (and on the cluster its executors) within 120 s (a JVM reads its
+  notebook's end only once its start-up is over: the seconds are in each round's record);
 - **keeps every log**: the run folder has a log for every rank (a killed notebook's: every rank
   that had reported a step).
 
@@ -155,7 +157,7 @@ def program(name):
 
 
 LIGHTNING = """\
-import time, torch, lightning as L
+import os, time, torch, lightning as L
 import hvd_magic
 
 class Tiny(L.LightningModule):
@@ -176,8 +178,11 @@ class Tiny(L.LightningModule):
 
 torch.manual_seed(0)
 model = Tiny()
-data = torch.utils.data.DataLoader(torch.randn(steps * 4 * 3, 8), batch_size=4)
-trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=3, num_nodes=1, max_steps=steps,
+# (Lightning's devices are a host's ranks, its nodes the hosts, as torchrun's variables say)
+world, hosts = int(os.environ["WORLD_SIZE"]), int(os.environ["GROUP_WORLD_SIZE"])
+data = torch.utils.data.DataLoader(torch.randn(steps * 4 * world, 8), batch_size=4)
+trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=world // hosts, num_nodes=hosts,
+                    max_steps=steps,
                     enable_checkpointing=False, logger=False, enable_model_summary=False,
                     enable_progress_bar=False)
 trainer.fit(model, data)
@@ -187,14 +192,13 @@ model.layer.weight.detach().flatten().tolist()
 # "session": the Horovod loop as a cell of a warm session started for the round
 PROGRAMS = {"ddp": DDP, "elastic": ELASTIC, "horovod": HOROVOD, "lightning": LIGHTNING,
             "session": HOROVOD}
-LAUNCHERS = {"driver": f"--np -{NP}", "spark": f"--np {NP}", "cluster": f"--np {NP}"}
+LAUNCHERS = {"driver": "--np -{np}", "spark": "--np {np}", "cluster": "--np {np}"}
 FAULTS = ("kill", "freeze", "cancel", "interrupt", "task", "executor", "oom", "notebook",
           "worker", "cut", "none")
 # Where a fault cannot happen: no Spark task on the driver; an executor of its own, a standalone
-# worker only on the cluster (local Spark's executor is the notebook's JVM); a notebook of its
-# own on the cluster would wait for the cores this one's session holds.
+# worker only on the cluster (local Spark's executor is the notebook's JVM).
 NOT_ON = {"driver": {"task", "executor", "worker", "cut"},
-          "spark": {"executor", "worker", "cut"}, "cluster": {"notebook"}}
+          "spark": {"executor", "worker", "cut"}, "cluster": set()}
 OOM_LIMIT = 160 << 20   # the memory cgroup a rank is moved into for the oom fault
 SEEN_WAIT = 15.0        # seconds for the rank's sampler to see it there (it samples each second)
 NOTEBOOK_GONE = 30.0    # seconds for the ranks, tasks and templates of a killed notebook to go
@@ -206,23 +210,27 @@ def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
     --timeout of a round whose rank is frozen)."""
     rng = random.Random(f"{seed}:{number}")
     program = rng.choice(programs)
-    # (Lightning's devices are one host's: its ranks on one)
-    launcher = rng.choice([x for x in launchers if not (program == "lightning" and
-                                                        x == "cluster")] or launchers)
+    launcher = rng.choice(launchers)
     fault = rng.choice([f for f in faults if not (program == "elastic" and f == "freeze")
                         and not (program == "session" and f == "notebook")
                         and f not in NOT_ON[launcher]])
-    return {"seed": seed, "round": number, "launcher": launcher,
-            "program": program, "fault": fault, "victim": rng.randrange(NP),
+    # Lightning on the cluster: as many ranks on each of its two hosts (two each)
+    np = 4 if program == "lightning" and launcher == "cluster" else NP
+    return {"seed": seed, "round": number, "launcher": launcher, "np": np,
+            "program": program, "fault": fault, "victim": rng.randrange(np),
             "at_step": rng.choice([0, rng.randint(1, 25)]),  # 0: in its start (imports, init)
             "extra_delay": round(rng.uniform(0, 0.05), 3),
             "timeout": timeout, "cut_seconds": round(rng.uniform(3, 20), 1)}
 
 
+def launcher_option(round_):
+    return LAUNCHERS[round_["launcher"]].format(np=round_.get("np", NP))
+
+
 def options(round_):
     line = "--background --quiet"
     if round_["program"] != "session":  # (a session's cell runs where the session is)
-        line = f"{LAUNCHERS[round_['launcher']]} {line}"
+        line = f"{launcher_option(round_)} {line}"
     if round_["program"] == "elastic":
         line += f" --min-np {NP - 1}"
     if round_["fault"] == "freeze":
@@ -370,7 +378,8 @@ class Cluster:
         if simhosts.unavailable() is None:
             root, other = self.hosts.enter_context(simhosts.simulated_hosts(2))
             self.link = f"hvr{os.getpid()}x1"  # the other host's cable (its veth's bridge end)
-            self.cluster = StandaloneCluster(self.folder, worker_hosts=(root.address, other.address),
+            self.cluster = StandaloneCluster(self.folder,
+                                             worker_hosts=(root.address, other.address),
                                              master_host=root.address,
                                              worker_prefixes={1: other.prefix}).start()
         else:
@@ -385,6 +394,22 @@ class Cluster:
             time.sleep(seconds)
         finally:
             simhosts.ip("link", "set", self.link, "up")
+
+    def lend(self):
+        """Its cores freed for another application (the soak's session stopped); what that
+        application's session is to be built with: {"master": ..., "conf": {...}}."""
+        if self.cluster is None:
+            self._start()
+        from conftest import TEST_JVM_OPTIONS
+        self.leave()
+        return {"master": self.cluster.url,
+                "conf": {"spark.driver.host": self.cluster.master_host,
+                         "spark.driver.bindAddress": self.cluster.master_host,
+                         "spark.ui.enabled": "false",
+                         "spark.executor.cores": str(self.cluster.cores),
+                         "spark.executor.memory": "1g",
+                         "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
+                         "spark.pyspark.python": sys.executable}}
 
     def leave(self):
         """The cluster's session stopped (a local one comes next)."""
@@ -512,7 +537,7 @@ def play(ip, round_):
     began = time.monotonic()
     limit = began + deadline(round_)
     if round_["program"] == "session":
-        ip.run_line_magic("horovod_session", f"start {LAUNCHERS[round_['launcher']]}")
+        ip.run_line_magic("horovod_session", f"start {launcher_option(round_)}")
     run = ip.run_cell_magic("distributed", options(round_), program(round_["program"]))
     done = _strike(run, round_, told, limit)
     error = None
@@ -540,7 +565,8 @@ def play(ip, round_):
     if round_["program"] == "session":
         problems += _session_after(ip, round_, run)
     problems += _left_behind(lambda: _leftovers(run), LEAK_WAIT)
-    logs = [k for k in range(NP) if not os.path.exists(run.folder.log_path(k))]
+    logs = [k for k in range(round_.get("np", NP))
+            if not os.path.exists(run.folder.log_path(k))]
     if logs:
         problems.append(f"lost logs: no log of rank(s) {logs}")
     shutil.rmtree(told, ignore_errors=True)
@@ -614,11 +640,18 @@ import hvd_magic
 round_ = json.loads(sys.argv[1])
 ip = start_ipython()
 ip.run_line_magic("load_ext", "hvd_magic")
+app = None
 if round_["launcher"] == "spark":
-    hvd_magic.spark_session()
+    app = hvd_magic.spark_session().sparkContext.applicationId
+elif round_["launcher"] == "cluster":  # an application of its own on the soak's cluster
+    from pyspark.sql import SparkSession
+    builder = SparkSession.builder.master(round_["master"]).appName("chaos-notebook")
+    for key, value in round_["conf"].items():
+        builder = builder.config(key, value)
+    app = builder.getOrCreate().sparkContext.applicationId
 ip.user_ns.update(steps=round_["steps"], told=round_["told"])
 run = ip.run_cell_magic("distributed", round_["options"], round_["cell"])
-print("CHAOS", json.dumps({"run": run.id, "folder": run.run_dir}), flush=True)
+print("CHAOS", json.dumps({"run": run.id, "folder": run.run_dir, "app": app}), flush=True)
 while True:
     print("CHAOS", json.dumps({"state": run.state, "pids": [r.pid for r in run.ranks],
                       "steps": [r.step or 0 for r in run.ranks]}), flush=True)
@@ -626,17 +659,33 @@ while True:
 """
 
 
+def _executors_of(app):
+    """The executor JVMs of Spark application `app` with every process under them."""
+    import psutil
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        line = process.info["cmdline"] or []
+        if "CoarseGrainedExecutorBackend" in " ".join(line) and app in line:
+            found.add(process.pid)
+            found |= {p.pid for p in process.children(recursive=True)}
+    return found
+
+
 def play_notebook(round_):
     """The notebook fault: the round's run started by a notebook of its own (an IPython shell in
-    a process of its own), SIGKILLed at the round's moment; every process it had (its Spark JVM,
-    templates, tasks, ranks) must be gone within NOTEBOOK_GONE, without a word from it."""
+    a process of its own; on the cluster, an application of its own there), SIGKILLed at the
+    round's moment; every process it had (its Spark JVM and, on the cluster, its executors,
+    templates, tasks, ranks) must be gone within NOTEBOOK_GONE (the JVMs: JVM_GONE), without a
+    word from it."""
     import psutil
 
     told = tempfile.mkdtemp(prefix="chaos-told-")
-    began = time.monotonic()
-    limit = began + deadline(round_)
     spec = dict(round_, steps=STEPS, told=told, options=options(round_),
                 cell=program(round_["program"]))
+    if round_["launcher"] == "cluster":  # (its cores are this soak's session's until it leaves)
+        spec.update(CLUSTER.lend())
+    began = time.monotonic()
+    limit = began + deadline(round_)
     notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK, json.dumps(spec)],
                                 stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
     problems, first, last = [], None, None
@@ -653,6 +702,8 @@ def play_notebook(round_):
                 break
         time.sleep(round_["extra_delay"])
         family = {p.pid for p in psutil.Process(notebook.pid).children(recursive=True)}
+        if first and first.get("app") and round_["launcher"] == "cluster":
+            family |= _executors_of(first["app"])
         jvms = {pid for pid in family if "java" in _command(pid).split(" ")[0]}
     finally:
         notebook.kill()
@@ -676,7 +727,8 @@ def play_notebook(round_):
             problems.append(f"lost logs: no log of rank(s) {logs}")
     shutil.rmtree(told, ignore_errors=True)
     return dict(round_, run=first["run"], seconds=round(took, 2), state="killed",
-                error=None, gone=ours_gone, jvm_gone=jvm_gone, ok=not problems, problems=problems)
+                error=None, gone=ours_gone, jvm_gone=jvm_gone, jvms=len(jvms), ok=not problems,
+                problems=problems)
 
 
 def _misnamed(round_, run, error, lost=None, whole=False):
