@@ -84,7 +84,7 @@ def _reading(job):
 def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=None,
         timeout=None, run_dir=None, view=None, background=False, horovod_env=None, env=None,
         broadcast_bytes=DEFAULT_BROADCAST_BYTES, retries=0, name=None, timeline=False,
-        timeline_steps=None,
+        timeline_steps=None, timeline_detail=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
         verbose=False, data=None, equal_shards=False, data_cache=None, mlflow=None,
         min_np=None, max_np=None, elastic_timeout=None, fresh=None, ship=None):
@@ -155,7 +155,7 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     placement, options = check_together(placement, options)
     reading = _reading(job)
     kind = elastic_kind(reading, job) if placement.elastic is not None else None
-    profile = torch_profile(reading, job, options)
+    profile = profile_plan(reading, job, options)
     refuse_without_horovod(reading, job, placement, options, kind, profile)
     view, env = tracked(options.mlflow, view, options.env, job, cell, options.tracked())
     launcher = make_launcher(placement, elastic_kind=kind)
@@ -191,25 +191,40 @@ def elastic_kind(reading, job):
         f"then ends the run with its error, and you rerun it from your last checkpoint.")
 
 
-TORCH_ROOTS = ("torch", "lightning", "pytorch_lightning", "accelerate")
+PROFILED = {"torch": ("torch", "lightning", "pytorch_lightning", "accelerate"),
+            "tensorflow": ("tensorflow", "keras", "tf_keras")}
+DETAIL = {"torch": ("shapes", "stacks", "memory"), "tensorflow": ("stacks",)}
 
 
-def torch_profile(reading, job, options):
-    """What ``--timeline`` records of a job that uses torch and no Horovod: torch's profiler on
-    every rank over a window of optimizer steps ({"skip", "steps"}: `hvd_magic.rank.profile`);
-    None where Horovod's timeline is recorded, or no timeline is asked for. A job that uses
-    neither gets a UsageError saying what to do."""
-    if not options.timeline or reading.horovod:
+def profile_plan(reading, job, options):
+    """What ``--timeline`` records of a job that uses no Horovod: its framework's profiler on
+    every rank over a window of steps ({"framework", "skip", "steps", "detail"}:
+    `hvd_magic.rank.profile`); torch where the job imports it, else TensorFlow. None where
+    Horovod's timeline is recorded, or no timeline is asked for. A job that uses none of them
+    gets a UsageError saying what to do."""
+    if not options.timeline:
         return None
-    if not any(name.split(".")[0] in TORCH_ROOTS for name in reading.imports):
+    if reading.horovod:
+        if options.timeline_detail:
+            raise UsageError("--timeline-detail chooses what torch's or TensorFlow's profiler "
+                             "records; this job uses Horovod, whose timeline has no such "
+                             "choice: drop --timeline-detail.")
+        return None
+    roots = {name.split(".")[0] for name in reading.imports}
+    framework = next((f for f, names in PROFILED.items() if roots & set(names)), None)
+    if framework is None:
         what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
         raise UsageError(
-            f"--timeline records Horovod's timeline (code that uses Horovod) or torch's profiler "
-            f"(code that imports torch, Lightning or accelerate); this {what} uses neither. "
-            f"For TensorFlow, record with tf.profiler.experimental.start(logdir) in the code "
-            f"and open the logs in TensorBoard (--tensorboard brings every rank's back).")
+            f"--timeline records Horovod's timeline (code that uses Horovod), torch's profiler "
+            f"(code that imports torch, Lightning or accelerate) or TensorFlow's (code that "
+            f"imports tensorflow or keras); this {what} uses none of them.")
+    extra = [d for d in options.timeline_detail if d not in DETAIL[framework]]
+    if extra:
+        raise UsageError(f"--timeline-detail {','.join(extra)}: {framework}'s profiler records "
+                         f"only {', '.join(DETAIL[framework])} besides each operator's time.")
     first, last = (int(n) for n in options.timeline_steps.split(":"))
-    return {"skip": first - 1, "steps": last - first + 1}
+    return {"framework": framework, "skip": first - 1, "steps": last - first + 1,
+            "detail": list(options.timeline_detail)}
 
 
 def refuse_without_horovod(reading, job, placement, options, elastic=None, profile=None):

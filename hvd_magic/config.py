@@ -175,7 +175,8 @@ class RunOptions:
     horovod_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     broadcast_bytes: int = DEFAULT_BROADCAST_BYTES
     timeline: bool = False
-    timeline_steps: Optional[str] = None  # "A:B": the optimizer steps torch's profiler records
+    timeline_steps: Optional[str] = None  # "A:B": the steps torch's (TensorFlow's) profiler records
+    timeline_detail: Any = None  # what more it records: ("shapes", "stacks", "memory"), or ()
     tensorboard: Optional[str] = None
     data: Any = None
     equal_shards: bool = False
@@ -200,10 +201,10 @@ class RunOptions:
                              f"every rank sees its host's GPUs and pins by local rank).")
         if self.on_stall not in ON_STALL:
             raise UsageError(f"--on-stall takes {' or '.join(ON_STALL)}, not {self.on_stall!r}.")
-        if self.timeline_steps is not None:
+        if self.timeline_steps is not None or self.timeline_detail:
             _set(self, timeline=True)
         _set(self, timeline_steps=_steps(self.timeline_steps or DEFAULT_TIMELINE_STEPS),
-             ship=_shipped(self.ship))
+             timeline_detail=_detail(self.timeline_detail), ship=_shipped(self.ship))
         _whole("retries", self.retries, 0)
         _whole("broadcast_bytes", self.broadcast_bytes, 0)
         if self.tensorboard:
@@ -240,6 +241,27 @@ def _steps(text):
                          f"profiler starts at the end of a step; at most {MOST_PROFILED_STEPS} "
                          f"steps), e.g. --timeline-steps {DEFAULT_TIMELINE_STEPS}.")
     return f"{first}:{last}"
+
+
+TIMELINE_DETAIL = {"shapes": "each operator's input shapes",
+                   "stacks": "the Python stack of each operator (TensorFlow: its Python calls)",
+                   "memory": "each operator's memory allocated and freed"}
+
+
+def _detail(value):
+    """``--timeline-detail shapes,stacks`` (a comma-separated text or a sequence of words) as
+    a sorted tuple of `TIMELINE_DETAIL`'s words; () for none."""
+    if not value:
+        return ()
+    words = value.split(",") if isinstance(value, str) else list(value)
+    words = [str(w).strip().lower() for w in words if str(w).strip()]
+    unknown = [w for w in words if w not in TIMELINE_DETAIL]
+    if unknown:
+        raise UsageError(f"--timeline-detail {','.join(unknown)}: give what the profiler records "
+                         f"besides each operator's time, comma-separated: "
+                         + "; ".join(f"{k} ({v})" for k, v in TIMELINE_DETAIL.items())
+                         + ". E.g. --timeline-detail shapes,stacks (each costs step time).")
+    return tuple(sorted(set(words)))
 
 
 def is_dataframe(value):

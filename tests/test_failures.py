@@ -498,3 +498,29 @@ def test_lightnings_own_sigterm_exception_is_the_stops_not_a_cause():
     as rank 2's RankError)."""
     from hvd_magic.errors import is_follow_on
     assert is_follow_on({"type": "SIGTERMException", "message": ""})
+
+
+@pytest.mark.parametrize("after_stop", [True, False], ids=["after-the-cancel", "before-it"])
+def test_a_horovod_abort_once_a_cancel_began_is_the_cancels_doing(after_stop):
+    """A cancel that stops task 0 first takes Horovod's rendezvous with it: a rank still in
+    hvd.init() aborts ("HTTP request failed", SIGABRT; the soak's seed 9, round 33). Once the
+    stop has begun that abort is the stop's; before it, it is the rank's own failure."""
+    from hvd_magic.driver.ending import run_error
+    from hvd_magic.driver.ranks import RankState
+
+    abort = {"rank": 2, "status": "died", "signal": "SIGABRT", "after_stop": after_stop,
+             "traceback": "terminate called after throwing an instance of "
+                          "'std::runtime_error'\n  what():  HTTP request failed."}
+    ranks = [RankState(k) for k in range(3)]
+    for r in ranks:
+        r.state = "cancelled"
+    run = types.SimpleNamespace(
+        id="r", np=3, ranks=ranks, failures=[abort], elastic=None, retry=None,
+        stop_reason="cancelled", where="spark",
+        launcher=types.SimpleNamespace(error=None, outcomes=[]),
+        folder=types.SimpleNamespace(log_tail=lambda rank: ""))
+    error = run_error(run, {2: abort}, None)
+    if after_stop:
+        assert isinstance(error, hvd_magic.RunCancelled), error
+    else:
+        assert isinstance(error, hvd_magic.RankError) and "rank 2" in str(error), error

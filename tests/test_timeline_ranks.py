@@ -127,8 +127,96 @@ def test_a_profile_over_its_budget_leaves_out_its_shortest_operators_and_says_ho
 def test_timeline_options_that_cannot_work_say_what_to_do(ip):
     with pytest.raises(UsageError, match="--timeline-steps 1:3: give the optimizer steps"):
         ip.run_cell_magic("horovod", "--np -2 --timeline-steps 1:3", "import torch\n1")
-    with pytest.raises(UsageError, match="uses neither"):
+    with pytest.raises(UsageError, match="uses none of them"):
         ip.run_cell_magic("horovod", "--np -2 --timeline", "import math\nmath.pi")
+    with pytest.raises(UsageError, match="--timeline-detail colours: give what the profiler"):
+        ip.run_cell_magic("horovod", "--np -2 --timeline-detail shapes,colours", "import torch")
+    with pytest.raises(UsageError, match="tensorflow's profiler records only stacks"):
+        ip.run_cell_magic("horovod", "--np -2 --timeline-detail shapes", "import tensorflow")
+    with pytest.raises(UsageError, match="uses Horovod, whose timeline has no such choice"):
+        ip.run_cell_magic("horovod", "--np -2 --timeline-detail stacks",
+                          "import horovod.torch as hvd")
+
+
+# What torch's profiler records besides each operator's time, when asked: shapes, stacks, memory.
+DETAIL_CELL = """\
+import torch
+model = torch.nn.Linear(32, 8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(4):
+    optimizer.zero_grad()
+    model(torch.randn(16, 32)).sum().backward()
+    optimizer.step()
+"""
+
+
+def test_the_timeline_detail_asked_for_is_in_every_ranks_trace(ip):
+    ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 2:3 "
+                      "--timeline-detail stacks,shapes,memory", DETAIL_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "done", run.error
+    with gzip.open(run.timeline_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    for rank in (0, 1):
+        mine = [e for e in events if e.get("pid") == rank]
+        assert any("Input Dims" in e.get("args", {}) for e in mine if e.get("name") ==
+                   "aten::addmm")  # shapes
+        assert any(e.get("cat") == "python_function" for e in mine)  # stacks
+        assert any(e.get("name") == "[memory]" for e in mine)  # memory
+    ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 2:3", DETAIL_CELL)
+    with gzip.open(hvd_magic.last_run().timeline_path, "rt") as f:
+        plain = json.load(f)["traceEvents"]
+    assert not any(e.get("cat") == "python_function" or e.get("name") == "[memory]" or
+                   "Input Dims" in e.get("args", {}) for e in plain)
+
+
+# tf.distribute: TensorFlow's profiler on every worker, over Keras batches 3 to 6; worker 1
+# sleeps before each batch, so it arrives last at every collective.
+TF_CELL = """\
+import json, os, time
+import numpy as np
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+import keras
+rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if rank == 1:
+            time.sleep(0.04)
+
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+x = np.random.default_rng(rank).random((160, 9), dtype=np.float32)
+data = tf.data.Dataset.from_tensor_slices((x[:, :8], x[:, 8:])).batch(16).with_options(options)
+model.fit(data, epochs=1, verbose=0, callbacks=[Slow()])
+rank
+"""
+
+
+def test_a_tf_distribute_cells_timeline_says_which_worker_the_others_waited_for(ip):
+    pytest.importorskip("tensorflow", reason="make setup installs TensorFlow")
+    ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 3:6", TF_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "done", run.error
+    timeline = ranks.RanksTimeline.load(run.timeline_path)
+    rows = timeline.table()
+    assert sorted((r["step"], r["rank"]) for r in rows) == [(s, r) for s in range(3, 7)
+                                                            for r in (0, 1)]
+    waits = timeline.waits()
+    assert waits and all(name.endswith(":CollectiveReduceV2") for name, *_ in waits)
+    last = [rank for _, rank, _, _ in waits]
+    assert last.count(1) > len(last) / 2, waits  # worker 1 came last at most of them
+    waited = [r["waiting_us"] for r in rows if r["rank"] == 0]
+    assert sum(waited) > 40_000, rows  # a quarter of its four sleeps, at least
+    assert timeline.verdict().startswith("rank 1 arrived last at "), timeline.verdict()
+    for rank in (0, 1):  # TensorFlow's own file, kept where TensorBoard's profile plugin reads it
+        folder = os.path.join(run.run_dir, "profile", f"rank-{rank}", "plugins", "profile")
+        assert [n for _, _, names in os.walk(folder) for n in names
+                if n.endswith(".xplane.pb")], folder
 
 
 def test_a_lightning_cells_steps_are_its_optimizer_steps(ip):

@@ -101,7 +101,8 @@ def apply_event(run, event, request_stop):
         if status == "died" and run.elastic is not None and run.stop_reason is None:
             run.elastic.lost(run, r, event)  # the others go on without it
         elif status not in ("ok", "stopped", "lost"):
-            run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status))
+            run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status,
+                                     after_stop=run.stop_reason is not None))
     recorded = kind not in ("lines", "file", "resources", "clock")  # (resources: in r.usage)
     if recorded:
         run.folder.record(event)

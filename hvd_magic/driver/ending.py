@@ -67,7 +67,7 @@ def run_error(run, infos, retried):
                          {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state
                           for r in run.ranks}, run_id=run.id,
                          note=f"Every rank's stack: {run.run_dir}/stacks.txt")
-    if run.stop_reason in ("timeout", "cancelled") and all(is_follow_on(f) for f in failures):
+    if run.stop_reason in ("timeout", "cancelled") and all(_of_the_stop(f) for f in failures):
         # ranks that failed only because the stop took their peers first (a rank in a
         # collective when its peer was stopped): the stop is the cause, as their rows say
         failures = []
@@ -91,6 +91,13 @@ def run_error(run, infos, retried):
     if not launcher.outcomes or (run.elastic is None and len(launcher.outcomes) != run.np):
         return LaunchError(f"run {run.id} ended without results from every rank.")
     return None
+
+
+def _of_the_stop(failure):
+    """Whether a rank's failure in a stopped run came from the stop: a peer's words, or
+    Horovod's abort once the stop had begun (its rendezvous, in task 0, or a peer was gone)."""
+    return is_follow_on(failure) or (failure.get("after_stop") and
+                                     failure.get("signal") == "SIGABRT")
 
 
 def _first_failure(run, failures, infos):

@@ -143,7 +143,7 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
                  elastic=None, profile=None):
         """`np` rows (ranks, or an elastic run's slots); `env`: `options.env` with what MLflow
         adds; `elastic`: the placement's (min_np, max_np, timeout); `profile`: what torch's
-        profiler records on every rank (`hvd_magic.api.torch_profile`)."""
+        profiler records on every rank (`hvd_magic.api.profile_plan`)."""
         self.options = options = options if options is not None else RunOptions()
         self.id = new_run_id()
         self.np = np
@@ -159,7 +159,7 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         self.broadcast_bytes = options.broadcast_bytes
         self.allow_retry = options.retries > 0
         self.timeline = options.timeline
-        self.profile = profile       # --timeline of torch without Horovod (api.torch_profile)
+        self.profile = profile       # --timeline without Horovod (api.profile_plan)
         self.tensorboard = options.tensorboard  # the ranks' TensorBoard logs (default: run folder)
         self.stall_timeout = options.stall_timeout
         self.on_stall = options.on_stall

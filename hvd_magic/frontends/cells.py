@@ -61,6 +61,7 @@ def run_options(magics, args, data, opening=None):
     options = cell_options(magics, args, data, env=env_option(args.env),
                            horovod_env=magics.horovod_settings, retries=args.retries,
                            timeline=args.timeline, timeline_steps=args.timeline_steps,
+                           timeline_detail=args.timeline_detail,
                            tensorboard=args.tensorboard, ship=args.ship)
     view = make_view(quiet=args.quiet, widgets=False if args.text else None, verbose=verbose,
                      opening=opening)
@@ -102,6 +103,8 @@ def run_in_session(magics, session, args, cell, opening=None):
                                           ("--master", args.master), ("--env", args.env),
                                           ("--retries", args.retries),
                                           ("--timeline", args.timeline),
+                                          ("--timeline-steps", args.timeline_steps),
+                                          ("--timeline-detail", args.timeline_detail),
                                           ("--tensorboard", args.tensorboard),
                                           ("--min-np", args.min_np is not None)) if given]
     if placement:

@@ -10,7 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.utils.process import arg_split
 from traitlets import Bool, Dict, Float, Int, Unicode
 
-from .options import elastic_arguments, mlflow_before_script
+from .options import elastic_arguments, mlflow_before_script, timeline_arguments
 from .options import summary_first as _summary_first
 from .data_magic import horovod_data
 from .debug_magic import horovod_debug
@@ -101,15 +101,7 @@ class HorovodMagics(Magics):
                    "HorovodMagics.stall_timeout, 60).")
     @argument("--on-stall", choices=("warn", "fail"), default="warn",
               help="What a stall does: warn (report and keep waiting) or fail (stop the run).")
-    @argument("--timeline", action="store_true",
-              help="Record where the time goes: a Horovod timeline on rank 0 for a cell that "
-                   "uses Horovod; for one that uses torch without Horovod (DDP, FSDP, "
-                   "Lightning, accelerate, a plain loop), torch's profiler on every rank over a "
-                   "few optimizer steps, merged with the clocks aligned. Brought back to the "
-                   "run folder (see %%horovod_timeline).")
-    @argument("--timeline-steps", type=str, default=None, metavar="A:B",
-              help="With torch: the optimizer steps the profiler records, from A to B "
-                   "(default 4:8; implies --timeline).")
+    @timeline_arguments
     @argument("--tensorboard", type=str, default=None, metavar="DIR",
               help="Where each rank's TensorBoard logs (what it wrote to "
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "

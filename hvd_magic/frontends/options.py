@@ -27,10 +27,41 @@ ELASTIC_OPTIONS = (
 )
 
 
+# What ``--timeline`` records, declared here for the cell magic.
+TIMELINE_OPTIONS = (
+    (("--timeline",), dict(
+        action="store_true",
+        help="Record where the time goes: a Horovod timeline on rank 0 for a cell that uses "
+             "Horovod; for one that uses torch without Horovod (DDP, FSDP, Lightning, "
+             "accelerate, a plain loop), torch's profiler on every rank over a few optimizer "
+             "steps, and for TensorFlow (tf.distribute, Keras) TensorFlow's over a few Keras "
+             "batches (or hvd_magic.report steps), merged with the clocks aligned. Brought back "
+             "to the run folder (see %%horovod_timeline).")),
+    (("--timeline-steps",), dict(
+        type=str, default=None, metavar="A:B",
+        help="With torch or TensorFlow: the steps the profiler records, from A to B (default "
+             "4:8; implies --timeline).")),
+    (("--timeline-detail",), dict(
+        type=str, default=None, metavar="WHAT",
+        help="With torch or TensorFlow: what the profiler records besides each operator's "
+             "time, comma-separated: shapes, stacks, memory (torch; TensorFlow: stacks). Each "
+             "costs step time. Implies --timeline.")),
+)
+
+
 def elastic_arguments(magic):
     """The magic's ``@argument`` lines for `ELASTIC_OPTIONS`, in their order."""
+    return _arguments(magic, ELASTIC_OPTIONS)
+
+
+def timeline_arguments(magic):
+    """The magic's ``@argument`` lines for `TIMELINE_OPTIONS`, in their order."""
+    return _arguments(magic, TIMELINE_OPTIONS)
+
+
+def _arguments(magic, options):
     from IPython.core.magic_arguments import argument
-    for flags, spec in reversed(ELASTIC_OPTIONS):  # (the lowest decorator is applied first)
+    for flags, spec in reversed(options):  # (the lowest decorator is applied first)
         magic = argument(*flags, **spec)(magic)
     return magic
 

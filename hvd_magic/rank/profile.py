@@ -1,11 +1,15 @@
-"""``--timeline`` on a torch rank that runs no Horovod: torch's profiler over a few steps.
+"""``--timeline`` on a rank that runs no Horovod: torch's (or TensorFlow's) profiler over a few
+steps.
 
-The driver asks for it in ``HVD_MAGIC_PROFILE`` (JSON: ``skip``, ``steps``, ``budget``, ``path``).
-A step is an optimizer's step, whatever wrote the loop (a plain loop, DDP, FSDP, Lightning,
-accelerate: each calls ``Optimizer.step``), counted by torch's global post-step hook, so no
-line of the cell changes. After ``skip`` steps the profiler starts; ``steps`` steps later it
-stops and the trace is written to ``path`` (the task sends it back), with the wall-clock time of
-each step's end and the rank's host. A run that ends (or is stopped) sooner writes what it has.
+The driver asks for it in ``HVD_MAGIC_PROFILE`` (JSON: ``framework``, ``skip``, ``steps``,
+``detail``, ``budget``, ``path``). With torch, a step is an optimizer's step, whatever wrote the
+loop (a plain loop, DDP, FSDP, Lightning, accelerate: each calls ``Optimizer.step``), counted by
+torch's global post-step hook, so no line of the cell changes; with TensorFlow, a Keras
+training batch or a ``hvd_magic.report(step=...)`` (`hvd_magic.rank.tf_profile`). After ``skip``
+steps the profiler starts; ``steps`` steps later it stops and the trace is written to ``path``
+(the task sends its folder back), with the wall-clock time of each step's end and the rank's
+host. ``detail`` adds what torch's profiler records besides each operator's time: input
+shapes, Python stacks, memory. A run that ends (or is stopped) sooner writes what it has.
 
 The file keeps the trace events torch exported, their times made absolute (microseconds of the
 rank's wall clock), and at most ``budget`` bytes of them: the shortest operator events go first,
@@ -21,69 +25,102 @@ import socket
 import threading
 import time
 
-from . import hooks
+from . import hooks, tf_profile
 
 PLAN = "HVD_MAGIC_PROFILE"
-_KEEP = ("user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "cuda_runtime")
+_KEEP = ("user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "cuda_runtime",
+         "tf_collective")
 
 
 class _Window:
     def __init__(self, plan):
         self.skip, self.steps = int(plan.get("skip", 3)), int(plan.get("steps", 5))
         self.budget, self.path = int(plan.get("budget", 4 << 20)), plan["path"]
+        self.framework = plan.get("framework", "torch")
+        self.detail = set(plan.get("detail") or ())
         self.count = 0
         self.marks = []          # each profiled step's end (and the start of the first)
-        self.profiler = None
+        self.recorder = None
         self.done = False
+        self.keras = False       # a Keras batch was counted: a report is no step then
         self._lock = threading.RLock()  # (the SIGTERM handler may come inside `stepped`)
 
     def stepped(self, *_):
-        """torch's post-step hook: one more optimizer step."""
+        """One more step (torch's post-step hook, a Keras batch's end)."""
         with self._lock:
             if self.done:
                 return
             self.count += 1
             if self.count == self.skip:
                 self._start()
-            elif self.profiler is not None:
+            elif self.recorder is not None:
                 self.marks.append(time.time_ns() // 1000)
                 if len(self.marks) > self.steps:
                     self._finish()
 
+    def batch_ended(self):
+        self.keras = True
+        self.stepped()
+
+    def reported(self):
+        """``hvd_magic.report(step=...)``: a step of a TensorFlow loop without Keras' fit."""
+        if self.framework == "tensorflow" and not self.keras:
+            self.stepped()
+
     def _start(self):
+        folder = os.path.dirname(self.path)
+        self.recorder = (tf_profile.Recorder(self.detail, folder, self.budget)
+                         if self.framework == "tensorflow" else
+                         _TorchRecorder(self.detail, folder))
+        self.recorder.start()
+        self.marks.append(time.time_ns() // 1000)
+
+    def finish(self):
+        with self._lock:
+            if not self.done and self.recorder is not None:
+                self._finish()
+            self.done = True
+
+    def _finish(self):
+        self.done = True
+        recorder, self.recorder = self.recorder, None
+        events, distributed = recorder.stop()
+        events, cut = _within(events, self.budget)
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "steps": self.marks,
+                  "skip": self.skip, "cut": cut, "events": events,
+                  "framework": self.framework, "distributed": distributed}
+        tmp = self.path + ".part"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f, separators=(",", ":"))
+        os.replace(tmp, self.path)
+
+
+class _TorchRecorder:
+    """torch's profiler over the window (what `detail` asks besides each operator's time)."""
+
+    def __init__(self, detail, folder):
+        self.detail, self.raw = detail, os.path.join(folder, "torch.json")
+
+    def start(self):
         import torch
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
-        self.profiler = profile(activities=activities)
+        self.profiler = profile(activities=activities, record_shapes="shapes" in self.detail,
+                                with_stack="stacks" in self.detail,
+                                profile_memory="memory" in self.detail)
         self.profiler.start()
-        self.marks.append(time.time_ns() // 1000)
 
-    def finish(self):
-        with self._lock:
-            if not self.done and self.profiler is not None:
-                self._finish()
-            self.done = True
-
-    def _finish(self):
-        self.done = True
-        profiler, self.profiler = self.profiler, None
-        profiler.stop()
-        raw = self.path + ".torch.json"
-        profiler.export_chrome_trace(raw)
-        with open(raw, encoding="utf-8") as f:
+    def stop(self):
+        """The window's events, and torch's distributed info."""
+        self.profiler.stop()
+        self.profiler.export_chrome_trace(self.raw)
+        with open(self.raw, encoding="utf-8") as f:
             trace = json.load(f)
-        os.remove(raw)
-        events, cut = _within(_absolute(trace), self.budget)
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "steps": self.marks,
-                  "skip": self.skip, "cut": cut, "events": events,
-                  "distributed": trace.get("distributedInfo")}
-        tmp = self.path + ".part"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f, separators=(",", ":"))
-        os.replace(tmp, self.path)
+        os.remove(self.raw)
+        return _absolute(trace), trace.get("distributedInfo")
 
 
 def _absolute(trace):
@@ -127,11 +164,20 @@ def install():
         return
     _window = _Window(json.loads(plan))
     os.makedirs(os.path.dirname(_window.path), exist_ok=True)
-    hooks.when_imported("torch.optim.optimizer", _hook)
+    if _window.framework == "tensorflow":
+        tf_profile.count_keras_batches(_window.batch_ended)
+    else:
+        hooks.when_imported("torch.optim.optimizer", _hook)
 
 
 def _hook(module):
     module.register_optimizer_step_post_hook(_window.stepped)
+
+
+def reported():
+    """A ``hvd_magic.report(step=...)`` call (`hvd_magic.rank.reporting`)."""
+    if _window is not None:
+        _window.reported()
 
 
 def finish():

@@ -30,7 +30,7 @@ from .trace import _union
 FILE_NAME = "timeline-ranks.json.gz"
 PINGS = 5              # clock questions to each task
 PING_EVERY = 0.02      # seconds between them
-_COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
+_COLLECTIVE_PREFIXES = ("gloo:", "nccl:")  # torch's; TensorFlow's: "<name>:Collective<op>"
 
 
 # -- clocks ---------------------------------------------------------------------------------------
@@ -61,7 +61,8 @@ def _collectives(events):
     found = {}
     for e in events:
         name = e.get("name", "")
-        if e.get("ph") == "X" and name.startswith(_COLLECTIVE_PREFIXES):
+        if e.get("ph") == "X" and (name.startswith(_COLLECTIVE_PREFIXES)
+                                   or e.get("cat") == "tf_collective"):
             found.setdefault(name, []).append((e["ts"], e["ts"] + e.get("dur", 0)))
     return {name: sorted(spans) for name, spans in found.items()}
 
