@@ -18,6 +18,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # halve their CPU on a 2-core machine (a local[2] session's start and two small jobs: 21.5 s of
 # CPU and 8.1 s to start, 12.1 s and 5.7 s with these). Tests only: what hvd_magic starts for a
 # user keeps Java's defaults.
+def pictures_in(page):
+    """The SVG of each picture in a page of HTML (a timeline's are images of their SVG:
+    `hvd_magic.timelines.show.kept_picture`)."""
+    import base64
+    return [base64.b64decode(data).decode() for data in
+            re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', page)]
+
+
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):  # drivers; masters and workers
     os.environ.setdefault(_variable, TEST_JVM_OPTIONS)

@@ -681,3 +681,66 @@ def test_a_ranks_memory_in_its_row_and_the_memory_chart_in_chromium(tmp_path, ch
         expect(charts.locator("svg")).to_have_count(0)
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=os.path.join(ARTIFACTS, "memory-finished.png"))
+
+
+TIMELINE_CELLS = [
+    "%%horovod --np -2 --timeline-steps 3:6\n" + """\
+import time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(10):
+    if dist.get_rank() == 1:
+        time.sleep(0.04)  # rank 1 comes last to every all_reduce
+    optimizer.zero_grad()
+    model(torch.randn(16, 32)).sum().backward()
+    optimizer.step()
+""",
+    "%horovod_timeline",
+]
+
+
+def test_every_ranks_timeline_in_jupyterlab_offline_and_saved(tmp_path, chromium):
+    """A DDP cell's --timeline, drawn by %horovod_timeline in JupyterLab: the verdict names rank
+    1, a lane per rank with its label inside the output, the table per step and rank; nothing
+    the page asks for comes from beyond this JupyterLab (offline). Saved and reopened
+    untrusted, the verdict, the lanes and the table are still there."""
+    from playwright.sync_api import expect
+
+    live_notebook(tmp_path / "timeline.ipynb", *TIMELINE_CELLS)
+
+    def shows_the_timeline(page):
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
+        out = cell.locator(".jp-OutputArea-output").first
+        expect(out).to_contain_text(re.compile(r"rank 1 arrived last at \d+ of \d+ collectives"))
+        picture = out.locator("img[alt=\"every rank's steps\"]")
+        expect(picture).to_be_visible()
+        area, box = out.bounding_box(), picture.bounding_box()
+        assert box["x"] >= area["x"] and box["x"] + box["width"] <= area["x"] + area["width"] + 1
+        expect(out.locator("table tbody tr")).to_have_count(8)  # a row per step and rank
+        return cell
+
+    asked = []
+    with notebook_page(tmp_path, chromium, "timeline.ipynb", "browser-timeline-failed.png",
+                       viewport=(1280, 900)) as page:
+        page.on("request", lambda request: asked.append(request.url))
+        run_all_cells(page)
+        cell = shows_the_timeline(page)
+        rows = page.locator(".jp-Notebook .jp-Cell").nth(1).locator("tr[data-rank]")
+        expect(rows).to_have_count(2)  # (the profiler's "profiler_stop" is no rank's last line)
+        assert "profiler_" not in rows.nth(0).inner_text() + rows.nth(1).inner_text()
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "timeline-ranks.png"))
+        save(page, tmp_path / "timeline.ipynb")
+        lab = page.url.split("/lab/")[0]
+    beyond = [url for url in asked if not url.startswith((lab, "data:", "blob:"))]
+    assert not beyond, f"the page asked beyond this JupyterLab: {beyond[:5]}"
+    (tmp_path / ".jupyter-home" / "data" / "nbsignatures.db").unlink(missing_ok=True)
+    with notebook_page(tmp_path, chromium, "timeline.ipynb",
+                       "browser-timeline-reopened-failed.png", viewport=(1280, 900)) as page:
+        cell = shows_the_timeline(page)
+        # (no text of the picture out of it: inline SVG would leave its texts, a jumble)
+        assert "rank 0, step" not in cell.locator(".jp-OutputArea-output").first.inner_text()
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "timeline-ranks-reopened.png"))

@@ -6,7 +6,7 @@ import re
 import pytest
 
 import hvd_magic
-from hvd_magic.lines import last_said, screen
+from hvd_magic.lines import is_chatter, last_said, screen
 from hvd_magic.view import TextView, make_view, visible_text, widgets_available
 
 PRINTING_CELL = r"""
@@ -269,3 +269,17 @@ def test_one_of_a_thing_is_singular():
     assert plural(1024, "rank") == "1,024 ranks"
     assert describe({"counts": [1], "source": "read directly"}) == \
         "--data: 1 row in 1 shard of 1 row each, read directly"
+
+
+@pytest.mark.parametrize("line, chatter", [
+    ("USDT:2026-11-29 22:56:12 23122:23122 SyncActivityProfilerHandler.cpp:59] profiler_stop",
+     True),
+    ("STAGE:2026-11-29 22:59:54 31777:31777 SyncActivityProfilerHandler.cpp:51] Completed "
+     "Stage: Warm Up", True),
+    ("I0501 10:00:00.123456 123 cuda_dnn.cc:12] TensorFlow's note", True),
+    ("USDT: a user's own line about USDT", False),
+    ("step 3: loss 0.25", False),
+])
+def test_the_profilers_and_libraries_chatter_is_not_a_ranks_last_line(line, chatter):
+    """(--timeline's ranks each ended with torch's profiler_stop as their last line.)"""
+    assert is_chatter(line) is chatter

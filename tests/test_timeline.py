@@ -19,6 +19,8 @@ from IPython.core.error import UsageError
 import hvd_magic
 from hvd_magic.timelines import picture as tl_picture, show as tl_show, summary as tl_summary, trace as tl_trace
 
+from conftest import pictures_in
+
 # The functions below run on the ranks, which cannot import this test module: send them by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -179,11 +181,11 @@ def test_magic_timeline_run_on_spark_comes_back_drawn_and_findable(ip, capsys):
     page = tl_show.timeline_html(run)
     assert f'href="hvd_runs/{run.id}/timeline.json"' in page  # relative to the notebook's folder
     assert "ui.perfetto.dev" in page and "chrome://tracing" in page
-    picture = page[page.index("<svg"):page.index("</svg>")]
+    picture, = pictures_in(page)
     for text in ("allreduce.grad.a", "allreduce.grad.b", "NEGOTIATE_ALLREDUCE", "GLOO_ALLREDUCE"):
         assert text in picture
     shown = ip.run_line_magic("horovod_timeline", "")
-    assert "<svg" in shown.data and run.id in shown.data
+    assert pictures_in(shown.data) and run.id in shown.data
 
 
 def test_summary_agrees_with_the_json(ip, mlp_run):

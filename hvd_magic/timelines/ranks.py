@@ -139,7 +139,9 @@ def merge(run_dir, clocks, hosts=None):
     path = os.path.join(run_dir, FILE_NAME)
     with gzip.open(path + ".part", "wt", encoding="utf-8") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms",
-                   "hvd_magic": {"ranks": about, "t0_us": t0}}, f, separators=(",", ":"))
+                   "hvd_magic": {"ranks": about, "t0_us": t0,
+                                 "framework": ranks[min(ranks)].get("framework", "torch")}},
+                  f, separators=(",", ":"))
     os.replace(path + ".part", path)
     return path
 
@@ -152,6 +154,7 @@ class RanksTimeline:
 
     def __init__(self, trace):
         self.ranks = trace["hvd_magic"]["ranks"]
+        self.framework = trace["hvd_magic"].get("framework", "torch")  # whose profiler
         events = trace["traceEvents"]
         self.steps = {r["rank"]: list(zip(r["steps"], r["steps"][1:])) for r in self.ranks}
         self.first_step = min((r["first_step"] for r in self.ranks), default=1)

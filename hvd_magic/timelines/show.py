@@ -5,6 +5,7 @@ Not for: exploring a trace in depth. Perfetto and ``chrome://tracing`` do that f
 gives the glance that tells you whether it is worth opening them.
 """
 
+import base64
 import glob
 import html
 import json
@@ -27,6 +28,17 @@ def _href(path):
     return urllib.parse.quote(os.path.relpath(path).replace(os.sep, "/"))
 
 
+def kept_picture(svg_text, alt):
+    """An SVG picture as an image of it, which a saved notebook keeps wherever it is opened:
+    JupyterLab strips inline SVG from an untrusted notebook's HTML and leaves its texts, a
+    jumble (seen in the browser test). The numbers its shapes' titles gave are in the tables."""
+    if not svg_text.startswith("<svg"):
+        return svg_text
+    image = base64.b64encode(svg_text.encode()).decode()
+    return (f'<div class="hvd-magic-picture"><img alt="{html.escape(alt)}" '
+            f'style="max-width:100%" src="data:image/svg+xml;base64,{image}"></div>')
+
+
 def timeline_html(run, max_lanes=16):
     """HTML for a run whose timeline came back: a link to the file, how to open it, a picture.
 
@@ -41,7 +53,7 @@ def timeline_html(run, max_lanes=16):
     if size <= PICTURE_MAX_BYTES:
         trace = Trace.load(path)
         facts = f"{trace.events} events, {_ms(trace.wall)} ms, {len(trace.tensors)} tensors"
-        picture = svg(trace, max_lanes=max_lanes)
+        picture = kept_picture(svg(trace, max_lanes=max_lanes), "Horovod timeline, rank 0")
     else:
         facts = "too large to draw here"
         picture = ""
@@ -62,6 +74,8 @@ def ranks_html(run, path, max_lanes=32):
     """HTML for a run whose ranks' torch profiles came back merged (`timelines.ranks`): the
     verdict, the file, a lane per rank and the table per step and rank."""
     timeline = ranks.RanksTimeline.load(path)
+    whose = "TensorFlow" if timeline.framework == "tensorflow" else "torch"
+    picture = kept_picture(ranks_picture.svg(timeline, max_lanes=max_lanes), "every rank's steps")
     clocks = "; ".join(
         f"rank {r['rank']} ({html.escape(str(r['host']))}) "
         + ("clock unknown" if r["uncertainty_us"] is None else
@@ -70,13 +84,13 @@ def ranks_html(run, path, max_lanes=32):
         for r in timeline.ranks[:8]) + ("; ..." if len(timeline.ranks) > 8 else "")
     return (
         '<div class="hvd-magic-timeline">'
-        f'<div><b>torch profile</b> of run {html.escape(run.id)}, every rank: '
+        f'<div><b>{whose} profile</b> of run {html.escape(run.id)}, every rank: '
         f'<b>{html.escape(timeline.verdict())}</b></div>'
         f'<div><a href="{html.escape(_href(path))}" download="{html.escape(run.id)}-'
         f'{ranks.FILE_NAME}" target="_blank">{html.escape(os.path.relpath(path))}</a> '
         f'({_size(os.path.getsize(path))}; opens in ui.perfetto.dev or chrome://tracing, a '
         f'process per rank). Clocks against the notebook\'s: {clocks}.</div>'
-        f'{ranks_picture.svg(timeline, max_lanes=max_lanes)}'
+        f'{picture}'
         f'{ranks_picture.table(timeline)._repr_html_()}</div>')
 
 
