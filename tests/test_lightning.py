@@ -216,6 +216,20 @@ weights = accelerator.gather(accelerator.unwrap_model(model).weight.detach())
 """
 
 
+def test_an_accelerate_cells_timeline_steps_are_its_optimizer_steps(ip):
+    """accelerate's prepared optimizer steps torch's inside its own: those are the profiled
+    steps of every rank, with DDP's all_reduce in them."""
+    pytest.importorskip("accelerate")
+    from hvd_magic.timelines import ranks
+    ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 2:3", ACCELERATE)
+    run = hvd_magic.last_run()
+    assert run.state == "done", run.error
+    timeline = ranks.RanksTimeline.load(run.timeline_path)
+    assert sorted((r["step"], r["rank"]) for r in timeline.table()) == [(2, 0), (2, 1), (3, 0),
+                                                                        (3, 1)]
+    assert "all_reduce" in timeline.verdict()
+
+
 def test_accelerate_sees_the_ranks_and_trains_them_alike(ip):
     pytest.importorskip("accelerate")
     processes, index, weights = ip.run_cell_magic("horovod", "--np -2 --quiet", ACCELERATE)

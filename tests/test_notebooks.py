@@ -129,7 +129,7 @@ def test_pytorch_training(tmp_path):
 
 def test_timeline(tmp_path):
     nb = execute("timeline.ipynb", tmp_path)
-    _, run, picture, summary = code_cells(nb)
+    _, run, picture, summary, ddp, ranks_picture = code_cells(nb)
     shown = view(nb, run)
     assert "rank 0: 20 steps done" in shown and "rank 1: 20 steps done" in shown
     assert not errors(picture) and not errors(summary)
@@ -139,6 +139,15 @@ def test_timeline(tmp_path):
     assert "Top tensors" in tables and "Top operations" in tables
     assert "ALLREDUCE" in tables
     assert "0.weight" in tables  # a gradient tensor named after the model's parameter
+
+    # torch without Horovod: every rank's profile; rank 1 (30 ms asleep a step) held the others
+    assert "rank 0: 12 steps done" in view(nb, ddp) and not errors(ranks_picture)
+    drawn = view(nb, ranks_picture)
+    verdict = re.search(r"rank (\d) arrived last at (\d+) of (\d+) collectives \(all_reduce\); "
+                        r"the others waited ([\d.]+) ms a step on it", drawn)
+    assert verdict and verdict.group(1) == "1", drawn[:2000]
+    assert 7.5 <= float(verdict.group(4)) <= 60, verdict.group(0)  # of the order of 30 ms
+    assert pictures_in(drawn) and "timeline-ranks.json.gz" in drawn
 
 
 def test_failures(tmp_path):
