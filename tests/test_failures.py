@@ -524,3 +524,34 @@ def test_a_horovod_abort_once_a_cancel_began_is_the_cancels_doing(after_stop):
         assert isinstance(error, hvd_magic.RunCancelled), error
     else:
         assert isinstance(error, hvd_magic.RankError) and "rank 2" in str(error), error
+
+
+def test_a_task_lost_to_the_stop_a_ranks_abort_made_is_not_named_as_the_cause():
+    """Rank 2 aborted, its host cut off from Horovod's rendezvous (in task 0); the stop that
+    followed cancelled the Spark job before rank 1's end was heard, and its task went with the
+    job (soak seed 10, round 132): the abort is the cause, not rank 1's lost task. A task
+    lost while nothing was stopping (Spark's own error) stays the cause of its ranks' aborts."""
+    from hvd_magic.driver.ending import run_error
+    from hvd_magic.driver.ranks import RankState
+    from hvd_magic.errors import LaunchError
+
+    abort = {"rank": 2, "status": "died", "signal": "SIGABRT", "after_stop": False,
+             "traceback": "terminate called after throwing an instance of "
+                          "'std::runtime_error'\n  what():  HTTP request failed."}
+    ranks = [RankState(k) for k in range(3)]
+    for k, r in enumerate(ranks):
+        r.state, r.partition, r.host, r.executor = "stopped", k, "vm", "10.0.0.2:1"
+    ranks[1].state = "running"  # (its end never heard)
+
+    def error_when(spark_said):
+        run = types.SimpleNamespace(
+            id="r", np=3, ranks=ranks, failures=[abort], elastic=None, retry=None,
+            stop_reason="failed", where="spark", unended=lambda: [ranks[1]],
+            launcher=types.SimpleNamespace(error=spark_said, outcomes=[], error_loses_ranks=True),
+            folder=types.SimpleNamespace(log_tail=lambda rank: ""))
+        return run_error(run, {2: abort}, None)
+
+    ours = error_when(RuntimeError("Job 5 cancelled part of cancelled job group hvd_magic-r"))
+    assert isinstance(ours, hvd_magic.RankError) and "rank 2" in str(ours), ours
+    sparks = error_when(LaunchError("Job aborted due to stage failure: ResultTask(5, 1) lost"))
+    assert isinstance(sparks, LaunchError) and "rank 1" in str(sparks), sparks

@@ -72,7 +72,7 @@ def run_error(run, infos, retried):
         # collective when its peer was stopped): the stop is the cause, as their rows say
         failures = []
     lost_task = _lost_task_error(run)
-    if failures and lost_task is not None and \
+    if failures and lost_task is not None and not _lost_to_the_stop(run, failures) and \
             all(is_follow_on(f) or f.get("signal") == "SIGABRT" for f in failures):
         # a task died with its executor, and the others only failed because its rank was
         # gone (or Horovod aborted them: Gloo, or its rendezvous in task 0, lost a peer): the
@@ -91,6 +91,14 @@ def run_error(run, infos, retried):
     if not launcher.outcomes or (run.elastic is None and len(launcher.outcomes) != run.np):
         return LaunchError(f"run {run.id} ended without results from every rank.")
     return None
+
+
+def _lost_to_the_stop(run, failures):
+    """Whether the tasks were lost to the stop a rank's failure made: the job was cancelled
+    here (Spark's error is then not ours) after a failure that came before any stop (a
+    rank aborted as its host was cut off from the rendezvous: soak seed 10, round 132)."""
+    return not isinstance(run.launcher.error, LaunchError) and \
+        any(not f.get("after_stop", True) for f in failures)
 
 
 def _of_the_stop(failure):
