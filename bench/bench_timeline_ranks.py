@@ -4,9 +4,12 @@ without ``--timeline``; the size of each rank's file and of the merged trace; th
 time to merge and to draw them.
 
 A DDP loop over Gloo (a three-layer MLP, 512 wide) on ``--np -2``; each rank times its own steps.
-The cases are interleaved, repetition by repetition.
+With ``--framework tensorflow``: the same model fitted by Keras under tf.distribute's
+MultiWorkerMirroredStrategy (a step: a training batch, timed by a callback), TensorFlow's
+profiler. The cases are interleaved, repetition by repetition.
 
     .venv/bin/python bench/bench_timeline_ranks.py [--reps 3] [--steps 30] [--json PATH]
+                                                   [--framework torch|tensorflow]
 
 Not a test: timings live here only.
 """
@@ -38,16 +41,43 @@ for step in range(steps):
     took.append(time.perf_counter() - start)
 took
 """
+TF_CELL = """\
+import json, os, time
+import numpy as np
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+import keras
+rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+took = []
+
+class Timed(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        took.append(time.perf_counter() - self.start)
+
+with strategy.scope():
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(512, activation="relu"),
+                              keras.layers.Dense(512, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+x = np.random.default_rng(rank).random((steps * 64, 513), dtype=np.float32)
+data = tf.data.Dataset.from_tensor_slices((x[:, :512], x[:, 512:])).batch(64)
+model.fit(data.with_options(options), epochs=1, verbose=0, callbacks=[Timed()])
+took
+"""
 PROFILED = (10, 14)  # --timeline-steps 10:14
 
 
-def one_run(ip, steps, timeline):
+def one_run(ip, steps, timeline, cell=CELL):
     """Rank 0's step times; with `timeline`, the run's merged file and its ranks' files too."""
     import hvd_magic
 
     ip.user_ns["steps"] = steps
     options = f"--np -2 --quiet{' --timeline-steps %d:%d' % PROFILED if timeline else ''}"
-    took = ip.run_cell_magic("horovod", options, CELL)
+    took = ip.run_cell_magic("horovod", options, cell)
     return took, hvd_magic.last_run()
 
 
@@ -55,21 +85,24 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--framework", choices=("torch", "tensorflow"), default="torch")
     parser.add_argument("--json")
     args = parser.parse_args()
+    cell, bench = (TF_CELL, "timeline-ranks-tf") if args.framework == "tensorflow" else \
+        (CELL, "timeline-ranks")
     from IPython.testing.globalipapp import start_ipython
 
     from hvd_magic.timelines import ranks, ranks_picture
 
     ip = start_ipython()
     ip.run_line_magic("load_ext", "hvd_magic")
-    one_run(ip, 5, False)  # (the template and the first imports: not measured)
+    one_run(ip, 5, False, cell)  # (the template and the first imports: not measured)
     first, last = PROFILED[0] - 1, PROFILED[1]  # indexes of the profiled steps: [first, last)
     cases = {False: {"profiled": [], "after": []}, True: {"profiled": [], "after": []}}
     sizes, merged, merge_s, draw_s = [], [], [], []
     for rep in range(args.reps):
         for timeline in ([False, True] if rep % 2 == 0 else [True, False]):
-            took, run = one_run(ip, args.steps, timeline)
+            took, run = one_run(ip, args.steps, timeline, cell)
             cases[timeline]["profiled"].append(statistics.median(took[first:last]))
             cases[timeline]["after"].append(statistics.median(took[last + 1:]))
             if timeline:
@@ -93,17 +126,17 @@ def main():
         for timeline in (False, True):
             name = (f"step time, {'the profiled steps' if part == 'profiled' else 'after them'}, "
                     f"{'with' if timeline else 'without'} --timeline")
-            rows.append(row("timeline-ranks", name, 2, [v * 1e3 for v in cases[timeline][part]],
+            rows.append(row(bench, name, 2, [v * 1e3 for v in cases[timeline][part]],
                             unit="ms", ref=without * 1e3))
             print(f"{name}: median {statistics.median(cases[timeline][part]) * 1e3:.2f} ms, "
                   f"best {min(cases[timeline][part]) * 1e3:.2f} ms")
-    rows.append(row("timeline-ranks", "merging, in the notebook", 2, [v * 1e3 for v in merge_s],
+    rows.append(row(bench, "merging, in the notebook", 2, [v * 1e3 for v in merge_s],
                     unit="ms"))
-    rows.append(row("timeline-ranks", "reading and drawing, in the notebook", 2,
+    rows.append(row(bench, "reading and drawing, in the notebook", 2,
                     [v * 1e3 for v in draw_s], unit="ms"))
-    rows.append(row("timeline-ranks-files", "a rank's profile (5 steps)", 2,
+    rows.append(row(bench + "-files", "a rank's profile (5 steps)", 2,
                     [v / 1024 for v in sizes], unit="KB"))
-    rows.append(row("timeline-ranks-files", "the merged trace, gzipped", 2,
+    rows.append(row(bench + "-files", "the merged trace, gzipped", 2,
                     [v / 1024 for v in merged], unit="KB"))
     print(f"a rank's profile: median {statistics.median(sizes) / 1024:.0f} KB; merged, gzipped: "
           f"{statistics.median(merged) / 1024:.0f} KB; merge {statistics.median(merge_s):.3f} s; "

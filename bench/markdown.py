@@ -31,6 +31,11 @@ TITLES = {
                       "time with it and without (ratio: to without), merging, drawing",
     "timeline-ranks-files": "`--timeline` of a DDP cell: the files (2 ranks, 5 steps, a "
                             "three-layer MLP)",
+    "timeline-ranks-tf": "`--timeline` of a tf.distribute Keras fit (every worker's TensorFlow "
+                         "profile, merged): step time with it and without (ratio: to without), "
+                         "merging, drawing",
+    "timeline-ranks-tf-files": "`--timeline` of a tf.distribute Keras fit: the files (2 workers, "
+                               "5 steps, a three-layer MLP)",
     "shipping": "A cell importing pandas on a standalone cluster (np 4) whose executors lack "
                 "hvd_magic, pandas and its requirements (sent: first run unpacks them) beside "
                 "executors that have them installed (ratio: to installed, the same run)",

@@ -101,6 +101,8 @@ BENCHMARKS = {
     "first-cell": ("bench_first_cell.py", ["--reps", "3"], ["--reps", "1"]),
     # --timeline of torch code without Horovod: its cost, its files, merging and drawing (#64)
     "timeline-ranks": ("bench_timeline_ranks.py", ["--reps", "5"], ["--reps", "2"]),
+    "timeline-ranks-tf": ("bench_timeline_ranks.py", ["--framework", "tensorflow", "--reps", "3"],
+                          ["--framework", "tensorflow", "--reps", "2"]),
     # the notebook's packages sent to a cluster's executors that lack them, beside installed (#65)
     "shipping": ("bench_shipping.py", ["--reps", "5"], ["--reps", "1"]),
     # the driver side at np 64-1024 simulated ranks (issue #29)
