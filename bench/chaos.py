@@ -39,7 +39,9 @@ What it must show:
 - **keeps every log**: the run folder has a log for every rank (a killed notebook's: every rank
   that had reported a step).
 
-A failing round prints its seed: ``--seed S --only R`` replays it.
+A failing round prints its seed: ``--seed S --only R`` replays it; ``--replay FILE`` plays again
+the rounds a soak printed there (a line of JSON a round), as they were drawn, also after the
+harness has changed what a seed draws.
 
     .venv/bin/python bench/chaos.py [--rounds 40] [--seed 1] [--launchers driver spark]
                                     [--programs ddp elastic horovod]
@@ -803,6 +805,18 @@ def rounds(ip, seed, count, launchers=tuple(LAUNCHERS), programs=tuple(PROGRAMS)
     return outcomes
 
 
+def replay(ip, recorded, out=sys.stderr):
+    """Play again the rounds of `recorded` outcomes, as they were drawn; their new outcomes."""
+    keys = ("seed", "round", "launcher", "np", "program", "fault", "victim", "at_step",
+            "extra_delay", "timeout", "cut_seconds")
+    outcomes = []
+    for old in recorded:
+        outcome = play(ip, {k: old[k] for k in keys if k in old})
+        outcomes.append(outcome)
+        print(json.dumps(outcome), file=out, flush=True)
+    return outcomes
+
+
 def table(outcomes):
     """Markdown: rounds per fault and launcher (with the programs they ran), and the rounds that
     failed each check."""
@@ -845,6 +859,10 @@ def main():
     parser.add_argument("--programs", nargs="+", default=list(PROGRAMS))
     parser.add_argument("--faults", nargs="+", default=list(FAULTS))
     parser.add_argument("--json")
+    parser.add_argument("--replay", metavar="FILE",
+                        help="play again the rounds printed in FILE (those that failed, with "
+                             "--failed), as they were drawn")
+    parser.add_argument("--failed", action="store_true")
     parser.add_argument("--table", nargs="+", metavar="JSON",
                         help="print the table of earlier rounds' --json files (no round run)")
     args = parser.parse_args()
@@ -862,11 +880,16 @@ def main():
     ip = start_ipython()
     ip.run_line_magic("load_ext", "hvd_magic")
     began = time.monotonic()
-    outcomes = rounds(ip, args.seed, args.rounds, args.launchers, args.programs, args.faults,
-                      args.only, minutes=args.minutes)
+    if args.replay:
+        outcomes = replay(ip, [o for o in _outcomes_in(args.replay)
+                               if not args.failed or not o["ok"]])
+    else:
+        outcomes = rounds(ip, args.seed, args.rounds, args.launchers, args.programs,
+                          args.faults, args.only, minutes=args.minutes)
     print(table(outcomes))
     failed = [o for o in outcomes if not o["ok"]]
-    print(f"{len(outcomes)} rounds (seed {args.seed}) in {time.monotonic() - began:.0f} s; "
+    drawn = "replayed" if args.replay else f"seed {args.seed}"
+    print(f"{len(outcomes)} rounds ({drawn}) in {time.monotonic() - began:.0f} s; "
           f"{len(failed)} failed" + "".join(f"\n  --seed {o['seed']} --only {o['round']}: "
                                             f"{o['problems']}" for o in failed))
     if args.json:

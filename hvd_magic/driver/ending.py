@@ -228,4 +228,5 @@ def _timeout_message(run):
 
 
 def _looks_like_rendezvous(text):
-    return any(word in text for word in ("gloo", "Gloo", "rendezvous", "HTTPStore", "Timed out"))
+    return any(word in text for word in ("gloo", "Gloo", "rendezvous", "HTTPStore", "Timed out",
+                                         "HTTP request failed"))  # (its client's last words)
