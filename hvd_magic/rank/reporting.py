@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from . import hooks
+from . import hooks, profile
 
 MIN_INTERVAL = 0.1
 MAX_POINTS = 10_000     # metric points that make an event go at once (a tight loop's points)
@@ -134,7 +134,6 @@ def report(step=None, total=None, **metrics):
     if _channel.event_fd() < 0:
         return
     if step is not None:
-        from . import profile
         profile.reported()  # (a step of a TensorFlow loop that --timeline profiles)
     clean = {}
     for key, value in metrics.items():
