@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -255,6 +256,39 @@ def test_a_rank_that_killed_itself_before_the_stop_came_is_named(ip, tmp_path):
     finally:
         if holder.exists():
             os.kill(int(holder.read_text()), 9)
+
+
+class _UntoldEnd:
+    """A rank whose end its template has not told yet (the order of the test above, as a
+    loaded machine gave it: the stop came while the dead rank was an unreaped zombie)."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def poll(self):
+        return None
+
+    def wait(self, timeout=None):
+        time.sleep(timeout)
+        raise subprocess.TimeoutExpired("rank", timeout)
+
+
+def test_a_stop_that_finds_the_rank_already_dead_sends_it_nothing():
+    from hvd_magic.task.stopping import ended_by, stop_group
+
+    rank = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    os.kill(rank.pid, signal.SIGKILL)  # its own death; left unreaped, as a template does a while
+    with open(f"/proc/{rank.pid}/stat") as f:
+        while f.seek(0) == 0 and f.read().rpartition(")")[2].split()[0] != "Z":
+            time.sleep(0.01)
+    sent = set()
+    stop_group(_UntoldEnd(rank.pid), grace=0.2, sent=sent)
+    assert sent == set() and not ended_by(-signal.SIGKILL, sent)  # its end is its own
+    assert rank.wait() == -signal.SIGKILL
+    alive = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    sent = set()
+    stop_group(alive, grace=5, sent=sent)
+    assert sent == {signal.SIGTERM} and ended_by(alive.wait(), sent)  # the stop's own end
 
 
 # Rank 0 takes one step more than rank 1, which then goes on with other work: rank 0 waits in a

@@ -9,25 +9,39 @@ STOP_GRACE_SECONDS = 3.0
 
 def stop_group(proc, grace=STOP_GRACE_SECONDS, sent=None):
     """End the rank's whole process group: SIGTERM, a grace period, then SIGKILL. Each signal
-    is added to the set `sent` before it goes: a rank that ended of a signal not in it (its own
-    SIGKILL, the OOM killer's) was not ended by this stop, though a stop was asked for."""
+    that goes while the rank itself lives is added to the set `sent`: a rank that ended of a
+    signal not in it (its own SIGKILL, the OOM killer's) was not ended by this stop, though a
+    stop was asked for. (What the rank left in its group gets both signals all the same.)"""
     sent = set() if sent is None else sent
     if proc.poll() is not None:
         return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not _ended(proc):
+            sent.add(sig)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if sig == signal.SIGTERM:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _ended(proc):
+    """Whether the rank has ended, though its end may not be told yet: a forked rank is its
+    template's child, and under load the template's word came seconds after the rank died of
+    its own SIGKILL; a stop sent meanwhile counted that death as its own (a fresh clone's run)."""
+    if proc.poll() is not None:
+        return True
     try:
-        sent.add(signal.SIGTERM)
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        sent.add(signal.SIGKILL)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        with open(f"/proc/{proc.pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")  # (a zombie: it ended)
+    except FileNotFoundError:
+        return os.path.isdir("/proc/self")  # reaped (where there is a /proc to ask)
+    except OSError:
+        return False
 
 
 def ended_by(code, sent):
