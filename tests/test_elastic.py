@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -361,6 +362,43 @@ def test_a_worker_waiting_in_a_barrier_our_stop_broke_is_answered(capfd):
         with pytest.raises(urllib.error.HTTPError) as answer:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/rank_and_size/hvd-s0-a1:0", timeout=30)
         assert answer.value.code == 503
+    finally:
+        driver.stop()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_worker_killed_before_its_answer_leaves_no_traceback(capfd):
+    """A worker asks its ``rank_and_size`` and is killed while the answer waits (here in the
+    barrier, then broken): writing the answer fails, and no thread prints a BrokenPipeError's
+    traceback on the notebook's stderr (a fresh clone's run printed one)."""
+    import socket
+    import struct
+
+    from horovod.runner.elastic.discovery import FixedHosts
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.http.http_server import RendezvousServer
+
+    from hvd_magic.launch.elastic.hosts import machine_rendezvous
+
+    rendezvous = RendezvousServer()
+    driver = ElasticDriver(rendezvous, FixedHosts({}), min_num_proc=1, max_num_proc=2)
+    try:
+        port = rendezvous.start(machine_rendezvous(driver, dict))
+        driver._worker_registry.reset(2)
+        worker = socket.create_connection(("127.0.0.1", port))
+        worker.sendall(b"GET /rank_and_size/hvd-s0-a1:0 HTTP/1.1\r\nHost: driver\r\n\r\n")
+        barrier = driver._worker_registry._barrier
+        deadline = time.monotonic() + 30
+        while barrier.n_waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert barrier.n_waiting == 1  # its answer waits
+        worker.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        worker.close()  # killed: its connection reset
+        time.sleep(0.2)
+        barrier.abort()
+        while any("process_request" in t.name for t in threading.enumerate()) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         driver.stop()
     assert "Traceback" not in capfd.readouterr().err

@@ -59,6 +59,13 @@ def machine_rendezvous(driver, placed_now):
     from horovod.runner.elastic.rendezvous import create_rendezvous_handler
 
     class MachineRendezvousHandler(create_rendezvous_handler(driver)):
+        def handle(self):
+            try:
+                super().handle()
+            except ConnectionError:
+                pass  # the worker that asked was killed before its answer: nobody is left to
+                # tell (socketserver printed a BrokenPipeError's traceback on the notebook's stderr)
+
         def do_GET(self):
             self._route()
             try:
