@@ -253,8 +253,11 @@ def _detail(value):
     a sorted tuple of `TIMELINE_DETAIL`'s words; () for none."""
     if not value:
         return ()
-    words = value.split(",") if isinstance(value, str) else list(value)
-    words = [str(w).strip().lower() for w in words if str(w).strip()]
+    words = value.split(",") if isinstance(value, str) else value
+    if not isinstance(words, (list, tuple, set)) or not all(isinstance(w, str) for w in words):
+        raise UsageError(f"timeline_detail takes the profiler's words ('shapes,stacks' or a "
+                         f"list of them: {', '.join(TIMELINE_DETAIL)}), not {value!r}.")
+    words = [w.strip().lower() for w in words if w.strip()]
     unknown = [w for w in words if w not in TIMELINE_DETAIL]
     if unknown:
         raise UsageError(f"--timeline-detail {','.join(unknown)}: give what the profiler records "

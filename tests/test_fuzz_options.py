@@ -6,7 +6,7 @@ as a cell's are, up to the launch."""
 import math
 import shlex
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
@@ -58,6 +58,8 @@ ANY = st.one_of(st.none(), st.booleans(), st.integers(-10 ** 9, 10 ** 9),
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(np=st.one_of(st.integers(-10 ** 6, 10 ** 6), st.floats(allow_nan=True), TEXT, st.none()),
        keywords=st.dictionaries(st.sampled_from(KEYWORDS), ANY, max_size=4))
+@example(np=1, keywords={"timeline_detail": True})  # (a side-by-side fresh clone's TypeError)
+@example(np=1, keywords={"timeline_detail": [3]})
 def test_any_keywords_of_run_give_a_usage_error_or_a_plan(np, keywords):
     try:
         placement, options = config.split(np, **keywords)
