@@ -206,14 +206,17 @@ class RanksTimeline:
         return rows
 
     def verdict(self):
-        """One line: the rank that arrived last most often and what it cost the others."""
+        """One line: the rank the others waited on longest, in all, and what it cost them. (Not
+        the rank last most often: of a step's collectives only the first carries a slow rank's
+        delay, the rest start together and their last is the noise of a few µs.)"""
         waits = self.waits()
         if not waits:
             return "no collective was recorded in the profiled steps"
-        counts = {}
-        for _, last, _, _ in waits:
+        counts, cost = {}, {}
+        for _, last, w, _ in waits:
             counts[last] = counts.get(last, 0) + 1
-        worst = max(counts, key=counts.get)
+            cost[last] = cost.get(last, 0) + statistics.mean(w.values())
+        worst = max(cost, key=cost.get)
         waited = [statistics.mean(w.values()) for _, last, w, _ in waits if last == worst]
         steps = max(1, max((len(s) for s in self.steps.values()), default=1))
         kinds = sorted({name.split(":", 1)[1] for name, *_ in waits})
