@@ -266,16 +266,18 @@ def test_quickstart_in_chromium(tmp_path, chromium):
 def _text_end_inside(cell):
     """Whether the last characters of `cell`'s text (but a trailing space) are drawn inside the
     cell's box."""
-    return cell.evaluate("""td => {
-        const walker = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
-        let node = null;
-        while (walker.nextNode()) node = walker.currentNode;
-        const range = document.createRange(), end = node.data.trimEnd().length;
-        range.setStart(node, Math.max(0, end - 3));
-        range.setEnd(node, end);
-        const text = range.getBoundingClientRect(), box = td.getBoundingClientRect();
-        return text.width > 0 && text.left >= box.left && text.right <= box.right;
-    }""")
+    return cell.evaluate(f"td => ({TEXT_END_INSIDE})(td)")
+
+
+TEXT_END_INSIDE = """td => {
+    const walker = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+    let node = null;
+    while (walker.nextNode()) node = walker.currentNode;
+    const range = document.createRange(), end = node.data.trimEnd().length;
+    range.setStart(node, Math.max(0, end - 3));
+    range.setEnd(node, end);
+    const text = range.getBoundingClientRect(), box = td.getBoundingClientRect();
+    return text.width > 0 && text.left >= box.left && text.right <= box.right; }"""
 
 
 def save(page, path):
@@ -590,37 +592,42 @@ print("epoch 3, step 39 of 40: " + "a long last line " * 8 + "ends here", flush=
 while not os.path.exists("released"):  # (the notebook's folder: the test writes it)
     time.sleep(0.1)
 """
-MEMORY_OF_RANK_1 = """t => {
+# (evaluated from the cell, which stays: the live table is redrawn ten times a second, and a
+# table found by one call of the browser can be gone from the page by the next)
+MEMORY_OF_RANK_1 = """cell => {
+    const t = cell.querySelector("tr[data-rank]")?.closest("table");
+    if (!t) return "";
     const column = [...t.querySelectorAll("th")].findIndex(th => th.textContent === "memory");
     const row = t.querySelector("tr[data-rank='1']");
     return column < 0 || !row ? "" : row.children[column].textContent; }"""
 
-
-def _in_view(table, row):
-    """Whether `row`'s memory cell and the end of its last line are drawn inside the output area,
-    and whether the table scrolls sideways."""
-    area = table.evaluate("t => { const b = t.closest('.jp-OutputArea-output')"
-                          ".getBoundingClientRect(); return [b.left, b.right]; }")
-    column = table.locator("th").all_inner_texts().index("memory")
-    memory = row.locator("td").nth(column)
-    box = memory.bounding_box()
-    last = row.locator("td").last
-    end = last.bounding_box()
-    on_top = memory.evaluate("td => { const b = td.getBoundingClientRect(); return td.contains("
-                             "document.elementFromPoint(b.left + b.width / 2, b.top + b.height / 2)); }")
-    return {"memory": area[0] <= box["x"] and box["x"] + box["width"] <= area[1] and on_top,
-            "last line": (area[0] <= end["x"] and end["x"] + end["width"] <= area[1] + 1
-                          and end["width"] > 80 and _text_end_inside(last)),
-            "scrolls": table.evaluate("t => t.parentElement.scrollWidth > "
-                                      "t.parentElement.clientWidth")}
+# Whether rank 1's memory cell and the end of its last line are drawn inside the output area, and
+# whether the table scrolls sideways: read in one call, from one drawing of the table.
+IN_VIEW = """cell => {
+    const t = cell.querySelector("tr[data-rank]").closest("table");
+    const area = t.closest(".jp-OutputArea-output").getBoundingClientRect();
+    const column = [...t.querySelectorAll("th")].findIndex(th => th.textContent === "memory");
+    const row = t.querySelector("tr[data-rank='1']");
+    const memory = row.children[column], last = row.lastElementChild;
+    const box = memory.getBoundingClientRect(), end = last.getBoundingClientRect();
+    const onTop = memory.contains(document.elementFromPoint(box.left + box.width / 2,
+                                                            box.top + box.height / 2));
+    return {"memory": area.left <= box.left && box.right <= area.right && onTop,
+            "last line": area.left <= end.left && end.right <= area.right + 1 && end.width > 80
+                         && (""" + TEXT_END_INSIDE + """)(last),
+            "scrolls": t.parentElement.scrollWidth > t.parentElement.clientWidth}; }"""
 
 
-def _settled_in_view(page, table, row, want, seconds=15):
+def _in_view(cell):
+    return cell.evaluate(IN_VIEW)
+
+
+def _settled_in_view(page, cell, want, seconds=15):
     """`_in_view` once the page is laid out again after a resize (and the live table, redrawn
     each second, settled): `want` as soon as it holds, else what it was at the deadline."""
     deadline = time.monotonic() + seconds
     while True:
-        got = _in_view(table, row)
+        got = _in_view(cell)
         if got == want or time.monotonic() > deadline:
             return got
         page.wait_for_timeout(250)
@@ -650,21 +657,19 @@ def test_a_ranks_memory_in_its_row_and_the_memory_chart_in_chromium(tmp_path, ch
         run_all_cells(page)
         cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
         expect(cell.locator("tr[data-rank][data-state='running']")).to_have_count(2)
-        table = cell.locator("table:has(tr[data-rank])").first
         memory, deadline = "", time.monotonic() + 60
         while _megabytes(memory) <= 150:  # (sampled once a second, once the ballast is made)
             assert time.monotonic() < deadline, f"rank 1's memory cell: {memory!r}"
             page.wait_for_timeout(250)
-            memory = table.evaluate(MEMORY_OF_RANK_1)
-        row = table.locator("tr[data-rank='1']")
-        expect(row.locator("td[title*='ends here']")).to_have_count(1)
+            memory = cell.evaluate(MEMORY_OF_RANK_1)
+        expect(cell.locator("tr[data-rank='1'] td[title*='ends here']")).to_have_count(1)
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=os.path.join(ARTIFACTS, "table-1280.png"))
-        assert _in_view(table, row) == {"memory": True, "last line": True, "scrolls": False}
+        assert _in_view(cell) == {"memory": True, "last line": True, "scrolls": False}
         page.set_viewport_size({"width": 1000, "height": 800})  # narrower than the table's least
         expect(page.locator("#filebrowser")).to_be_visible()
         narrow = {"memory": True, "last line": True, "scrolls": True}
-        assert _settled_in_view(page, table, row, narrow) == narrow
+        assert _settled_in_view(page, cell, narrow) == narrow
         cell.screenshot(path=os.path.join(ARTIFACTS, "table-narrow.png"))
         page.set_viewport_size({"width": 1280, "height": 800})
         charts = cell.locator(".jp-OutputArea-output .hvd-magic-charts")
