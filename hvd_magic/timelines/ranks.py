@@ -217,10 +217,9 @@ class RanksTimeline:
             counts[last] = counts.get(last, 0) + 1
             cost[last] = cost.get(last, 0) + statistics.mean(w.values())
         worst = max(cost, key=cost.get)
-        waited = [statistics.mean(w.values()) for _, last, w, _ in waits if last == worst]
         steps = max(1, max((len(s) for s in self.steps.values()), default=1))
         kinds = sorted({name.split(":", 1)[1] for name, *_ in waits})
         return (f"rank {worst} arrived last at {counts[worst]} of {len(waits)} collectives "
-                f"({', '.join(kinds)}); the others waited {sum(waited) / steps / 1000:.1f} ms "
+                f"({', '.join(kinds)}); the others waited {cost[worst] / steps / 1000:.1f} ms "
                 f"a step on it")
 
