@@ -12,7 +12,12 @@ java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | he
 if ! command -v java >/dev/null || (( $(java_major) < 17 )); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
         echo "setup: installing Java 17 (openjdk-17-jre-headless)"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+        # One apt at a time on this machine (another clone's set-up or suite may be installing:
+        # tests/conftest.py's apt_install takes the same lock), and wait for anyone else's.
+        (flock 9 2>/dev/null || true
+         apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+             DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+                 openjdk-17-jre-headless >/dev/null) 9>>/tmp/hvd_magic-apt.lock
     else
         echo "setup: Spark needs Java 17 or newer. Run:  sudo apt-get install -y openjdk-17-jre-headless" >&2
         exit 1

@@ -117,6 +117,26 @@ def _stop_spark_at_exit():
     _stop_spark()
 
 
+APT_LOCK = "/tmp/hvd_magic-apt.lock"  # the same for every clone's suite on this machine
+
+
+def apt_install(*packages, update=False):
+    """`apt-get install` Debian packages (root only), one suite at a time: two suites side by side
+    on a fresh machine both install Chromium, and the second met dpkg's lock (apt-get exits 100,
+    7 browser tests errored). apt's own lock timeout covers any other apt user. Returns
+    apt-get's CompletedProcess (output captured)."""
+    import fcntl
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    wait = ["-o", "DPkg::Lock::Timeout=600"]
+    with open(APT_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+        if update:
+            subprocess.run(["apt-get", *wait, "update", "-qq"], env=env, capture_output=True)
+        return subprocess.run(["apt-get", *wait, "install", "-y", "-qq",
+                               "--no-install-recommends", *packages],
+                              env=env, capture_output=True, text=True)
+
+
 def kernel_sockets():
     """Where a test's kernel listens: IPC sockets in a folder of its own. A kernel's TCP ports are
     chosen free and bound later, and another worker's processes took one in between ("Kernel

@@ -24,6 +24,8 @@ import subprocess
 
 import psutil
 
+from conftest import apt_install
+
 
 def ip(*args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
@@ -34,8 +36,7 @@ def unavailable():
     if os.geteuid() != 0:
         return "network namespaces need root (ip netns add)"
     if shutil.which("ip") is None:
-        apt = subprocess.run(["apt-get", "install", "-y", "-q", "iproute2"], capture_output=True,
-                             text=True)
+        apt = apt_install("iproute2")
         if apt.returncode != 0 or shutil.which("ip") is None:
             return f"iproute2 is missing and could not be installed: {apt.stderr[-300:]}"
     return None

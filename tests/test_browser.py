@@ -28,7 +28,7 @@ import nbformat
 import psutil
 import pytest
 
-from conftest import ROOT, kernel_sockets
+from conftest import ROOT, apt_install, kernel_sockets
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -45,11 +45,8 @@ def chromium():
     if not os.path.exists(CHROMIUM):
         if os.geteuid() != 0 or not shutil.which("apt-get"):
             pytest.skip(f"no {CHROMIUM}; install it with: sudo apt-get install -y chromium")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                        "chromium", "fonts-liberation"], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
+        apt = apt_install("chromium", "fonts-liberation", update=True)
+        assert os.path.exists(CHROMIUM), f"apt-get install chromium failed: {apt.stderr[-500:]}"
     return CHROMIUM
 
 
