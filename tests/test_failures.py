@@ -555,3 +555,38 @@ def test_a_task_lost_to_the_stop_a_ranks_abort_made_is_not_named_as_the_cause():
     assert isinstance(ours, hvd_magic.RankError) and "rank 2" in str(ours), ours
     sparks = error_when(LaunchError("Job aborted due to stage failure: ResultTask(5, 1) lost"))
     assert isinstance(sparks, LaunchError) and "rank 1" in str(sparks), sparks
+
+
+# A rank's last words when TensorFlow's profiler crashed it as it stopped (a fresh clone's run:
+# tests/test_timeline_ranks.py's TensorFlow cell, about once in 25).
+PROFILER_CRASH = """Fatal Python error: Segmentation fault
+
+Thread 0x00007f91461fe6c0 (most recent call first):
+  File "/x/hvd_magic/rank/stall.py", line 81 in _monitor
+
+Current thread 0x00007f917000fb80 (most recent call first):
+  File "/x/site-packages/tensorflow/python/profiler/profiler_v2.py", line 149 in stop
+  File "/x/hvd_magic/rank/tf_profile.py", line 67 in stop
+  File "<hvd_magic cell 1>", line 21 in <module>
+"""
+
+
+@pytest.mark.parametrize("where", ["profiler", "elsewhere"])
+def test_a_worker_crashed_by_tensorflows_profiler_is_told_so(where):
+    from hvd_magic.driver.ending import run_error
+    from hvd_magic.driver.ranks import RankState
+
+    tail = PROFILER_CRASH if where == "profiler" else PROFILER_CRASH.replace(
+        "tensorflow/python/profiler/profiler_v2.py", "mylib/native.py")
+    crash = {"rank": 1, "status": "died", "signal": "SIGSEGV"}
+    ranks = [RankState(k) for k in range(2)]
+    run = types.SimpleNamespace(
+        id="r", np=2, ranks=ranks, failures=[crash], elastic=None, retry=None,
+        stop_reason="failed", where="driver only",
+        launcher=types.SimpleNamespace(error=None, outcomes=[]),
+        folder=types.SimpleNamespace(log_tail=lambda rank: tail))
+    error = run_error(run, {1: crash}, None)
+    assert isinstance(error, hvd_magic.RankError) and "rank 1" in str(error), error
+    told = "TensorFlow's profiler crashed rank 1 as it stopped (--timeline)" in \
+        "\n".join(error._render_traceback_())
+    assert told == (where == "profiler")

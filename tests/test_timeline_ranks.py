@@ -222,7 +222,14 @@ rank
 
 def test_a_tf_distribute_cells_timeline_says_which_worker_the_others_waited_for(ip):
     pytest.importorskip("tensorflow", reason="make setup installs TensorFlow")
-    ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 3:6", TF_CELL)
+    try:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 3:6", TF_CELL)
+    except hvd_magic.RankError as error:
+        if "TensorFlow's profiler crashed" not in error.info.get("hint", ""):
+            raise
+        # TensorFlow's own defect, about one run in 25 (docs/timeline.md), told as such
+        # (test_failures.py): the cell is run again, as the message tells a user to
+        ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 3:6", TF_CELL)
     run = hvd_magic.last_run()
     assert run.state == "done", run.error
     timeline = ranks.RanksTimeline.load(run.timeline_path)

@@ -127,6 +127,12 @@ def _first_failure(run, failures, infos):
             f"calls hvd.init(), that the executors can reach that address and each other "
             f"on interface {first.get('iface', '?')} (HOROVOD_GLOO_IFACE), and that "
             f"HOROVOD_GLOO_TIMEOUT_SECONDS covers the ranks' start-up.")
+    elif first.get("signal") and _crashed_in_tf_profiler(first.get("traceback", "")):
+        first["hint"] = (
+            f"TensorFlow's profiler crashed rank {first['rank']} as it stopped (--timeline): a "
+            "defect of TensorFlow's own (SIGSEGV in its TraceMeRecorder), seen here about once "
+            "in 25 runs of a two-worker tf.distribute cell. Run the cell again, or without "
+            "--timeline.")
     elif first.get("oom"):
         first["hint"] = (
             f"Rank {first['rank']} needed more memory than it had. Run fewer ranks a host "
@@ -230,3 +236,11 @@ def _timeout_message(run):
 def _looks_like_rendezvous(text):
     return any(word in text for word in ("gloo", "Gloo", "rendezvous", "HTTPStore", "Timed out",
                                          "HTTP request failed"))  # (its client's last words)
+
+
+def _crashed_in_tf_profiler(text):
+    """Whether a rank's last words (Python's faulthandler: the crashed thread's frames, innermost
+    first) end inside TensorFlow's ``profiler.experimental.stop``."""
+    crashed = text.partition("Current thread")[2].splitlines()[1:2]
+    return bool(crashed) and "/tensorflow/python/profiler/" in crashed[0] and \
+        crashed[0].rstrip().endswith(" in stop")
