@@ -70,13 +70,17 @@ class State:
             callback()
 
     def commit(self):
-        """Keep the state as it is now; then, if the world changes, leave for the new one."""
+        """Keep the state as it is now; then, if the world changes, leave for the new one.
+        Every rank commits at the same steps (as with Horovod's elastic State)."""
         self.save()
         self.check_host_updates()
 
     def check_host_updates(self):
+        """Leave for the driver's new world, all of this world's ranks together: one whose
+        word from the driver is still on its way leaves with the others (a rank that went on
+        alone would wait in the next step's collective for peers that left)."""
         here = elastic_world.world()
-        if here is not None and here.changed():
+        if here is not None and _anyone(here.changed()):
             raise MembershipChanged("the driver formed a new world")
 
     def save(self):
@@ -204,6 +208,19 @@ def run(fn):
             changed = True
 
     return elastic_fn
+
+
+def _anyone(flag):
+    """Whether `flag` holds on any rank of the current group (its ranks call this together)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    nccl = dist.get_backend() == "nccl"
+    held = torch.tensor([int(flag)], device=torch.cuda.current_device() if nccl else "cpu")
+    dist.all_reduce(held, op=dist.ReduceOp.MAX)
+    return bool(held.item())
 
 
 def _group(here):

@@ -24,7 +24,8 @@ slot and sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``... The 
 ``dist.init_process_group("gloo")`` (``env://``) comes to `first_group` (`torch_store`), which
 makes that world's group as `form` makes every later one (`hvd_magic.elastic.run`, after a
 change): from the world's store, connected to in short tries, following a newer world heard
-meanwhile. A rank whose group could not be made (a member lost meanwhile) says ``failed``, and
+meanwhile; once every member came to the store (`_all_came`), the group's connections are made
+within `CONNECT_TIMEOUT`, and its collectives then wait as long as the code asked. A rank whose group could not be made (a member lost meanwhile) says ``failed``, and
 the driver forms the same members again on a new store.
 
 Not for: the state rolled back and shared (`hvd_magic.elastic`), or deciding anything (the
@@ -33,12 +34,12 @@ driver decides).
 
 import json
 import os
-import socket
 import sys
 import threading
 import time
+from datetime import timedelta
 
-from . import reporting
+from . import reporting, sockets
 from .torch_store import PORTS, hand_first_group_to, probe
 
 ELASTIC = "HVD_MAGIC_ELASTIC"             # "torch" in such a run's ranks
@@ -46,8 +47,10 @@ SLOT = "HVD_MAGIC_ELASTIC_SLOT"           # this process's slot (the view's row)
 ADDRESS = "HVD_MAGIC_ELASTIC_ADDR"        # this machine's address, as the other ranks reach it
 STORE_TIMEOUT = 60.0                      # seconds a member waits for a new group's store
 STORE_TRY = 2.0                           # ...in tries this long, a newer world heard between
+CONNECT_TIMEOUT = timedelta(seconds=5)    # a try at a group's connections (Gloo makes 5), once
+                                          # all its members came
+ARRIVED = "hvd_magic/came"                # a store's keys: which members came to it
 HOROVOD_GRACE = 0.3                       # seconds Horovod's ring may notice a loss by itself
-_TCP = (socket.AF_INET, socket.AF_INET6)
 
 
 def active():
@@ -75,7 +78,7 @@ class World:
         self._joined = None      # the world `join` found, its group not made yet
         self._options = {}       # the code's init_process_group arguments (timeout...)
         self._changed = threading.Condition()
-        self._mark = _sockets()  # the sockets open before the current group was made
+        self._mark = sockets.opened()  # the sockets open before the current group was made
 
     # -- the helper thread ----------------------------------------------------------------------
     def heard(self, message):
@@ -103,33 +106,19 @@ class World:
         `after` seconds from now if they are still open then (Horovod has not noticed the loss
         by itself) and Horovod is not inside ``hvd.init()`` (where a Gloo error aborts the
         process). A new ring's connections, made meanwhile, are never touched."""
-        held = {fd: _identity(fd) for fd in _sockets() - self._mark}
+        held = {fd: sockets.identity(fd) for fd in sockets.opened() - self._mark}
 
         def later():
             time.sleep(after)
             if _horovod_ready():
-                self._cut([fd for fd, what in held.items() if _identity(fd) == what])
+                self._cut([fd for fd, what in held.items() if sockets.identity(fd) == what])
 
         threading.Thread(target=later, name="hvd-magic-cut", daemon=True).start()
 
     def _cut(self, fds=None):
         """Shut down the connected TCP sockets opened since the current group began (or
-        `fds`): what it waits on returns an error now. (NCCL's transport is not sockets: its
-        group is aborted.)"""
-        _abort_nccl()
-        for fd in (_sockets() - self._mark) if fds is None else fds:
-            try:
-                sock = socket.socket(fileno=fd)
-            except OSError:  # closed meanwhile
-                continue
-            try:
-                if sock.family in _TCP and sock.type == socket.SOCK_STREAM and not \
-                        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                    sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            finally:
-                sock.detach()  # the descriptor stays its owner's
+        `fds`): what it waits on returns an error now."""
+        sockets.cut((sockets.opened() - self._mark) if fds is None else fds)
 
     # -- the rank's own thread ------------------------------------------------------------------
     def changed(self):
@@ -174,7 +163,7 @@ class World:
             reform = self._next()
             rank = reform["slots"].index(self.slot)
             if rank == 0:  # our store port: free, announced, and taken by the group's store
-                self.held = _reserve()  # (kept bound, not listening: no one else can take it)
+                self.held = sockets.reserve()  # (kept bound, not listening: no one else can take it)
                 _announce(reform["g"], self.held.getsockname()[1])
             world = self._store_of(reform["g"])
             if world is not None:
@@ -226,16 +215,18 @@ class World:
                     except Exception:  # noqa: BLE001  (a broken group: what is left goes with it)
                         pass
             g = reform["g"]
-            self._mark, self._forming = _sockets(), g
+            self._mark, self._forming = sockets.opened(), g
             rank, size = reform["slots"].index(self.slot), len(reform["slots"])
             port = self.held.getsockname()[1] if g == self.generation and rank == 0 else 0
             try:
                 store = self._store(reform, rank, size, port)
-                if store is not None:  # (else a newer world came first)
+                if store is not None and self._all_came(store, g, rank, size, backend):
                     _fresh_group_names(dist)
                     # (the prefix torch gives an env:// group's store: a joiner's is one)
                     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
-                                            rank=rank, world_size=size, **self._options)
+                                            rank=rank, world_size=size,
+                                            **dict(self._options, timeout=CONNECT_TIMEOUT))
+                    _keep_timeout(dist, backend, self._options)
                     self._formed(g)
                     return rank
             except Exception:  # noqa: BLE001  (a member lost while it formed)
@@ -245,11 +236,32 @@ class World:
                 reporting.send({"t": "elastic", "what": "failed", "g": g})
             reform = None
 
+    def _all_came(self, store, g, rank, size, backend):
+        """Whether every member of world `g` came to its store (False: a newer world came
+        first). Waited for here, in short tries that follow a newer world, and not inside the
+        group's making: Gloo, once it has a peer's address, waits for that peer's connection
+        for the group's timeout five times over (its retries: 2.5 hours by default), and a
+        member lost just then (the second of two slots killed a moment apart) would hold the
+        others there with nothing to cut. Once all came, the group is made at once, in tries
+        of `CONNECT_TIMEOUT`."""
+        store.set(f"{ARRIVED}/{rank}", "1")
+        came = [f"{ARRIVED}/{r}" for r in range(size)]
+        deadline = time.monotonic() + _timeout(self._options, backend).total_seconds()
+        while True:
+            try:
+                store.wait(came, timedelta(seconds=STORE_TRY))
+                return True
+            except Exception:  # noqa: BLE001  (not all yet, or the store is gone)
+                with self._changed:
+                    if self._changed.wait_for(lambda: self.reform["g"] != g or self.ended,
+                                              STORE_TRY / 10):
+                        return False
+                if time.monotonic() > deadline:
+                    raise
+
     def _store(self, reform, rank, size, port=0):
         """The store of world `reform` (rank 0 makes it: on `port`, already announced, or on a
         free port it announces), or None once a newer world is heard."""
-        from datetime import timedelta
-
         import torch.distributed as dist
 
         g, wait = reform["g"], timedelta(seconds=STORE_TIMEOUT)
@@ -293,6 +305,19 @@ def _fresh_group_names(dist):
         world.group_count = 0
 
 
+def _timeout(options, backend):
+    """The group's timeout: the code's own (``init_process_group(timeout=...)``) or torch's."""
+    import torch.distributed as dist
+
+    return options.get("timeout") or dist.distributed_c10d._get_default_timeout(backend)
+
+
+def _keep_timeout(dist, backend, options):
+    """The group, made within `CONNECT_TIMEOUT`, waits in its collectives as long as the code
+    asked (or torch's default)."""
+    dist.distributed_c10d._set_pg_timeout(_timeout(options, backend))
+
+
 def _horovod_ready():
     for name in ("horovod.torch", "horovod.tensorflow", "horovod.keras"):
         module = sys.modules.get(name)
@@ -302,15 +327,6 @@ def _horovod_ready():
             except Exception:  # noqa: BLE001
                 return False
     return False
-
-
-def _abort_nccl():
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_initialized() and dist.get_backend() == "nccl":
-            dist.distributed_c10d._get_default_group().abort()
-    except Exception:  # noqa: BLE001  (already gone)
-        pass
 
 
 def _announce(g, port):
@@ -327,33 +343,6 @@ def _set_env(rank, size, world):
         # (rank/torch_store.py: a rank other than 0 probes for the store before torch's client)
         PORTS: f"{world['port']},{world['port']}",
     })
-
-
-def _reserve():
-    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    held.bind(("", 0))
-    return held
-
-
-def _identity(fd):
-    """What descriptor `fd` is now (``socket:[inode]``), or None."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return None
-
-
-def _sockets():
-    """This process's open socket descriptors."""
-    found = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                found.add(int(name))
-        except OSError:  # (the listing's own descriptor, or one closed meanwhile)
-            pass
-    return found
 
 
 _world = None
