@@ -500,6 +500,18 @@ def test_lightnings_own_sigterm_exception_is_the_stops_not_a_cause():
     assert is_follow_on({"type": "SIGTERMException", "message": ""})
 
 
+def _ended_run(ranks, failures, stop_reason, where="spark", launcher_error=None, log_tail="",
+               **more):
+    """What `ending.run_error` reads of a run that ended: its ranks and failures, the stop's
+    reason, the launcher's error and each rank's last lines."""
+    return types.SimpleNamespace(
+        id="r", np=len(ranks), ranks=ranks, failures=failures, elastic=None, retry=None,
+        stop_reason=stop_reason, where=where,
+        launcher=types.SimpleNamespace(error=launcher_error, outcomes=[],
+                                       error_loses_ranks=launcher_error is not None),
+        folder=types.SimpleNamespace(log_tail=lambda rank: log_tail), **more)
+
+
 @pytest.mark.parametrize("after_stop", [True, False], ids=["after-the-cancel", "before-it"])
 def test_a_horovod_abort_once_a_cancel_began_is_the_cancels_doing(after_stop):
     """A cancel that stops task 0 first takes Horovod's rendezvous with it: a rank still in
@@ -514,12 +526,7 @@ def test_a_horovod_abort_once_a_cancel_began_is_the_cancels_doing(after_stop):
     ranks = [RankState(k) for k in range(3)]
     for r in ranks:
         r.state = "cancelled"
-    run = types.SimpleNamespace(
-        id="r", np=3, ranks=ranks, failures=[abort], elastic=None, retry=None,
-        stop_reason="cancelled", where="spark",
-        launcher=types.SimpleNamespace(error=None, outcomes=[]),
-        folder=types.SimpleNamespace(log_tail=lambda rank: ""))
-    error = run_error(run, {2: abort}, None)
+    error = run_error(_ended_run(ranks, [abort], "cancelled"), {2: abort}, None)
     if after_stop:
         assert isinstance(error, hvd_magic.RunCancelled), error
     else:
@@ -544,11 +551,8 @@ def test_a_task_lost_to_the_stop_a_ranks_abort_made_is_not_named_as_the_cause():
     ranks[1].state = "running"  # (its end never heard)
 
     def error_when(spark_said):
-        run = types.SimpleNamespace(
-            id="r", np=3, ranks=ranks, failures=[abort], elastic=None, retry=None,
-            stop_reason="failed", where="spark", unended=lambda: [ranks[1]],
-            launcher=types.SimpleNamespace(error=spark_said, outcomes=[], error_loses_ranks=True),
-            folder=types.SimpleNamespace(log_tail=lambda rank: ""))
+        run = _ended_run(ranks, [abort], "failed", launcher_error=spark_said,
+                         unended=lambda: [ranks[1]])
         return run_error(run, {2: abort}, None)
 
     ours = error_when(RuntimeError("Job 5 cancelled part of cancelled job group hvd_magic-r"))
@@ -580,11 +584,7 @@ def test_a_worker_crashed_by_tensorflows_profiler_is_told_so(where):
         "tensorflow/python/profiler/profiler_v2.py", "mylib/native.py")
     crash = {"rank": 1, "status": "died", "signal": "SIGSEGV"}
     ranks = [RankState(k) for k in range(2)]
-    run = types.SimpleNamespace(
-        id="r", np=2, ranks=ranks, failures=[crash], elastic=None, retry=None,
-        stop_reason="failed", where="driver only",
-        launcher=types.SimpleNamespace(error=None, outcomes=[]),
-        folder=types.SimpleNamespace(log_tail=lambda rank: tail))
+    run = _ended_run(ranks, [crash], "failed", where="driver only", log_tail=tail)
     error = run_error(run, {1: crash}, None)
     assert isinstance(error, hvd_magic.RankError) and "rank 1" in str(error), error
     told = "TensorFlow's profiler crashed rank 1 as it stopped (--timeline)" in \
