@@ -18,8 +18,8 @@ default group moves ``MASTER_PORT`` to the other port (`hvd_magic.rank.torch_sto
 new group's store is on a port where the old one never was.
 """
 
-import socket
 
+from ..rank import sockets
 from ..rank.torch_store import PORTS
 from .base import Framework, Served, iface_towards
 
@@ -28,7 +28,7 @@ class TorchDistributed(Framework):
     name = "torch"
 
     def serve(self):
-        reserved = [_reserve(), _reserve()]
+        reserved = [sockets.reserve(), sockets.reserve()]
         return Served({"ports": [s.getsockname()[1] for s in reserved]},
                       lambda: [s.close() for s in reserved])
 
@@ -58,10 +58,3 @@ class TorchDistributed(Framework):
     def here(self, env):
         address = env.get("MASTER_ADDR")
         return {"GLOO_SOCKET_IFNAME": iface_towards(address)} if address else {}
-
-
-def _reserve():
-    reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    reserved.bind(("", 0))
-    return reserved

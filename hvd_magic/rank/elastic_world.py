@@ -25,8 +25,9 @@ slot and sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``... The 
 makes that world's group as `form` makes every later one (`hvd_magic.elastic.run`, after a
 change): from the world's store, connected to in short tries, following a newer world heard
 meanwhile; once every member came to the store (`_all_came`), the group's connections are made
-within `CONNECT_TIMEOUT`, and its collectives then wait as long as the code asked. A rank whose group could not be made (a member lost meanwhile) says ``failed``, and
-the driver forms the same members again on a new store.
+in tries of `CONNECT_TIMEOUT`, and its collectives then wait as long as the code asked. A rank
+whose group could not be made (a member lost meanwhile) says ``failed``, and the driver forms the
+same members again on a new store.
 
 Not for: the state rolled back and shared (`hvd_magic.elastic`), or deciding anything (the
 driver decides).
@@ -163,7 +164,7 @@ class World:
             reform = self._next()
             rank = reform["slots"].index(self.slot)
             if rank == 0:  # our store port: free, announced, and taken by the group's store
-                self.held = sockets.reserve()  # (kept bound, not listening: no one else can take it)
+                self.held = sockets.reserve()  # (bound, not listening: no one else takes it)
                 _announce(reform["g"], self.held.getsockname()[1])
             world = self._store_of(reform["g"])
             if world is not None:
@@ -226,7 +227,8 @@ class World:
                     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
                                             rank=rank, world_size=size,
                                             **dict(self._options, timeout=CONNECT_TIMEOUT))
-                    _keep_timeout(dist, backend, self._options)
+                    # (then its collectives wait as long as the code asked, or torch's default)
+                    dist.distributed_c10d._set_pg_timeout(_timeout(self._options, backend))
                     self._formed(g)
                     return rank
             except Exception:  # noqa: BLE001  (a member lost while it formed)
@@ -310,12 +312,6 @@ def _timeout(options, backend):
     import torch.distributed as dist
 
     return options.get("timeout") or dist.distributed_c10d._get_default_timeout(backend)
-
-
-def _keep_timeout(dist, backend, options):
-    """The group, made within `CONNECT_TIMEOUT`, waits in its collectives as long as the code
-    asked (or torch's default)."""
-    dist.distributed_c10d._set_pg_timeout(_timeout(options, backend))
 
 
 def _horovod_ready():
