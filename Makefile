@@ -1,9 +1,9 @@
 # The two commands of the README: `make demo` and `make test`. Both set everything up first.
 PY := .venv/bin/python
-SETUP_INPUTS := pyproject.toml scripts/setup.sh scripts/build_horovod.sh scripts/install_tensorflow.sh \
+SETUP_INPUTS := pyproject.toml requirements/lock.txt scripts/setup.sh scripts/build_horovod.sh scripts/install_tensorflow.sh \
 	hvd_magic/horovod_build/build.sh $(wildcard hvd_magic/horovod_build/patches/*.patch)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean lock
 
 setup: .venv/.setup-done
 
@@ -16,6 +16,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
+
+# The newest releases of every dependency in a venv of their own, the suite run against them, and
+# requirements/lock.txt rewritten only if it passes (scripts/refresh_lock.sh says what changed).
+lock:
+	bash scripts/refresh_lock.sh
 
 bench: setup
 	$(PY) bench/run_all.py

@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
 # Set up everything hvd_magic needs, idempotently: Java 17+, .venv with the project and its
 # dependencies, TensorFlow, and Horovod built from source (cached in ~/.cache/hvd_magic).
+#
+# Every package comes at the version requirements/lock.txt names (the releases the suite last
+# passed with), so a fresh machine gets what CI passed with: a new release of anything we or our
+# dependencies ask for unpinned cannot turn a fresh clone red. scripts/refresh_lock.sh (make lock)
+# tries the newest releases on purpose and rewrites the lock when the suite passes with them.
+#   HVD_MAGIC_VENV=DIR    set up DIR instead of .venv
+#   HVD_MAGIC_LOCK=none   the newest releases (less requirements/caps.txt's caps), not the lock's
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-venv="$here/.venv"
+venv=${HVD_MAGIC_VENV:-$here/.venv}
 torch_version=2.13.0
+if [[ ${HVD_MAGIC_LOCK:-} == none ]]; then
+    lock="$here/requirements/caps.txt"
+else
+    lock="$here/requirements/lock.txt"
+fi
+# Every pip below (TensorFlow's and Horovod's scripts' too) reads it from the environment.
+export PIP_CONSTRAINT="$lock"
 
 # Java 17+ for pyspark 4.
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
@@ -29,7 +43,7 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 py="$venv/bin/python"
 stamp="$venv/.deps-key"
-key=$(cat pyproject.toml scripts/install_tensorflow.sh | sha256sum | cut -c1-16)
+key=$(cat pyproject.toml scripts/install_tensorflow.sh "$lock" | sha256sum | cut -c1-16)
 if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
     # The packages take ~4.2 GB in .venv and pip unpacks wheels beside them: say so before a
     # long install ends in pip's "No space left on device".
