@@ -17,6 +17,7 @@ import pytest
 import hvd_magic
 from hvd_magic.view import TextView
 
+from conftest import spark_session
 from test_failures import our_children, rank_processes_left
 from test_timeline_ranks import DETAIL_CELL
 
@@ -69,11 +70,14 @@ def assert_ended(run, view=None):
     assert rank_processes_left(run) == [] and our_children() == []
 
 
-def test_a_value_the_notebook_cannot_read_ends_the_run_naming_the_rank():
+@pytest.mark.parametrize("np", [-2, 2], ids=["driver", "spark"])
+def test_a_value_the_notebook_cannot_read_ends_the_run_naming_the_rank(np):
+    if np > 0:
+        spark_session(2)
     threads = set(threading.enumerate())
     view = FinishSeen()
     with pytest.raises(hvd_magic.RankError) as caught:  # (without the fix: ValueError, "running")
-        hvd_magic.run(only_on_rank_1(), np=-2, view=view, timeout=120)
+        hvd_magic.run(only_on_rank_1(), np=np, view=view, timeout=120)
     error, run = caught.value, hvd_magic.last_run()
     assert isinstance(error, hvd_magic.ResultError) and error.rank == 1
     text = "\n".join(error._render_traceback_())
