@@ -232,4 +232,7 @@ def test_a_bug_while_ending_the_run_still_ends_it(monkeypatch):
     view = FinishSeen()
     with pytest.raises(hvd_magic.InternalError, match="while ending the run: RuntimeError: a bug"):
         hvd_magic.run(only_on_rank_1(), np=-2, view=view, timeout=120)
-    assert_ended(hvd_magic.last_run(), view)
+    run = hvd_magic.last_run()
+    assert_ended(run, view)
+    with open(os.path.join(run.run_dir, "events.jsonl")) as f:
+        assert "a bug at the end" in f.read()  # its traceback, where the message says
