@@ -236,3 +236,27 @@ def test_a_bug_while_ending_the_run_still_ends_it(monkeypatch):
     assert_ended(run, view)
     with open(os.path.join(run.run_dir, "events.jsonl")) as f:
         assert "a bug at the end" in f.read()  # its traceback, where the message says
+
+
+def test_an_interrupt_while_the_values_are_read_ends_the_run_cancelled():
+    """A value whose unpickling is interrupted (here: it raises KeyboardInterrupt in the notebook,
+    as Ctrl-C in the middle of a large one would)."""
+    def interrupted_here():
+        import os
+
+        def rebuild():
+            if "HOROVOD_RANK" not in os.environ:
+                raise KeyboardInterrupt
+            return "rebuilt"
+
+        class Interrupted:
+            def __reduce__(self):
+                return rebuild, ()
+
+        return Interrupted()
+
+    view = FinishSeen()
+    with pytest.raises(hvd_magic.RunCancelled, match="cancelled while its values were read"):
+        hvd_magic.run(interrupted_here, np=-2, view=view, timeout=120)
+    run = hvd_magic.last_run()
+    assert run.state == "cancelled" and view.finished == 1 and run._done.is_set()

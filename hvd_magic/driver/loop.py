@@ -18,7 +18,7 @@ import time
 import traceback
 
 from .. import payload
-from ..errors import InternalError
+from ..errors import InternalError, RunCancelled
 from ..task.stopping import STOP_GRACE_SECONDS
 from .apply import apply_event
 from .debugger import console, pause
@@ -252,6 +252,11 @@ class Driver:
         self._apply_late_events()
         try:
             finish(self.run, self._internal)
+        except KeyboardInterrupt:  # while the values were read (a large one takes seconds)
+            self.run.stop_reason = self.run.stop_reason or "cancelled"
+            end_failed(self.run, RunCancelled(
+                f"run {self.run.id} was cancelled while its values were read; every rank had "
+                f"ended."), internal=False)
         except Exception as exc:  # a bug of ours at the very end: the run ends all the same
             self._keep_internal(exc, "ending the run")  # (every rank ended: none to stop)
             end_failed(self.run, self._internal)
