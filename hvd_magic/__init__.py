@@ -11,8 +11,8 @@ Importing this package has no side effects and loads neither IPython nor Spark: 
 import it too, and must start as fresh interpreters. The API is loaded on first use.
 """
 
-from .errors import (HorovodMagicError, InternalError, LaunchError, RankError, RunCancelled,
-                     RunTimeout)
+from .errors import (HorovodMagicError, InternalError, LaunchError, RankError, ResultError,
+                     RunCancelled, RunTimeout)
 from .rank.data import batch_count, numpy_batches, shard, tf_dataset, torch_batches
 from .rank.reporting import report, tensorboard_dir
 
@@ -75,5 +75,5 @@ def unload_ipython_extension(ip):
                 del ip.magics_manager.magics[kind][name]
 
 
-__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session", "HorovodRunner", "TorchDistributor", "MirroredStrategyRunner", "report", "timeline", "breakpoint", "RankError",
+__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session", "HorovodRunner", "TorchDistributor", "MirroredStrategyRunner", "report", "timeline", "breakpoint", "RankError", "ResultError",
            "LaunchError", "RunCancelled", "RunTimeout", "InternalError", "HorovodMagicError"]

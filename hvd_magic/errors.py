@@ -164,17 +164,20 @@ class RankError(HorovodMagicError):
         where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
         return f"{where} failed: {describe_end(self.info)}"
 
+    def traceback_title(self):
+        return f"traceback of rank {self.rank} ({self.host})"
+
     def _render_traceback_(self):
         if self.rank_traceback is not None:  # %debug and %pdb open the rank's frames alone
             self.__traceback__ = self.rank_traceback
             if getattr(sys, "last_value", None) is self:
                 sys.last_traceback = self.rank_traceback
-        lines = [f"RankError: {self.headline()}"]
+        lines = [f"{type(self).__name__}: {self.headline()}"]
         if self.note:
             lines.append(self.note)
         tb = self.info.get("traceback", "").rstrip()
         if tb:
-            lines.append(f"--- traceback of rank {self.rank} ({self.host}) ---")
+            lines.append(f"--- {self.traceback_title()} ---")
             lines.extend(tb.splitlines())
         if self.info.get("hint"):
             lines.append(self.info["hint"])
@@ -186,6 +189,21 @@ class RankError(HorovodMagicError):
 
     def __str__(self):
         return "\n".join(self._render_traceback_())
+
+
+class ResultError(RankError):
+    """A rank finished, but what it sent back (`.info["what"]`: its value, its timeline, its
+    profile) could not be read in this notebook; `.info["traceback"]` is where reading it failed
+    here (a class or module only the ranks have, a CUDA tensor and no GPU)."""
+
+    def headline(self):
+        whose = f"rank {self.rank}" + (f" on {self.host}" if self.host else "") \
+            if self.rank is not None else "the run"
+        return (f"{whose} finished, but its {self.info.get('what', 'value')} could not be read "
+                f"in this notebook: {describe_end(self.info)}")
+
+    def traceback_title(self):
+        return f"reading rank {self.rank}'s {self.info.get('what', 'value')} in this notebook"
 
 
 class RunCancelled(HorovodMagicError):

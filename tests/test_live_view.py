@@ -292,6 +292,42 @@ def test_cancel_button_of_a_background_run(kernel):
     assert {state for state, _, _ in rows(table).values()} == {"cancelled"}
 
 
+UNREADABLE_CELL = """\
+%%horovod --np -2
+import os, time
+
+def rebuild():
+    if "HOROVOD_RANK" not in os.environ:
+        raise ValueError("only a rank can rebuild this")
+
+class OnlyOnRanks:
+    def __reduce__(self):
+        return rebuild, ()
+
+time.sleep(3)  # (its dashboard shows)
+OnlyOnRanks() if os.environ["HOROVOD_RANK"] == "1" else 0
+"""
+
+
+def test_a_value_the_notebook_cannot_read_finishes_the_dashboard(kernel):
+    """Rank 1's value fails to unpickle in the kernel alone: the cell ends with an error naming
+    rank 1, the dashboard is finished and lets go of the kernel's subshell (without the fix:
+    the run stayed "running", the dashboard live, the subshell's lock held)."""
+    reply, messages = kernel.execute(UNREADABLE_CELL)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "ResultError"
+    said = "\n".join(reply["content"]["traceback"])
+    assert "rank 1 on " in said and "ValueError: only a rank can rebuild this" in said, said
+    assert len(shown_widgets(messages)) == 1
+    assert kernel.value("hvd_magic.last_run().state") == "failed"
+    assert kernel.value("hvd_magic.last_run().view.cancel_button.disabled") is True
+    assert kernel.value("len(hvd_magic.last_run().view._let_go)") == 0  # nothing held
+    assert "failed" in kernel.value("hvd_magic.last_run().view.header.value")
+    assert Widgets(messages).table_rows() == {0: ("done", "", ""), 1: ("done", "", "")}
+    reply, _ = kernel.execute("%%horovod --np -2 --quiet\n6 * 7")  # the kernel goes on
+    assert reply["content"]["status"] == "ok"
+
+
 LINES = 100_000
 # Pauses stretch the flood over a few seconds, so that the dashboard is live for a while.
 FLOOD_CELL = f"""\

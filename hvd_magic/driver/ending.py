@@ -2,40 +2,73 @@
 
 The first real failure wins (a rank's own exception, a crash, a task that died); the follow-on
 errors it caused on the other ranks (`HorovodInternalError`, broken pipes) are summarised in one
-line each. Values come back as Spark's own task results (or the local launcher's), never over
-the event channel, and are unpickled here.
+line each. `finish` ends a run with one or the other, whatever happens: what the ranks sent
+back is read by `hvd_magic.driver.results`, and what cannot be read ends the run with an error too.
 """
 
-import pickle
 import re
 import time
 
+from .apply import ended_state
 from .postmortem import attach
+from .ranks import LIVE_STATES
+from .results import collect, on_cpu_message, timeline_of, unreadable_error
 from ..needs import RANKS_HERE, missing_message, missing_module
 from ..errors import (LaunchError, RankError, RunCancelled, RunTimeout, describe_end,
                       is_follow_on, is_memory_loss)
 
 
-def collect(outcomes, np, cell):
-    """(results, exports, infos, retried) from the launcher's ``(rank, status, payload)`` list."""
-    import cloudpickle  # noqa: F401  (values may need it to unpickle)
+def finish(run, internal=None):
+    """End `run`, every rank ended: what the ranks sent read (`hvd_magic.driver.results`), each
+    rank's final state, the run's values or its one error (`internal`: a bug of ours that
+    stopped it), its state, ``run.json``, the view finished."""
+    got = collect(run.launcher.outcomes or [], run.np, run.cell is not None)
+    if got.on_cpu:  # said once, before the folder closes: in events.jsonl too
+        _notice(run, {"t": "values", "message": on_cpu_message(got.on_cpu)})
+    run.folder.close()
+    run.timeline_path, unread = timeline_of(run)
+    ok_ranks = {rank for rank, status, _ in run.launcher.outcomes or () if status == "ok"}
+    for state in run.ranks:  # the final state from the outcomes, if no exit event came
+        if state.rank in ok_ranks:
+            state.state = "done"
+        elif state.rank in got.infos:  # (a bystander's failure may have come before the cause)
+            state.state = ended_state(run, got.infos[state.rank]["status"], got.infos[state.rank])
+    results = got.results
+    if run.elastic is not None:  # the survivors' values: lost ranks have none
+        results = run.elastic.survivors(results, ok_ranks)
+    run.exports, run.ended = got.exports, time.time()
+    run.error = internal or run_error(run, got.infos, got.retried)
+    if run.error is None and not got.unreadable:
+        run.results = results  # (also when only the timeline could not be read)
+    run.error = run.error or unreadable_error(run, got.unreadable + unread)
+    if run.error is None:
+        run.state = "done"
+        run.write_meta()
+        if run.view is not None:
+            run.view.finish(run)
+    else:
+        end_failed(run, run.error, internal is not None)
 
-    results, exports, infos, retried = [None] * np, {}, {}, None
-    for rank, status, payload in outcomes:
-        if status == "retried":
-            retried = payload
-        elif status == "ok":
-            # Spark's own task results: trusted like any Spark job's (never the event channel)
-            value = pickle.loads(payload)
-            if cell:
-                value, rank_exports = value
-                if rank_exports is not None:  # (only Horovod's rank 0 sends them: in an
-                    # elastic run, not necessarily the view's rank 0)
-                    exports = rank_exports
-            results[rank] = value
-        else:
-            infos[rank] = dict(payload, status=status)
-    return results, exports, infos, retried
+
+def end_failed(run, error, internal=True):
+    """End `run` with `error`: its state final, ranks still live said cancelled, ``run.json``,
+    the view finished."""
+    run.error, run.ended = error, run.ended or time.time()
+    run.state = "failed" if internal else {
+        "cancelled": "cancelled", "timeout": "timeout"}.get(run.stop_reason, "failed")
+    for state in run.ranks:
+        if state.state in LIVE_STATES:
+            state.state = "cancelled"
+    run.write_meta()
+    if run.view is not None:
+        run.view.finish(run)
+
+
+def _notice(run, event):
+    """News of the whole run: in events.jsonl and in the view."""
+    run.folder.record(event)
+    if run.view is not None:
+        run.view.event(run, None, event)
 
 
 def offline_message(events):

@@ -85,8 +85,14 @@ class RunFolder:
             self._dirty.update((raw, readable))
 
     def record(self, event):
-        """Append an event (not lines, not file chunks) to events.jsonl, with the time."""
-        self._events.write(json.dumps(dict(event, time=round(time.time(), 3)), default=str) + "\n")
+        """Append an event (not lines, not file chunks) to events.jsonl, with the time; also
+        once the folder is closed (a bug of ours met while the run ended: its traceback)."""
+        line = json.dumps(dict(event, time=round(time.time(), 3)), default=str) + "\n"
+        if self._events is not None and self._events.closed:
+            with open(self._events.name, "a", encoding="utf-8") as f:
+                f.write(line)
+            return
+        self._events.write(line)
         self._dirty.add(self._events)
 
     def metric_history(self, rank):

@@ -18,13 +18,12 @@ import time
 import traceback
 
 from .. import payload
-from ..errors import InternalError
+from ..errors import InternalError, RunCancelled
 from ..task.stopping import STOP_GRACE_SECONDS
-from .apply import apply_event, ended_state
+from .apply import apply_event
 from .debugger import console, pause
-from .ending import collect, offline_message, run_error
+from .ending import end_failed, finish, offline_message
 from .folder import FLUSH_EVERY
-from .ranks import LIVE_STATES
 from .watchdog import stall_message
 
 KEEP_STACKS = ("cancelled", "timeout", "stalled")  # stops whose ranks' stacks are kept
@@ -223,6 +222,10 @@ class Driver:
     def _internal_error(self, exc, doing):
         """Stop every rank; the run ends failed with the first such error (the later ones are
         usually the same bug met again while the ranks stop)."""
+        self._keep_internal(exc, doing)
+        self.request_stop("internal")
+
+    def _keep_internal(self, exc, doing):
         run = self.run
         if self._internal is None:
             self._internal = InternalError(
@@ -234,7 +237,6 @@ class Driver:
                                    "traceback": traceback.format_exc()})
             except (OSError, ValueError, AttributeError):  # the folder is closed or not made
                 pass
-        self.request_stop("internal")
 
     # -- the end ------------------------------------------------------------------------------
     def _apply_late_events(self):
@@ -247,35 +249,17 @@ class Driver:
             self._handle(event)
 
     def _finish(self):
-        run = self.run
         self._apply_late_events()
-        run.folder.close()
-        run.timeline_path = _timeline_of(run)
-        outcomes = run.launcher.outcomes or []
-        results, exports, infos, retried = collect(outcomes, run.np, run.cell is not None)
-        ok_ranks = {rank for rank, status, _ in outcomes if status == "ok"}
-        for state in run.ranks:  # the final state from the outcomes, if no exit event came
-            if state.rank in ok_ranks:
-                state.state = "done"
-            elif state.rank in infos:  # (a bystander's failure may have come before the cause)
-                state.state = ended_state(run, infos[state.rank]["status"], infos[state.rank])
-        if run.elastic is not None:  # the survivors' values: lost ranks have none
-            results = run.elastic.survivors(results, ok_ranks)
-        run.exports = exports
-        run.ended = time.time()
-        run.error = self._internal or run_error(run, infos, retried)
-        if run.error is None:
-            run.results = results
-            run.state = "done"
-        else:
-            run.state = "failed" if self._internal else {
-                "cancelled": "cancelled", "timeout": "timeout"}.get(run.stop_reason, "failed")
-            for state in run.ranks:
-                if state.state in LIVE_STATES:
-                    state.state = "cancelled"
-        run.write_meta()
-        if run.view is not None:
-            run.view.finish(run)
+        try:
+            finish(self.run, self._internal)
+        except KeyboardInterrupt:  # while the values were read (a large one takes seconds)
+            self.run.stop_reason = self.run.stop_reason or "cancelled"
+            end_failed(self.run, RunCancelled(
+                f"run {self.run.id} was cancelled while its values were read; every rank had "
+                f"ended."), internal=False)
+        except Exception as exc:  # a bug of ours at the very end: the run ends all the same
+            self._keep_internal(exc, "ending the run")  # (every rank ended: none to stop)
+            end_failed(self.run, self._internal)
 
 
 def read_to_end(server, pump, limit=30.0):
@@ -291,15 +275,3 @@ def read_to_end(server, pump, limit=30.0):
             quiet_until = time.monotonic() + 2
         elif time.monotonic() > quiet_until:
             return
-
-
-def _timeline_of(run):
-    """The run's timeline file, once every rank ended: rank 0's Horovod timeline, repaired, or
-    every rank's torch profile, merged (`hvd_magic.timelines`); None if none came back."""
-    if run.folder.has_partial("timeline"):
-        from ..timelines.trace import finalize
-        return finalize(run.run_dir)
-    if run.profile:
-        from ..timelines.ranks import merge
-        return merge(run.run_dir, [r.clock for r in run.ranks], [r.host for r in run.ranks])
-    return run.timeline_path

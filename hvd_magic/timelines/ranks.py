@@ -87,18 +87,50 @@ def _refined(offsets, collectives):
     return refined
 
 
+class ProfileError(ValueError):
+    """A rank's profile came back but cannot be read (`.rank`): the run says so, naming it."""
+
+    def __init__(self, rank, cause):
+        super().__init__(cause)
+        self.rank = rank
+
+
+def _profile(path, rank):
+    """Rank `rank`'s profile as `rank.profile` wrote it, checked; None if it sent none or its
+    window recorded nothing (a run that ended before the profiled steps)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # (the rank writes it whole: a bad one is no cut-off)
+        raise ProfileError(rank, f"{type(exc).__name__}: {exc}") from exc
+    if not _is_profile(record):
+        raise ProfileError(rank, f"{path} is not a profile as hvd_magic writes one (timed "
+                                 f"events, steps)")
+    if not record["steps"] and not any("ts" in e for e in record["events"]):
+        return None
+    return record
+
+
+def _is_profile(record):
+    number = (int, float)
+    return isinstance(record, dict) and isinstance(record.get("events"), list) and \
+        isinstance(record.get("steps"), list) and isinstance(record.get("skip", 0), int) and \
+        all(isinstance(e, dict) and isinstance(e.get("ts", 0), number) for e in record["events"]) \
+        and all(isinstance(s, number) for s in record["steps"])
+
+
 def merge(run_dir, clocks, hosts=None):
     """The ranks' profiles under `run_dir`/profile as one trace file; its path (None if no rank
     sent one). `clocks`: each rank's (offset, uncertainty) in seconds, or None; `hosts`: each
-    rank's host as the run's view names it (default: as the rank named it)."""
+    rank's host as the run's view names it (default: as the rank named it). A profile that came
+    back and cannot be read raises `ProfileError`, naming its rank."""
     ranks = {}
     for rank in range(len(clocks)):
-        path = os.path.join(run_dir, "profile", f"rank-{rank}", "trace.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                ranks[rank] = json.load(f)
-        except (OSError, ValueError):
-            continue
+        record = _profile(os.path.join(run_dir, "profile", f"rank-{rank}", "trace.json"), rank)
+        if record is not None:
+            ranks[rank] = record
     if not ranks:
         return None
     offsets = {rank: (clocks[rank][0] * 1e6, clocks[rank][1] * 1e6) if clocks[rank] else (0.0, None)
