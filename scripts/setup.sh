@@ -54,7 +54,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
              "then run it again." >&2
         exit 1
     fi
-    echo "setup: installing Python packages into .venv"
+    echo "setup: installing Python packages into $venv"
     "$py" -m pip install --quiet --upgrade pip
     # torch, pinned (the CPU build this machine has), and TensorFlow first: Horovod is built
     # against both, and nothing else.
