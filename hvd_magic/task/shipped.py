@@ -74,7 +74,7 @@ def unfit(parcel):
 def installed_version(name):
     """The version of distribution `name` this executor has of its own (None: none), not
     counting what was shipped (a worker that ran an earlier job has that on its path)."""
-    ours = (cache_root(), cache().root, *(kept.root for kept in _caches.values()))
+    ours = (cache_root(), *(kept.root for kept in _caches.values()))
     path = [p for p in sys.path if not p.startswith(ours)]
     try:
         for dist in importlib.metadata.distributions(name=name, path=path):
@@ -100,7 +100,10 @@ def cache():
     host: refusing it would let any user of the host stop this one's runs."""
     root = cache_root()
     if root not in _caches:
-        why = not_private(root)
+        try:
+            why = not_private(root)
+        except OSError as exc:  # (a temp folder this user cannot write to: mkdtemp says so)
+            why = f"{root} cannot be used ({exc})"
         if why is None:
             _caches[root] = Cache(root)
         else:
