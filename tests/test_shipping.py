@@ -165,10 +165,11 @@ def test_a_namespace_import_ships_the_distribution_that_holds_that_module(
 
 
 def test_a_cache_folder_another_user_owns_or_can_write_to_is_never_used(
-        notebook_site, tmp_path, capfd):
-    """The temp folder's cache of unpacked parcels, made by another user (or open to others)
-    before this one's first run, holding a folder of the very name a parcel unpacks to: nothing
-    of it reaches the rank's path; the parcel is unpacked into a private folder instead."""
+        notebook_site, tmp_path, capfd, monkeypatch):
+    """The temp folder's cache of unpacked parcels, made by another user (or open to others, or
+    a symbolic link) before this one's first run, holding a folder of the very name a parcel
+    unpacks to: nothing of it reaches the rank's path; the parcel is unpacked into a private
+    folder instead, and the executor's log says why."""
     install(str(notebook_site) + "/", small_wheel(str(tmp_path), "cloudpickle", "0.0.1",
                                                   "X = 'shipped'\n"))
     dist = metadata.distribution("cloudpickle")
@@ -177,28 +178,32 @@ def test_a_cache_folder_another_user_owns_or_can_write_to_is_never_used(
     assert parcel.worker  # (one the Python worker puts on its own path too)
     os.remove(notebook_site / "cloudpickle-0.0.1.dist-info" / "METADATA")  # "lacks it"
     importlib.invalidate_caches()
-    for owner, mode in ((65534, 0o700), (os.getuid(), 0o777)):
-        root = tmp_path / f"planted-{owner}-{mode:o}"
-        planted = root / parcel.file[:-len(".zip")] / "cloudpickle"
+    cases = {"belongs to uid 65534": (65534, 0o700, False),
+             "is open to other users (mode 0777, not 0700)": (os.getuid(), 0o777, False),
+             "is not a folder but a symbolic link": (os.getuid(), 0o700, True)}
+    for why, (owner, mode, link) in cases.items():
+        planted_root = tmp_path / f"planted-{owner}-{mode:o}-{link}"
+        planted = planted_root / parcel.file[:-len(".zip")] / "cloudpickle"
         planted.mkdir(parents=True)
         (planted / "__init__.py").write_text("X = 'planted'\n")
-        for folder in (root, planted.parent, planted):
+        for folder in (planted_root, planted.parent, planted):
             os.chown(folder, owner, owner)
-        root.chmod(mode)
-        shipped.cache_root = lambda root=root: str(root)  # (undone by the fixture's monkeypatch)
+        planted_root.chmod(mode)
+        root = tmp_path / "link" if link else planted_root
+        if link:
+            root.symlink_to(planted_root)
+        monkeypatch.setattr(shipped, "cache_root", lambda root=root: str(root))
         shipped._arrived.clear()
         folders, refused = shipped.arrive((parcel,), {parcel.file: path}.__getitem__)
         assert refused == [] and len(folders) == 1
-        assert not folders[0].startswith(str(root) + os.sep)
+        assert not folders[0].startswith((str(root) + os.sep, str(planted_root) + os.sep))
         assert open(os.path.join(folders[0], "cloudpickle", "__init__.py")).read() == \
             "X = 'shipped'\n"
         assert folders[0] in sys.path
-        assert not [p for p in sys.path if p.startswith(str(root) + os.sep)]
+        assert not [p for p in sys.path if p.startswith((str(root), str(planted_root)))]
         assert (planted / "__init__.py").read_text() == "X = 'planted'\n"  # (not touched)
         said = capfd.readouterr().err
-        assert f"{root} " in said and "nothing in it is used" in said
-        assert ("belongs to uid 65534" if owner == 65534 else "is open to other users "
-                "(mode 0777") in said
+        assert f"hvd_magic: {root} {why}" in said and "nothing in it is used" in said
 
 
 # A process that uses cache entry argv[2] of folder argv[1] (making it, where absent, with a
