@@ -80,8 +80,7 @@ _chosen = {}
 
 def chosen(imports, only=None):
     """`_chosen_now`, again only once a folder on the path changed."""
-    key = (frozenset(imports),
-           None if only is None else tuple(only), path_key())
+    key = (frozenset(imports), None if only is None else tuple(only), path_key())
     if key not in _chosen:
         _chosen.clear()
         _chosen[key] = _chosen_now(key[0], only)
@@ -171,7 +170,7 @@ def _files(dist):
             continue
         out[rel] = path
     if editable(dist):
-        out.update(_walked(_top_levels_ofeditable(dist)))
+        out.update(_walked(_top_levels_of_editable(dist)))
     return sorted(out.items())
 
 
@@ -193,7 +192,7 @@ def _walked(packages):
     return out
 
 
-def _top_levels_ofeditable(dist):
+def _top_levels_of_editable(dist):
     name = normalized(dist.metadata["Name"]).replace("-", "_")
     spec = importlib.util.find_spec(name)
     return list(spec.submodule_search_locations or ()) if spec is not None else []
