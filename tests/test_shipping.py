@@ -145,22 +145,29 @@ def test_a_namespace_import_ships_the_distribution_that_holds_that_module(
     """Two distributions share top-level ``nsdemo`` (as google-auth and protobuf share
     ``google``): each import gets the one whose RECORD lists its module, never the first that
     lists the top-level name."""
-    for name, site in (("alpha", notebook_site), ("beta", tmp_path / "other-site")):
+    for name, site, package in (("alpha", notebook_site, "nsdemo.alpha"),
+                                ("beta", tmp_path / "other-site", "nsdemo.beta"),
+                                ("gamma", tmp_path / "third-site", "nsdemo.deep.gamma")):
         install(str(site) + "/", small_wheel(
-            str(tmp_path), f"nsdemo-{name}", "1.0", f"NAME = {name!r}\n", f"nsdemo.{name}"))
-    monkeypatch.syspath_prepend(str(tmp_path / "other-site"))  # (pip --target keeps one nsdemo/)
+            str(tmp_path), f"nsdemo-{name}", "1.0", f"NAME = {name!r}\n", package))
+        monkeypatch.syspath_prepend(str(site))  # (pip --target makes one nsdemo/ a folder)
     assert not (notebook_site / "nsdemo" / "__init__.py").exists()  # (a namespace package)
     of = shipping.distribution_of
     assert of("nsdemo.alpha").metadata["Name"] == "nsdemo-alpha"
     assert of("nsdemo.beta").metadata["Name"] == "nsdemo-beta"
     assert of("nsdemo.beta.NAME").metadata["Name"] == "nsdemo-beta"  # (from nsdemo.beta import..)
-    assert of("nsdemo") is None
+    assert of("nsdemo.deep.gamma").metadata["Name"] == "nsdemo-gamma"  # (below a namespace's)
+    assert of("nsdemo") is None and of("nsdemo.deep") is None
+    assert not [name for name in sys.modules if name.startswith("nsdemo")]  # (none imported)
     got = names(shipping.chosen(["nsdemo", "nsdemo.beta", "nsdemo.beta.NAME"]))
     assert "nsdemo-beta" in got and "nsdemo-alpha" not in got
     assert "nsdemo-alpha" in names(shipping.chosen(["nsdemo", "nsdemo.alpha"]))
     assert of("google.protobuf.json_format").metadata["Name"] == "protobuf"
     if importlib.util.find_spec("google.auth") is not None:  # (where google-auth is installed)
         assert of("google.auth").metadata["Name"] == "google-auth"
+        assert of("google.auth.transport.requests").metadata["Name"] == "google-auth"
+        if importlib.util.find_spec("google.rpc") is not None:  # (googleapis-common-protos)
+            assert of("google.rpc.status_pb2").metadata["Name"] == "googleapis-common-protos"
         assert "protobuf" not in names(shipping.chosen(["google", "google.auth"]))
 
 

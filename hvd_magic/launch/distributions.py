@@ -62,14 +62,43 @@ def _deepest(module):
             break
         loaded = sys.modules.get(name)
         try:
-            sub = loaded.__spec__ if loaded is not None else \
-                importlib.machinery.PathFinder.find_spec(name, list(where))
+            sub = loaded.__spec__ if loaded is not None else _found(name, list(where))
         except (ImportError, ValueError, AttributeError):
             sub = None
         if sub is None:
             break  # (a name in the module: `from google.auth import default`)
         spec = sub
     return spec
+
+
+def _found(name, where):
+    """The spec of module `name` in folders `where` (its package's search locations), by each
+    folder's path-entry finder, as the import system would find it; a namespace package's
+    portions gathered here (`PathFinder` reads them off its parent module, which must then be
+    imported: ``google.cloud`` below an unimported ``google`` is a KeyError there)."""
+    portions = []
+    for entry in where:
+        finder = sys.path_importer_cache.get(entry) or _finder(entry)
+        spec = finder.find_spec(name) if hasattr(finder, "find_spec") else None
+        if spec is not None and spec.loader is not None:
+            return spec
+        if spec is not None:
+            portions.extend(spec.submodule_search_locations or ())
+    if not portions:
+        return None
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = portions
+    return spec
+
+
+def _finder(entry):
+    """The path-entry finder of folder (or zip) `entry`, from `sys.path_hooks`; None: none."""
+    for hook in sys.path_hooks:
+        try:
+            return hook(entry)
+        except ImportError:
+            continue
+    return None
 
 
 def _candidates(top):
