@@ -35,8 +35,7 @@ def distribution_of(module):
     if spec is None or spec.origin in ("built-in", "frozen"):
         return None
     if spec.has_location and spec.origin:
-        target = os.path.realpath(spec.origin)
-        found = next((d for d in _candidates(top) if _lists(d, target)), None)
+        found = next((d for d in _candidates(top) if _lists(d, spec.origin)), None)
         if found is not None:
             return found
     elif spec.submodule_search_locations is not None:
@@ -111,24 +110,30 @@ def _candidates(top):
     yield from _by_top_level().get(top, ())
 
 
-def _lists(dist, target):
-    """Whether the files `dist` lists (its RECORD) hold file `target` (a real path)."""
-    return any(os.path.realpath(dist.locate_file(f)) == target
-               for f in _listing(dist).get(os.path.basename(target), ()))
+def _lists(dist, origin):
+    """Whether the files `dist` lists (its RECORD) hold file `origin`: found by its path below
+    the folder `dist` is installed in, as found or with links resolved (a venv whose entries
+    are links), then the same real file."""
+    listing = _listing(dist)
+    base = str(dist.locate_file(""))
+    target = os.path.realpath(origin)
+    for path, root in ((origin, base), (target, os.path.realpath(base))):
+        listed = listing.get(os.path.relpath(path, root).replace(os.sep, "/"))
+        if listed is not None and os.path.realpath(dist.locate_file(listed)) == target:
+            return True
+    return False
 
 
 _listings = {}
 
 
 def _listing(dist):
-    """{file name: [the files `dist` lists of that name]}, read once per content of its RECORD
-    (torch lists 15,000 files, read in 0.1 s; a job names torch.nn, torch.optim...)."""
+    """{path: the file} of the files `dist` lists, read once per content of its RECORD (torch
+    lists 15,000 files, read in 0.1 s; a job names torch.nn, torch.optim...)."""
     record = dist.read_text("RECORD")
     key = hashlib.sha256(record.encode()).digest() if record else None
     if key is None or key not in _listings:
-        found = {}
-        for f in dist.files or ():
-            found.setdefault(f.name, []).append(f)
+        found = {str(f): f for f in dist.files or ()}
         if key is None:
             return found
         _listings[key] = found
