@@ -3,6 +3,7 @@ chosen for a job, how it is packed and kept, and what an executor does with it
 (`hvd_magic.launch.shipping`, `hvd_magic.task.shipped`). The runs on executors that lack it are
 in test_standalone_cluster.py."""
 
+import fcntl
 import importlib
 import importlib.metadata as metadata
 import os
@@ -263,6 +264,15 @@ def test_caches_are_pruned_by_age_and_size_never_what_a_process_holds_or_makes(t
         assert not os.path.exists(root / part) and not os.path.exists(root / "made.lock")
         path, made = caches.Cache(str(root)).use("made", lambda p: os.makedirs(p))
         assert made and os.path.isdir(path) and os.path.getmtime(path) >= now
+
+        def broken(part):  # (a zip Spark brought half)
+            os.makedirs(part)
+            raise zipfile.BadZipFile("File is not a zip file")
+        with pytest.raises(zipfile.BadZipFile):
+            caches.Cache(str(root)).use("broken", broken)
+        assert not [n for n in os.listdir(root) if n.startswith("broken")][1:]  # (its lock)
+        with open(root / "broken.lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (free: the next worker makes it)
     finally:
         for proc in (holder, maker):
             if proc.poll() is None:

@@ -106,20 +106,31 @@ class Cache:
             fd = _locked(path + LOCK, fcntl.LOCK_SH)
             if not os.path.exists(path):
                 os.close(fd)
-                fd = _locked(path + LOCK, fcntl.LOCK_EX)  # one maker among this host's processes
-                if not os.path.exists(path):
-                    self._drop_parts(name)  # (a killed maker's: no one else is making it)
-                    part = f"{path}{PART}{uuid.uuid4().hex[:8]}"
-                    try:
-                        make(part)
-                        os.rename(part, path)  # whole or not at all
-                    finally:
-                        _remove(part)
-                    made = True
-                fcntl.flock(fd, fcntl.LOCK_SH)  # (a conversion: no pruner's lock between)
+                fd, made = self._made(name, path, make)
             self._held[name] = fd
         os.utime(path, follow_symlinks=False)  # (what `prune` orders by)
         return path, made
+
+    def _made(self, name, path, make):
+        """(Entry `name`'s lock, shared; whether this process made it): made where no other
+        process did meanwhile, under the exclusive lock (one maker among the host's processes)."""
+        fd = _locked(path + LOCK, fcntl.LOCK_EX)
+        try:
+            made = not os.path.exists(path)
+            if made:
+                self._drop_parts(name)  # (a killed maker's: no one else is making it)
+                part = f"{path}{PART}{uuid.uuid4().hex[:8]}"
+                try:
+                    make(part)
+                    os.rename(part, path)  # whole or not at all
+                finally:
+                    _remove(part)
+            # (not atomic: a pruner that takes the lock between finds an entry used just now)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)  # (a failed make leaves the next process to make it)
+            raise
+        return fd, made
 
     def _drop_parts(self, name):
         for other in os.listdir(self.root):
