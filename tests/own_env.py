@@ -59,16 +59,18 @@ def make_env(dest, wheel, without=("horovod",), keep=None):
     return python
 
 
-def small_wheel(dest, name, version, body):
-    """A pure-Python distribution `name` (one module, `body` its source), built into a wheel by
-    pip from a project made here; the wheel's path."""
+def small_wheel(dest, name, version, body, package=None):
+    """A pure-Python distribution `name` (one package, `package` or `name`, whose
+    ``__init__.py`` is `body`), built into a wheel by pip from a project made here; the wheel's
+    path. A dotted `package` ("nsdemo.alpha") is a portion of a namespace package."""
+    package = package or name
     project = os.path.join(dest, f"{name}-{version}-src")
-    os.makedirs(os.path.join(project, name))
+    os.makedirs(os.path.join(project, *package.split(".")))
     with open(os.path.join(project, "pyproject.toml"), "w") as f:
         f.write(f'[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
                 f'"setuptools.build_meta"\n[project]\nname = "{name}"\nversion = "{version}"\n'
-                f'[tool.setuptools]\npackages = ["{name}"]\n')
-    with open(os.path.join(project, name, "__init__.py"), "w") as f:
+                f'[tool.setuptools]\npackages = ["{package}"]\n')
+    with open(os.path.join(project, *package.split("."), "__init__.py"), "w") as f:
         f.write(body)
     out = os.path.join(dest, f"{name}-{version}-wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",

@@ -29,8 +29,10 @@ import zipfile
 
 from IPython.core.error import UsageError
 
+from ..task.caches import Cache
 from ..task.shipped import Parcel, here
 from ..words import plural
+from .distributions import distribution_of, editable, normalized, path_key
 
 OURS = "hvd_magic"
 RANK_NEEDS = ("cloudpickle", "psutil")   # what a rank of ours imports (hvd_magic's own needs)
@@ -46,10 +48,6 @@ _BINARY = (".so", ".pyd", ".dylib")
 _MANYLINUX = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"}
 
 
-def normalized(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def cache_folder():
     return os.path.join(os.path.expanduser("~"), ".cache", "hvd_magic", "shipped")
 
@@ -57,67 +55,6 @@ def cache_folder():
 def _never(name):
     name = normalized(name)
     return name in FRAMEWORKS or name.startswith("nvidia-")
-
-
-def distribution_of(module):
-    """The installed distribution whose files hold top-level `module`; None for the standard
-    library, a module no distribution lists (the notebook's own), or one not found."""
-    if module in sys.stdlib_module_names or module in sys.builtin_module_names:
-        return None
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.origin in ("built-in", "frozen"):
-        return None
-    try:  # most distributions are named as what they hold (numpy, psutil, cloudpickle)
-        dist = metadata.distribution(module)
-        if _holds(dist, module):
-            return dist
-    except metadata.PackageNotFoundError:
-        pass
-    for dist in _by_top_level().get(module, ()):
-        return dist
-    return None
-
-
-_index = {}
-
-
-def _path_key():
-    """What changes when a package is installed or removed: each path folder's time."""
-    return tuple((p, os.stat(p).st_mtime_ns) for p in sys.path if os.path.isdir(p))
-
-
-def _by_top_level():
-    """{top-level module: [distributions]} of this Python, made again once a folder on the path
-    changed (a package installed in the notebook minutes ago is found)."""
-    key = _path_key()
-    if key not in _index:
-        _index.clear()
-        found = {}
-        for dist in metadata.distributions():
-            for top in _top_levels(dist):
-                found.setdefault(top, []).append(dist)
-        _index[key] = found
-    return _index[key]
-
-
-def _top_levels(dist):
-    text = dist.read_text("top_level.txt")
-    if text:
-        return set(text.split())
-    return {str(f).split("/")[0].removesuffix(".py") for f in dist.files or ()
-            if not str(f).startswith("..")}
-
-
-def _holds(dist, module):
-    return module in _top_levels(dist) or _editable(dist) and module == normalized(
-        dist.metadata["Name"]).replace("-", "_")
-
-
-def _editable(dist):
-    return '"editable":true' in (dist.read_text("direct_url.json") or "").replace(" ", "")
 
 
 def _requirements(dist):
@@ -143,8 +80,7 @@ _chosen = {}
 
 def chosen(imports, only=None):
     """`_chosen_now`, again only once a folder on the path changed."""
-    key = (frozenset(name.split(".")[0] for name in imports),
-           None if only is None else tuple(only), _path_key())
+    key = (frozenset(imports), None if only is None else tuple(only), path_key())
     if key not in _chosen:
         _chosen.clear()
         _chosen[key] = _chosen_now(key[0], only)
@@ -182,9 +118,9 @@ def _chosen_now(imports, only=None):
         return list(found.values())
     for module in sorted(imports):
         dist = distribution_of(module)
-        if dist is not None and not _never(dist.metadata["Name"]) and module != OURS:
+        if dist is not None and not _never(dist.metadata["Name"]) and not _is_ours(dist):
             add(dist)
-        for name in ALSO.get(module, ()):
+        for name in ALSO.get(module.split(".")[0], ()):
             try:
                 add(metadata.distribution(name))
             except metadata.PackageNotFoundError:
@@ -219,10 +155,10 @@ def _files(dist):
     if _is_ours(dist):
         import hvd_magic
         files = _walked([os.path.dirname(hvd_magic.__file__)])
-        metadata_file = dist.locate_file(f"{dist._path.name}/METADATA") \
-            if hasattr(dist, "_path") else None
-        if metadata_file is not None and os.path.isfile(metadata_file):
-            files[f"{OURS}-{dist.version}.dist-info/METADATA"] = str(metadata_file)
+        listed = [f for f in dist.files or () if f.name == "METADATA" and
+                  f.parent.name.endswith(".dist-info")]
+        if listed and os.path.isfile(dist.locate_file(listed[0])):
+            files[f"{OURS}-{dist.version}.dist-info/METADATA"] = str(dist.locate_file(listed[0]))
         return sorted(files.items())
     base = os.path.realpath(dist.locate_file(""))
     out = {}
@@ -233,7 +169,7 @@ def _files(dist):
                 rel.startswith("__editable__") or not os.path.isfile(path):
             continue
         out[rel] = path
-    if _editable(dist):
+    if editable(dist):
         out.update(_walked(_top_levels_of_editable(dist)))
     return sorted(out.items())
 
@@ -266,7 +202,7 @@ def _digest(dist):
     """The hash of what `dist` holds: its RECORD's (which lists every file's own hash, as
     installed), or, for an editable one, of its files' names and contents."""
     h = hashlib.sha256()
-    record = None if _editable(dist) or _is_ours(dist) else dist.read_text("RECORD")
+    record = None if editable(dist) or _is_ours(dist) else dist.read_text("RECORD")
     if record:
         h.update(record.encode())
     else:
@@ -320,31 +256,33 @@ def _compiled(src, rel):
 
 def pack(dist):
     """(`Parcel`, the zip's path): `dist` packed once, kept by its content's hash (compiled
-    files stored as they are: packing numpy takes a fraction of a second, not seconds)."""
-    key = (str(getattr(dist, "_path", "")), _digest(dist))
+    files stored as they are: packing numpy takes a fraction of a second, not seconds) and held
+    while this process lives (a SparkContext's executors may fetch it any time)."""
+    key = (normalized(dist.metadata["Name"]), _where(dist), _digest(dist))
     if key in _packed and os.path.isfile(_packed[key][1]):
         return _packed[key]
     name, version = dist.metadata["Name"], dist.version
-    stem = f"{normalized(name).replace('-', '_')}-{version}-{key[1]}"
-    path = os.path.join(cache_folder(), stem + ".zip")
-    if os.path.isfile(path):  # packed by an earlier process
-        with zipfile.ZipFile(path) as z:
-            suffixes = _suffixes((rel, None) for rel in z.namelist())
-    else:
-        files = _files(dist)
-        suffixes = _suffixes(files)
-        os.makedirs(cache_folder(), exist_ok=True)
-        part = f"{path}.part-{os.getpid()}"
-        how = dict(compression=zipfile.ZIP_STORED) if suffixes else \
+    stem = f"{normalized(name).replace('-', '_')}-{version}-{key[2]}"
+    ours = _is_ours(dist)
+    files = []
+
+    def write(part):
+        files[:] = _files(dist)
+        how = dict(compression=zipfile.ZIP_STORED) if _suffixes(files) else \
             dict(compression=zipfile.ZIP_DEFLATED, compresslevel=1)
-        ours = _is_ours(dist)
         with zipfile.ZipFile(part, "w", **how) as z:
             for rel, src in files:
                 z.write(src, rel)
                 if rel.endswith(".py") and ours:
                     z.writestr(rel + "c", _compiled(src, rel))
-        os.replace(part, path)
-    ours = _is_ours(dist)
+    kept = _cache()
+    path, made = kept.use(stem + ".zip", write)
+    if made:
+        kept.prune()
+    else:  # packed by an earlier process
+        with zipfile.ZipFile(path) as z:
+            files = [(rel, None) for rel in z.namelist()]
+    suffixes = _suffixes(files)
     parcel = Parcel(name, version, stem + ".zip", os.path.getsize(path), suffixes=suffixes,
                     glibc=_glibc(dist) if suffixes else "",
                     machine=platform.machine() if suffixes else "",
@@ -352,6 +290,22 @@ def pack(dist):
                     worker=ours or normalized(name) in RANK_NEEDS)
     _packed[key] = parcel, path
     return _packed[key]
+
+
+_caches = {}
+
+
+def _cache():
+    """The `Cache` of this user's packed zips (`cache_folder()`), pruned as it grows."""
+    root = cache_folder()
+    if root not in _caches:
+        _caches[root] = Cache(root)
+    return _caches[root]
+
+
+def _where(dist):
+    """The folder `dist` is installed in ("" for hvd_magic from a checkout)."""
+    return str(dist.locate_file("")) if hasattr(dist, "locate_file") else ""
 
 
 def send(sc, imports, only=None):

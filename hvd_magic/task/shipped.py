@@ -3,7 +3,9 @@
 Each `Parcel` is one distribution's files in a zip that Spark fetched to the executor. Where the
 executor lacks that distribution, or has another version of it (hvd_magic itself: always), the
 zip is unpacked once into this host's cache, a folder named by its content hash that later runs
-find (`arrive`), and that folder goes first on the rank's path. A compiled distribution that
+find (`arrive`), and that folder goes first on the rank's path. The cache is this user's private
+folder in the temp folder, never one another user made or could write to, and pruned
+(`hvd_magic.task.caches`). A compiled distribution that
 cannot run on this executor's Python (another Python version, machine or an older C library) is
 refused before the rank starts, naming the notebook's version and this executor's.
 
@@ -13,8 +15,8 @@ needs no package but Python to get here (psutil and cloudpickle may come this wa
 Not for: choosing or packing what ships (`hvd_magic.launch.shipping`, the driver's side).
 """
 
+import atexit
 import dataclasses
-import fcntl
 import importlib.machinery
 import importlib.metadata
 import os
@@ -22,8 +24,9 @@ import platform
 import shutil
 import sys
 import tempfile
-import uuid
 import zipfile
+
+from .caches import Cache, not_private
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +74,8 @@ def unfit(parcel):
 def installed_version(name):
     """The version of distribution `name` this executor has of its own (None: none), not
     counting what was shipped (a worker that ran an earlier job has that on its path)."""
-    path = [p for p in sys.path if not p.startswith(cache_root())]
+    ours = (cache_root(), *(kept.root for kept in _caches.values()))
+    path = [p for p in sys.path if not p.startswith(ours)]
     try:
         for dist in importlib.metadata.distributions(name=name, path=path):
             return dist.version
@@ -85,25 +89,45 @@ def cache_root():
     return os.path.join(tempfile.gettempdir(), f"hvd_magic-shipped-{os.getuid()}")
 
 
-def unpacked(parcel, archive):
-    """The folder holding `parcel`'s files, unpacked from `archive` once per host: a later run
-    (of any session) finds it by its name, which is its content's hash."""
+_caches = {}
+
+
+def cache():
+    """The `Cache` of unpacked parcels: `cache_root()` where it is this user's and private; else
+    (another user made it, or opened it up: anyone could have put code there that the rank would
+    import first) a private folder of this worker's own, removed as it exits, and a line in the
+    executor's log that says so. The run goes on, unpacking once per worker instead of once per
+    host: refusing it would let any user of the host stop this one's runs."""
     root = cache_root()
-    folder = os.path.join(root, parcel.file[:-len(".zip")])
-    if os.path.isdir(folder):
-        return folder
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    with open(folder + ".lock", "w") as lock:  # one unpacker among this host's executors
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.isdir(folder):
-            return folder
-        part = f"{folder}.part-{uuid.uuid4().hex[:8]}"
+    if root not in _caches:
         try:
-            with zipfile.ZipFile(archive) as z:
-                z.extractall(part)
-            os.rename(part, folder)  # whole or not at all
-        finally:
-            shutil.rmtree(part, ignore_errors=True)
+            why = not_private(root)
+        except OSError as exc:  # (a temp folder this user cannot write to: mkdtemp says so)
+            why = f"{root} cannot be used ({exc})"
+        if why is None:
+            _caches[root] = Cache(root)
+        else:
+            own = tempfile.mkdtemp(prefix=f"hvd_magic-shipped-{os.getuid()}-private-")
+            atexit.register(shutil.rmtree, own, ignore_errors=True)
+            sys.stderr.write(f"hvd_magic: {why}; nothing in it is used. The packages the "
+                             f"notebook shipped are unpacked into {own} for this worker alone. "
+                             f"Remove {root} (its owner or root can), or give the executors "
+                             f"another TMPDIR.\n")
+            _caches[root] = Cache(own)
+    return _caches[root]
+
+
+def unpacked(parcel, archive):
+    """The folder holding `parcel`'s files, unpacked from `archive` once per host (a later run
+    of any session finds it by its name, its content's hash) and held while this worker lives.
+    Where it was unpacked now, the cache is pruned (`Cache.prune`)."""
+    def unpack(part):
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(part)
+    kept = cache()
+    folder, made = kept.use(parcel.file[:-len(".zip")], unpack)
+    if made:
+        kept.prune()
     return folder
 
 

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 
+from ..task.caches import not_private
 from ..task.threads import THREAD_VARS
 from . import server
 
@@ -35,15 +36,9 @@ def folder():
     """This user's private folder of template sockets; None where it is not private."""
     path = os.path.join(tempfile.gettempdir(), f"hvd_magic-templates-{os.getuid()}")
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
+        return path if not_private(path) is None else None  # someone else's, or opened up
     except OSError:
         return None
-    info = os.lstat(path)
-    if info.st_uid != os.getuid() or info.st_mode & 0o777 != 0o700 or not os.path.isdir(path):
-        return None  # someone else's, or opened up: never trust it
-    return path
 
 
 def owner():
