@@ -99,14 +99,16 @@ def cuda_order(timeout=30):
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([package] + [p for p in [env.get("PYTHONPATH")] if p])
     try:
-        out = subprocess.run([sys.executable, "-m", "hvd_magic.task.nvml"], env=env,
+        # (not ``-m hvd_magic.task.nvml``: the package imports this module before running it)
+        out = subprocess.run([sys.executable, "-c", "import json, hvd_magic.task.nvml as nvml\n"
+                              "print(json.dumps(nvml.cuda_uuids()))"], env=env,
                              capture_output=True, text=True, timeout=timeout).stdout
         return list(json.loads(out or "[]"))
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return []
 
 
-def _uuids():
+def cuda_uuids():
     """This process's CUDA GPUs' UUIDs in CUDA's order, through its driver (no context made)."""
     try:
         cuda = ctypes.CDLL(os.environ.get("HVD_MAGIC_LIBCUDA", "libcuda.so.1"))
@@ -125,7 +127,3 @@ def _uuids():
         h = bytes(raw).hex()
         uuids.append(_UUID_FORMAT.format(h[:8], h[8:12], h[12:16], h[16:20], h[20:]))
     return uuids
-
-
-if __name__ == "__main__":
-    print(json.dumps(_uuids()))
