@@ -319,22 +319,6 @@ def test_tensorflow_imported_on_a_rank_sees_its_own_gpu_alone(monkeypatch):
     assert started.config.visible is None
 
 
-def test_a_torch_without_its_private_lazy_call_pins_nothing_and_says_so(monkeypatch, capfd):
-    """The rank's pinning queues itself with torch's private ``torch.cuda._lazy_call``; a torch
-    without it (faked: the attribute gone) is told in one line, with the cell's own line to pin."""
-    import types
-    from hvd_magic.rank import gpus
-
-    monkeypatch.setenv("HVD_MAGIC_GPUS", "1")
-    queued = []
-    gpus._pin_torch(types.SimpleNamespace(cuda=types.SimpleNamespace(_lazy_call=queued.append)))
-    assert [call.args[1] for call in queued] == [1] and capfd.readouterr().err == ""
-    gpus._pin_torch(types.SimpleNamespace(cuda=types.SimpleNamespace()))
-    err = capfd.readouterr().err
-    assert "this torch has no torch.cuda._lazy_call" in err and "HVD_MAGIC_GPUS" in err
-    assert err.count("\n") == 1
-
-
 # The GPU edge of a machine of two GPUs and a MIG device, as NVML and CUDA's driver say it (this
 # machine has none): NVML numbers by PCI bus, GPU_A first; CUDA orders fastest first, GPU_B first.
 GPU_A, GPU_B = "GPU-" + "-".join(c * n for c, n in zip("aaaaa", (8, 4, 4, 4, 12))), \

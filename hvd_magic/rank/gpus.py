@@ -44,23 +44,9 @@ def install():
 
 def _pin_torch(torch):
     cuda = getattr(torch, "cuda", None)
-    if cuda is not None:
-        when_cuda_starts(cuda, functools.partial(_set_device, cuda, own()[0]))
-
-
-def when_cuda_starts(cuda, call):
-    """Queue `call` for when CUDA starts in this process (at once where it has started), with
-    torch's private ``torch.cuda._lazy_call``, the one private access of torch here: where a
-    torch lacks it, one line says that the rank's GPU is not made its current device, and how
-    the cell pins it. Whether a call was queued."""
-    lazy_call = getattr(cuda, "_lazy_call", None)
-    if lazy_call is None:
-        os.write(2, b"hvd_magic: this torch has no torch.cuda._lazy_call, so the rank's own GPU "
-                    b"is not made torch's current device: pin it in the cell with torch.cuda."
-                    b"set_device(int(os.environ['HVD_MAGIC_GPUS'].split(',')[0]))\n")
-        return False
-    lazy_call(call)
-    return True
+    if cuda is None or not hasattr(cuda, "_lazy_call"):
+        return
+    cuda._lazy_call(functools.partial(_set_device, cuda, own()[0]))
 
 
 def _set_device(cuda, index):
