@@ -106,6 +106,8 @@ def spark_ids_once(addresses, visible, folder):
     except FileExistsError:
         with open(path) as f:
             reading = f.read()
+    except OSError:  # (a filesystem without hard links: this task's own reading, unkept)
+        pass
     finally:
         os.remove(mine)
     return _read(addresses, seen if reading == "places" else None)
