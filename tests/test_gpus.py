@@ -9,6 +9,8 @@ records (`run.ranks[i].gpus`, the dashboard's device column). CPU torch ignores 
 
 import os
 import stat
+import subprocess
+import time
 
 import pytest
 
@@ -16,22 +18,51 @@ from IPython.core.error import UsageError
 
 import hvd_magic
 from conftest import StandaloneCluster
-from hvd_magic.task.gpus import layout as gpu_layout
-from hvd_magic.task.plan import visible_devices
+from hvd_magic.task.gpus import layout as gpu_layout, spark_ids, spark_ids_once, task_gpus
 
 
-@pytest.mark.parametrize("assigned, visible, expected", [
+@pytest.mark.parametrize("addresses, visible, expected", [
     (["1"], None, ["1"]),                 # the executor sees every GPU: ids as Spark gave them
     (["0", "1"], "", ["0", "1"]),
-    (["0"], "2,3", ["2"]),                # indices into the executor's own visible list
+    (["0"], "2,3", ["2"]),                # places in the executor's own visible list
     (["1", "0"], "6,7", ["7", "6"]),
     (["3"], "2,3", ["3"]),                # already one of the visible ids
-    (["GPU-a1b2"], "GPU-a1b2,GPU-c3d4", ["GPU-a1b2"]),  # UUIDs are ids, never indices
+    (["0", "1"], "2,0", ["2", "0"]),      # one is an id there too, the other is not: places
+    (["2", "0"], "2,0", ["2", "0"]),      # both are ids there: ids
+    (["GPU-a1b2"], "GPU-a1b2,GPU-c3d4", ["GPU-a1b2"]),  # UUIDs are ids, never places
+    (["1"], "GPU-a1b2,GPU-c3d4", ["GPU-c3d4"]),         # a place in a list of UUIDs
+    (["MIG-5e6f", "GPU-a1b2"], None, ["MIG-5e6f", "GPU-a1b2"]),  # MIG devices kept as named
     ([" 1 "], None, ["1"]),
     ([], "0,1", []),                      # no GPU for this task: nothing to set
 ])
-def test_visible_devices(assigned, visible, expected):
-    assert visible_devices(assigned, visible) == expected
+def test_spark_addresses_read_as_the_ids_cuda_visible_devices_takes(addresses, visible, expected):
+    assert list(spark_ids(addresses, visible).values()) == expected
+
+
+@pytest.mark.parametrize("addresses", [[["0"], ["1"]], [["2"], ["0"]]], ids=["places", "ids"])
+def test_an_executors_tasks_read_sparks_addresses_one_way_never_two_on_one_gpu(addresses):
+    """An executor that sees GPUs 2 and 0 (its CUDA_VISIBLE_DEVICES=2,0), two tasks on it, one
+    GPU each. Spark names them by place (0, 1) or by id (2, 0); read task by task, the first
+    task's "0" is an id there, the second's "1" a place (GPU 0): both ranks on GPU 0. Read once
+    for the executor, the two tasks are on GPUs 2 and 0 either way; a task of another executor
+    (no list of its own) keeps its id."""
+    said = {0: {"spark": addresses[0], "visible": "2,0"}, 1: {"spark": ["3"], "visible": None},
+            2: {"spark": addresses[1], "visible": "2,0"}}
+    own = task_gpus(said, {0: "executor-1", 1: "executor-2", 2: "executor-1"})
+    assert sorted(own[0] + own[2]) == ["0", "2"] and own[1] == ["3"]
+
+
+def test_an_elastic_runs_slots_on_one_executor_keep_its_first_reading(tmp_path):
+    """An elastic run's slots come one at a time, each with its own address alone: slot "0"
+    alone reads as an id of the list 2,0; slot "1" alone as a place (GPU 0). The executor's
+    first reading stands for its later slots (kept in its own folder)."""
+    (tmp_path / "executor-1").mkdir(), (tmp_path / "executor-2").mkdir()
+    first = spark_ids_once(["1"], "2,0", str(tmp_path / "executor-1"))
+    second = spark_ids_once(["0"], "2,0", str(tmp_path / "executor-1"))
+    assert (first, second) == ({"1": "0"}, {"0": "2"})
+    # alone, on an executor of its own, "0" is an id: GPU 0, the first slot's
+    assert spark_ids_once(["0"], "2,0", str(tmp_path / "executor-2")) == {"0": "0"}
+    assert os.listdir(tmp_path / "executor-1") == ["hvd_magic-gpu-addresses"]
 
 
 @pytest.mark.parametrize("own, ranks, rank, visible, indices, shared", [
@@ -59,7 +90,13 @@ def test_the_own_view_shows_a_rank_its_own_gpus_alone_as_cuda_0():
 # What a cell on a GPU machine would pin, read on this one (no GPU, CPU torch). Lightning's own
 # choice of device is its strategy's root device, accelerate's its state's device; CUDA is faked
 # in the cell to reach them (the edge this machine lacks), after the rank queued its own pinning
-# for when CUDA starts.
+# for when CUDA starts. accelerate (1.16) asks torch's accelerator API which device the machine
+# has (`torch.accelerator.current_accelerator()`: None on CPU torch, whatever torch.cuda says, so
+# its state's device is the CPU, index None); on a GPU machine it says cuda, accelerate's
+# distributed type is MULTI_GPU whichever backend the group uses (NCCL there, Gloo here: CPU torch
+# has no NCCL; the backend does not choose the device), and its device is
+# cuda:(LOCAL_RANK % device_count): the rank's own, at its local rank. So torch's accelerator is
+# faked too, as CUDA torch on a GPU machine answers.
 PINNING_CELL = """import os, psutil, torch
 import horovod.torch as hvd
 hvd.init()
@@ -70,6 +107,7 @@ torch.cuda.device_count = lambda: len(os.environ["CUDA_VISIBLE_DEVICES"].split("
 import lightning.pytorch as pl
 trainer = pl.Trainer(accelerator="gpu", strategy="ddp", logger=False, enable_checkpointing=False)
 torch.cuda.set_device = lambda device: None
+torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cuda")
 from accelerate import PartialState  # (Gloo: this machine's torch has no NCCL)
 accelerate_device = PartialState(backend="gloo").device
 forked = "hvd_magic.template.server" in " ".join(psutil.Process().parent().cmdline())
@@ -198,6 +236,19 @@ def gpu_session(cluster, per_task):
                               "spark.task.resource.gpu.amount": str(per_task)})
 
 
+def run_on_gpus(ip, cluster, per_task, line, cell):
+    """The run of `cell` on `cluster`, `per_task` GPUs a task (a session of its own)."""
+    session = gpu_session(cluster, per_task)
+    try:
+        ip.run_cell_magic(line.split()[0], " ".join(line.split()[1:]), cell)
+    finally:
+        session.stop()
+    return hvd_magic.last_run()
+
+
+ENV_CELL = "import os\ntuple(os.environ[name] for name in {names!r})"
+
+
 def by_executor(run):
     """Each executor's ranks' own GPUs."""
     gpus = {}
@@ -210,12 +261,7 @@ def test_spark_ranks_see_their_hosts_gpus_and_pin_their_own(ip, gpu_cluster):
     """Four tasks, two an executor, both executors on one host (the tests' workers share an
     address as the tasks know it): one list of the four GPUs Spark assigned, on every rank."""
     assert "CUDA_VISIBLE_DEVICES" not in os.environ  # executors see every GPU: ids pass as they are
-    session = gpu_session(gpu_cluster, 1)
-    try:
-        ip.run_cell_magic("horovod", "--np 4 --quiet", PINNING_CELL)
-    finally:
-        session.stop()
-    run = hvd_magic.last_run()
+    run = run_on_gpus(ip, gpu_cluster, 1, "horovod --np 4 --quiet", PINNING_CELL)
     assert run.where == gpu_cluster.url
     ranks = sorted(run.ranks, key=lambda r: r.local_rank)
     assert_pinned_on_own_gpus(run, {"127.0.0.1": ",".join(r.gpus[0] for r in ranks)})
@@ -231,17 +277,12 @@ def test_spark_ranks_see_their_hosts_gpus_and_pin_their_own(ip, gpu_cluster):
 
 
 def test_spark_ranks_with_two_gpus_each_find_their_first_at_their_local_rank(ip, gpu_cluster):
-    session = gpu_session(gpu_cluster, 2)
-    try:
-        ip.run_cell_magic("distributed", "--np 4 --quiet",
-                          "import os\n(os.environ['CUDA_VISIBLE_DEVICES'], "
-                          "os.environ['HVD_MAGIC_GPUS'], int(os.environ['LOCAL_RANK']))")
-    finally:
-        session.stop()
-    run = hvd_magic.last_run()
+    run = run_on_gpus(ip, gpu_cluster, 2, "distributed --np 4 --quiet", ENV_CELL.format(
+        names=("CUDA_VISIBLE_DEVICES", "HVD_MAGIC_GPUS", "LOCAL_RANK")))
     assert len({visible for visible, _, _ in run.results}) == 1  # one list on the host
     visible = run.results[0][0].split(",")
     for r, (_, own, local_rank) in zip(run.ranks, run.results):
+        local_rank = int(local_rank)
         assert local_rank == r.local_rank and len(r.gpus) == 2
         assert own == f"{local_rank},{local_rank + 4}"  # its first, then a local size further
         assert [visible[int(i)] for i in own.split(",")] == r.gpus
@@ -276,3 +317,136 @@ def test_tensorflow_imported_on_a_rank_sees_its_own_gpu_alone(monkeypatch):
     started = types.SimpleNamespace(config=Config(started=True))
     gpus._pin_tensorflow(started)  # (as it is: the cell's own pinning, if any, stands)
     assert started.config.visible is None
+
+
+# The GPU edge of a machine of two GPUs and a MIG device, as NVML and CUDA's driver say it (this
+# machine has none): NVML numbers by PCI bus, GPU_A first; CUDA orders fastest first, GPU_B first.
+GPU_A, GPU_B = "GPU-" + "-".join(c * n for c, n in zip("aaaaa", (8, 4, 4, 4, 12))), \
+    "GPU-" + "-".join(c * n for c, n in zip("bbbbb", (8, 4, 4, 4, 12)))
+MIG_C = "MIG-" + "-".join(c * n for c, n in zip("ccccc", (8, 4, 4, 4, 12)))
+FAKE_NVML = r"""
+/* GPU_A: 1 GiB used, GPU_B: 2 GiB, the MIG device 3 GiB (no utilisation: NVML has none for MIG) */
+#include <string.h>
+typedef struct { unsigned long long total, free, used; } memory_t;
+typedef struct { unsigned int gpu, memory; } rates_t;
+static const char *uuids[] = {"%s", "%s", "%s"};
+int nvmlInit_v2(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *n) { *n = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **h) {
+    if (i >= 2) return 2;
+    *h = (void *)(long)(i + 1); return 0; }
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
+    for (long i = 0; i < 3; i++) if (!strcmp(uuid, uuids[i])) { *h = (void *)(i + 1); return 0; }
+    return 6; }
+int nvmlDeviceGetMemoryInfo(void *h, memory_t *m) {
+    m->total = 16ULL << 30; m->used = (long)h << 30; m->free = m->total - m->used; return 0; }
+int nvmlDeviceGetUtilizationRates(void *h, rates_t *r) {
+    if ((long)h == 3) return 3;
+    r->gpu = 80 + (long)h; r->memory = 40; return 0; }
+""" % (GPU_A, GPU_B, MIG_C)
+FAKE_CUDA = r"""
+/* CUDA's order: GPU_B, then GPU_A; a process sees the ones its CUDA_VISIBLE_DEVICES numbers */
+#include <stdlib.h>
+#include <string.h>
+static int seen[2] = {0, 1}, count = 2;
+int cuInit(unsigned int flags) {
+    const char *p = getenv("CUDA_VISIBLE_DEVICES");
+    if (p == NULL) return 0;
+    for (count = 0; *p && count < 2; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+        seen[count++] = atoi(p);
+    return 0; }
+int cuDeviceGetCount(int *n) { *n = count; return 0; }
+int cuDeviceGet(int *device, int ordinal) {
+    if (ordinal >= count) return 101;
+    *device = seen[ordinal]; return 0; }
+int cuDeviceGetUuid(unsigned char *uuid, int device) {
+    memset(uuid, device ? 0xaa : 0xbb, 16); return 0; }
+"""
+
+
+@pytest.fixture
+def gpu_edge(tmp_path, monkeypatch):
+    """NVML and CUDA's driver of the machine above, for every process started from here on."""
+    for name, source, variable in (("libnvidia-ml.so.1", FAKE_NVML, "HVD_MAGIC_NVML"),
+                                   ("libcuda.so.1", FAKE_CUDA, "HVD_MAGIC_LIBCUDA")):
+        (tmp_path / f"{name}.c").write_text(source)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / name),
+                        str(tmp_path / f"{name}.c")], check=True)
+        monkeypatch.setenv(variable, str(tmp_path / name))
+
+
+def test_the_sampler_finds_a_ranks_gpu_in_nvml_by_uuid_not_by_cudas_number(gpu_edge, monkeypatch):
+    """CUDA's GPU 0 is NVML's 1 (fastest first, against PCI order): the sampler reads the GPU the
+    rank uses (its UUID from CUDA's driver, seeing every GPU whatever the task's own list), and a
+    UUID or a MIG device as named."""
+    from hvd_magic.task.nvml import Nvml
+    from hvd_magic.task.resources import Sampler
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # (the task's own list: not the machine's)
+    sample = Sampler(os.getpid(), None, gpus=["0", "1", GPU_A, MIG_C]).sample(Nvml())
+    assert sample["gpus"] == [
+        {"index": 0, "util": 82, "mem": 2 << 30, "mem_total": 16 << 30},   # GPU_B
+        {"index": 1, "util": 81, "mem": 1 << 30, "mem_total": 16 << 30},   # GPU_A
+        {"index": GPU_A, "util": 81, "mem": 1 << 30, "mem_total": 16 << 30},
+        {"index": MIG_C, "util": None, "mem": 3 << 30, "mem_total": 16 << 30}]
+
+
+def test_uuid_and_mig_ids_are_kept_from_the_notebook_to_each_ranks_sampler(ip, gpu_edge,
+                                                                           monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{GPU_B},{MIG_C}")
+    marker = str(tmp_path / "go")
+    run = ip.run_cell_magic("distributed", "--np -2 --background --quiet",
+                            f"import os, time\nwhile not os.path.exists({marker!r}):\n"
+                            "    time.sleep(0.05)\n"
+                            "(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['HVD_MAGIC_GPUS'])")
+    try:
+        deadline = time.monotonic() + 60
+        while not all((r.usage.latest or {}).get("gpus") for r in run.ranks):
+            assert time.monotonic() < deadline and run.state == "running", run.error
+            time.sleep(0.1)
+        assert [r.usage.latest["gpus"][0]["mem"] for r in run.ranks] == [2 << 30, 3 << 30]
+    finally:
+        open(marker, "w").close()
+    assert run.wait(60) == [(f"{GPU_B},{MIG_C}", "0"), (f"{GPU_B},{MIG_C}", "1")]
+    assert [r.gpus for r in run.ranks] == [[GPU_B], [MIG_C]]
+    from hvd_magic.view.table import _device
+    assert _device(run.ranks[1].gpus, None, run.ranks[1].gpu_index) == f"GPU {MIG_C} (cuda:1)"
+    assert {"rank", f"gpu{MIG_C}_mem"} <= set(run.resources.columns)
+
+
+def test_spark_ranks_given_half_a_gpu_each_share_one_by_design(ip, gpu_cluster):
+    """``spark.task.resource.gpu.amount=0.5``: Spark puts two tasks on each GPU, by design (it
+    counts a GPU as two slots); each pair of ranks is told it shares its GPU, and with whom (so
+    NCCL on it is refused: test above), and sees it once in its host's list."""
+    run = run_on_gpus(ip, gpu_cluster, 0.5, "distributed --np 4 --quiet", ENV_CELL.format(
+        names=("CUDA_VISIBLE_DEVICES", "HVD_MAGIC_GPUS", "HVD_MAGIC_GPU_SHARED_WITH")))
+    on = {}
+    for r, (visible, own, shared) in zip(run.ranks, run.results):
+        assert len(r.gpus) == 1 and visible.split(",")[int(own)] == r.gpus[0]
+        on.setdefault(r.gpus[0], []).append(r)
+        partner, gpu = shared.split(":")
+        assert gpu == r.gpus[0] and int(partner) != r.rank
+    assert sorted(len(ranks) for ranks in on.values()) == [2, 2]  # two GPUs, two ranks each
+    for ranks in on.values():
+        assert len({r.executor for r in ranks}) == 1  # (the tasks of one executor)
+
+
+ELASTIC_GPU_CELL = """import os
+import horovod.torch as hvd
+hvd.init()
+(os.environ["CUDA_VISIBLE_DEVICES"], os.environ["HVD_MAGIC_GPUS"])
+"""
+
+
+def test_an_elastic_spark_run_gets_each_rank_its_own_gpu(ip, gpu_cluster):
+    """Four slots, two an executor (one task a slot: no siblings to read Spark's addresses
+    with): the second executor's addresses 0-3 are places in its own list 4,5,6,7, so no rank of
+    its shares a GPU with the first executor's (ids 0-3) on the one host."""
+    run = run_on_gpus(ip, gpu_cluster, 1, "horovod --np 4 --min-np 4 --quiet", ELASTIC_GPU_CELL)
+    assert run.state == "done", run.error
+    gpus = [r.gpus[0] for r in run.ranks]
+    assert all(len(r.gpus) == 1 for r in run.ranks) and len(set(gpus)) == 4, gpus
+    for r, (visible, own) in zip(run.ranks, run.results):
+        assert (visible, own) == (r.gpus[0], "0")  # its own alone, as cuda:0 (docs/gpus.md)
+    # two slots an executor (two cores each): the second's mapped through its list
+    assert sorted(g in "4567" for g in gpus) == [False, False, True, True], gpus

@@ -120,8 +120,8 @@ def test_gpus_are_read_through_nvml_without_a_framework(tmp_path, monkeypatch):
     source.write_text(NVML_FAKE)
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     monkeypatch.setenv("HVD_MAGIC_NVML", str(library))
-    from hvd_magic.task.resources import _Nvml
-    sample = Sampler(os.getpid(), None, gpus=["1"]).sample(_Nvml())
+    from hvd_magic.task.nvml import Nvml
+    sample = Sampler(os.getpid(), None, gpus=["1"]).sample(Nvml())
     assert sample["gpus"] == [{"index": 1, "util": 87, "mem": 2 << 30, "mem_total": 16 << 30}]
     probe = subprocess.run([sys.executable, "-c", "import sys, hvd_magic.task.resources\n"
                             "print(sorted({'torch', 'tensorflow'} & set(sys.modules)))"],

@@ -263,3 +263,72 @@ def test_a_lightning_cells_steps_are_its_optimizer_steps(ip):
     assert sorted((r["step"], r["rank"]) for r in timeline.table()) == [(2, 0), (2, 1), (3, 0),
                                                                         (3, 1)]
     assert "all_reduce" in timeline.verdict()  # DDP's gradients, inside Lightning's step
+
+
+# A GAN's loop: two optimizers step each training step (the discriminator's, then the
+# generator's); each iteration is annotated with its number.
+GAN_CELL = """\
+import torch
+torch.manual_seed(0)
+generator, critic = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+g_optimizer = torch.optim.SGD(generator.parameters(), lr=0.01)
+d_optimizer = torch.optim.SGD(critic.parameters(), lr=0.01)
+for iteration in range(1, 11):
+    with torch.profiler.record_function(f"iteration {iteration}"):
+        d_optimizer.zero_grad()
+        critic(generator(torch.randn(16, 8)).detach()).mean().backward()
+        d_optimizer.step()
+        g_optimizer.zero_grad()
+        (-critic(generator(torch.randn(16, 8)))).mean().backward()
+        g_optimizer.step()
+"""
+
+
+def test_a_gans_two_optimizers_count_one_step_a_training_step(ip):
+    """Profiled steps 3 to 6 are iterations 3 to 6 (each step's bounds its first optimizer's
+    steps: iteration k begins inside step k), not the optimizers' steps 3 to 6 (iterations 2
+    and 3, counted twice each)."""
+    ip.run_cell_magic("distributed", "--np -1 --timeline-steps 3:6 --quiet", GAN_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "done", run.error
+    with gzip.open(run.timeline_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    steps = {e["name"]: e for e in events if e.get("cat") == "hvd_magic.step"}
+    assert sorted(steps) == ["step 3", "step 4", "step 5", "step 6"], sorted(steps)
+    begun = {e["name"]: e["ts"] for e in events if e.get("name", "").startswith("iteration ")}
+    for k in range(3, 7):
+        step = steps[f"step {k}"]
+        assert step["ts"] < begun[f"iteration {k}"] < step["ts"] + step["dur"], (k, begun, steps)
+
+
+def test_the_trace_is_written_off_the_step_that_ends_the_window(tmp_path):
+    """The window's last step returns while its trace is still being exported (an export held
+    until released: a large window's takes seconds), and the rank's end waits for the file."""
+    import threading
+
+    release, exporting = threading.Event(), threading.Event()
+
+    class SlowExport:
+        def stop(self):
+            pass
+
+        def events(self):
+            exporting.set()
+            release.wait(60)
+            return [{"ph": "X", "name": "op", "ts": 1.0, "dur": 1.0}], None
+
+    window = profile._Window({"skip": 1, "steps": 1, "path": str(tmp_path / "trace.json")})
+    window._start = lambda: (setattr(window, "recorder", SlowExport()),
+                             window.marks.append(0))
+    optimizer = object()
+    window.optimizer_stepped(optimizer)  # step 1: the window starts
+    window.optimizer_stepped(optimizer)  # step 2 ends it: returns with the export under way
+    assert exporting.wait(60) and not (tmp_path / "trace.json").exists()
+    finishing = threading.Thread(target=window.finish)
+    finishing.start()
+    finishing.join(0.5)
+    assert finishing.is_alive()  # the rank's end waits for the file
+    release.set()
+    finishing.join(60)
+    with open(tmp_path / "trace.json") as f:
+        assert json.load(f)["events"] == [{"ph": "X", "name": "op", "ts": 1.0, "dur": 1.0}]

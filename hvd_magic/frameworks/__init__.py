@@ -20,12 +20,13 @@ FRAMEWORKS = (Horovod(), TorchDistributed(), TensorFlowDistributed())
 class Serving:
     """What one task holds for every framework, from before its rank starts to its end: task 0's
     `serve` (`first`) and every task's `reserve`. `message` is the task's ``rendezvous`` event
-    (its values for the driver to gather, with the task's own `gpus`, which every task is relayed
-    as ``relayed["gpus"]["tasks"]``: `hvd_magic.task.gpus`); `stop` releases it all."""
+    (its values for the driver to gather, with what the task says of its GPUs, which every task
+    is relayed as ``relayed["gpus"]["tasks"]``: `hvd_magic.task.gpus.task_gpus`); `stop`
+    releases it all."""
 
-    def __init__(self, slot, first, gpus=()):
+    def __init__(self, slot, first, gpus=None):
         self.served, self.reserved = {}, {}
-        self.gpus = list(gpus)
+        self.gpus = gpus
         try:
             for framework in FRAMEWORKS:
                 served = framework.serve() if first else None

@@ -33,9 +33,9 @@ def visible_gpus():
     the notebook (4.3 s of a kernel's first --np -N cell, and ~300 MB it then keeps)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [g for g in visible.split(",") if g.strip()]
-    from ..task.resources import _Nvml
-    return [str(i) for i in range(_Nvml().count())]
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    from ..task.nvml import Nvml
+    return [str(i) for i in range(Nvml().count())]
 
 
 class LocalLauncher(Launcher):

@@ -2,14 +2,21 @@
 steps.
 
 The driver asks for it in ``HVD_MAGIC_PROFILE`` (JSON: ``framework``, ``skip``, ``steps``,
-``detail``, ``budget``, ``path``). With torch, a step is an optimizer's step, whatever wrote the
-loop (a plain loop, DDP, FSDP, Lightning, accelerate: each calls ``Optimizer.step``), counted by
-torch's global post-step hook, so no line of the cell changes; with TensorFlow, a Keras
-training batch or a ``hvd_magic.report(step=...)`` (`hvd_magic.rank.tf_profile`). After ``skip``
-steps the profiler starts; ``steps`` steps later it stops and the trace is written to ``path``
-(the task sends its folder back), with the wall-clock time of each step's end and the rank's
-host. ``detail`` adds what torch's profiler records besides each operator's time: input
-shapes, Python stacks, memory. A run that ends (or is stopped) sooner writes what it has.
+``detail``, ``budget``, ``path``). With torch, a step is a training step, seen through its
+optimizers' steps, whatever wrote the loop (a plain loop, DDP, FSDP, Lightning, accelerate: each
+calls ``Optimizer.step``), by torch's global post-step hook, so no line of the cell changes. A
+loop of several optimizers (a GAN's two) steps each once a training step, so a step is counted
+where a training step's first optimizer steps: the first one ever, or one that already stepped in
+the current training step (a new one begun). A GAN's discriminator and generator count one step
+together, its bounds the discriminator's steps; a critic stepped five times a generator step
+counts five. With TensorFlow, a step is a Keras training batch or a
+``hvd_magic.report(step=...)`` (`hvd_magic.rank.tf_profile`). After ``skip`` steps the profiler
+starts; ``steps`` steps later it stops, on the step, and a thread of its own exports, trims and
+writes the trace to ``path`` (the task sends its folder back) while training goes on, with the
+wall-clock time of each step counted (the profiled steps' bounds) and the rank's host.
+``detail`` adds what torch's profiler records besides each operator's time: input shapes,
+Python stacks, memory. A run that ends (or is stopped) sooner writes what it has, and waits for
+a trace being written.
 
 The file keeps the trace events torch exported, their times made absolute (microseconds of the
 rank's wall clock), and at most ``budget`` bytes of them: the shortest operator events go first,
@@ -39,14 +46,26 @@ class _Window:
         self.framework = plan.get("framework", "torch")
         self.detail = set(plan.get("detail") or ())
         self.count = 0
-        self.marks = []          # each profiled step's end (and the start of the first)
+        self.marks = []          # when each step was counted: the profiled steps' bounds
         self.recorder = None
         self.done = False
         self.keras = False       # a Keras batch was counted: a report is no step then
+        self.stepped_now = set()  # the optimizers that stepped in the current training step
+        self.writer = None       # the thread that writes the trace, once the window ended
+        self.failed = None       # what stopped it, said at the rank's end
         self._lock = threading.RLock()  # (the SIGTERM handler may come inside `stepped`)
 
+    def optimizer_stepped(self, optimizer, *_):
+        """torch's post-step hook: a training step begins where an optimizer steps again."""
+        with self._lock:
+            if id(optimizer) in self.stepped_now:
+                self.stepped_now.clear()
+            if not self.stepped_now:
+                self.stepped()
+            self.stepped_now.add(id(optimizer))
+
     def stepped(self, *_):
-        """One more step (torch's post-step hook, a Keras batch's end)."""
+        """One more step (a training step's first optimizer step, a Keras batch's end)."""
         with self._lock:
             if self.done:
                 return
@@ -76,23 +95,41 @@ class _Window:
         self.marks.append(time.time_ns() // 1000)
 
     def finish(self):
+        """The rank ends: the window so far, and the trace written (waited for)."""
         with self._lock:
             if not self.done and self.recorder is not None:
                 self._finish()
             self.done = True
+            writer = self.writer
+        if writer is not None:
+            writer.join()
+            if self.failed is not None:
+                raise self.failed
 
     def _finish(self):
+        """The window ends: the profiler stops here, on the step; the trace is written by a
+        thread (torch's export, reading it back, trimming it to the budget, writing it: a
+        second and more of a large window, which the step no longer waits for)."""
         self.done = True
         recorder, self.recorder = self.recorder, None
-        events, distributed = recorder.stop()
-        events, cut = _within(events, self.budget)
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "steps": self.marks,
-                  "skip": self.skip, "cut": cut, "events": events,
-                  "framework": self.framework, "distributed": distributed}
-        tmp = self.path + ".part"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f, separators=(",", ":"))
-        os.replace(tmp, self.path)
+        recorder.stop()
+        self.writer = threading.Thread(target=self._write, args=(recorder, list(self.marks)),
+                                       name="hvd-magic-profile", daemon=True)
+        self.writer.start()
+
+    def _write(self, recorder, marks):
+        try:
+            events, distributed = recorder.events()
+            events, cut = _within(events, self.budget)
+            record = {"host": socket.gethostname(), "pid": os.getpid(), "steps": marks,
+                      "skip": self.skip, "cut": cut, "events": events,
+                      "framework": self.framework, "distributed": distributed}
+            tmp = self.path + ".part"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f, separators=(",", ":"))
+            os.replace(tmp, self.path)
+        except Exception as exc:  # noqa: BLE001  (said by `finish`, the rank's end)
+            self.failed = exc
 
 
 class _TorchRecorder:
@@ -114,8 +151,10 @@ class _TorchRecorder:
         self.profiler.start()
 
     def stop(self):
-        """The window's events, and torch's distributed info."""
         self.profiler.stop()
+
+    def events(self):
+        """The window's events, and torch's distributed info (its export: off the step)."""
         self.profiler.export_chrome_trace(self.raw)
         with open(self.raw, encoding="utf-8") as f:
             trace = json.load(f)
@@ -171,7 +210,7 @@ def install():
 
 
 def _hook(module):
-    module.register_optimizer_step_post_hook(_window.stepped)
+    module.register_optimizer_step_post_hook(_window.optimizer_stepped)
 
 
 def reported():

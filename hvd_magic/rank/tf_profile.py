@@ -62,9 +62,12 @@ class Recorder:
         tf.profiler.experimental.start(self.folder, options=options)
 
     def stop(self):
-        """The window's events (and no distributed info: torch's alone has it)."""
         import tensorflow as tf
         tf.profiler.experimental.stop()
+
+    def events(self):
+        """The window's events (and no distributed info: torch's alone has it), read from the
+        XSpace TensorFlow wrote (off the step)."""
         spaces = sorted(glob.glob(os.path.join(self.folder, "plugins", "profile", "*",
                                                "*.xplane.pb")), key=os.path.getmtime)
         events = events_of(spaces[-1]) if spaces else []

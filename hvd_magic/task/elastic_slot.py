@@ -20,6 +20,7 @@ Not for: deciding anything (Horovod's driver and `ElasticSparkLauncher` do), or 
 imports at module level.
 """
 
+import os
 import queue
 import socket
 import types
@@ -27,6 +28,7 @@ import types
 from .. import frameworks
 from ..frameworks.base import iface_towards
 from ..rank import elastic_world
+from .gpus import spark_ids_once
 from .link import DriverLink
 from .plan import _local_ip_towards, machine_name
 from .runner import run_worker, unshippable
@@ -36,13 +38,17 @@ WAIT_STEP = 0.2  # seconds between looks at the driver link while the slot waits
 
 def elastic_slot_task(settings, slots):
     """The function of a slot's one-task Spark job (module level: it pickles by reference)."""
-    from pyspark import TaskContext
+    from pyspark import SparkFiles, TaskContext
 
     context = TaskContext.get()
     gpu = context.resources().get("gpu")
+    # (a slot's task has no siblings to read Spark's addresses with: the executor's first slot
+    # reads them, its later ones the same way: task/gpus.py)
+    addresses = list(gpu.addresses) if gpu is not None else []
+    ids = spark_ids_once(addresses, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                         SparkFiles.getRootDirectory())
     for slot in slots:
-        yield run_slot(settings, slot, context.attemptNumber(),
-                       list(gpu.addresses) if gpu is not None else [])
+        yield run_slot(settings, slot, context.attemptNumber(), list(ids.values()))
 
 
 def run_slot(settings, slot, attempt=0, gpus=()):

@@ -82,21 +82,3 @@ def _iface_of(ip):
         if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
             return name
     return "lo"
-
-
-def visible_devices(assigned, visible=None):
-    """CUDA_VISIBLE_DEVICES for a rank given the GPU addresses Spark assigned its task.
-
-    When the executor itself sees only some GPUs (its own CUDA_VISIBLE_DEVICES) and Spark's
-    addresses are indices into that list, they are mapped through it; otherwise they are used as
-    they are (discovery scripts usually report the ids CUDA itself uses).
-    """
-    assigned = [str(a).strip() for a in assigned]
-    if not visible or not assigned:
-        return assigned
-    seen = [v.strip() for v in visible.split(",") if v.strip()]
-    if all(a.isdigit() and int(a) < len(seen) for a in assigned) and \
-            not all(a in seen for a in assigned):
-        return [seen[int(a)] for a in assigned]
-    return assigned
-

@@ -10,7 +10,7 @@ process tree (the rank and its children: DataLoader workers...) with psutil and 
 
 The limit is the rank's memory cgroup's (v1 ``memory.limit_in_bytes``, v2 ``memory.max``) where
 it has one below the host's memory, else the host's. GPUs are read through NVML
-(``libnvidia-ml.so.1`` by ctypes: no framework is imported), those the rank was given.
+(`task.nvml`: no framework is imported), those the rank was given, found there by UUID.
 
 `Sampler.oom` says, once the rank died by SIGKILL, whether the kernel's OOM killer did it: the
 count of OOM kills of the rank's cgroup (v1 ``memory.oom_control``, v2 ``memory.events``) or of the
@@ -20,10 +20,11 @@ read, names the rank's process: a count rises for any process there, another cgr
 Not for: showing any of it (`hvd_magic.view`), or keeping it (`hvd_magic.driver`).
 """
 
-import ctypes
 import os
 import threading
 import time
+
+from .nvml import Nvml
 
 # psutil is imported where it is used: a task imports this module before the packages shipped
 # with the job (psutil among them, where the executor lacks it: task/shipped.py) are on its path.
@@ -116,45 +117,6 @@ def named_by_kernel(pid):
         os.close(fd)
 
 
-class _Nvml:
-    """NVML through ctypes: each GPU's utilisation and memory, or nothing where there is none."""
-
-    class _Memory(ctypes.Structure):
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                    ("used", ctypes.c_ulonglong)]
-
-    class _Rates(ctypes.Structure):
-        _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
-
-    def __init__(self, library=None):
-        self.lib = None
-        try:
-            lib = ctypes.CDLL(library or os.environ.get("HVD_MAGIC_NVML", "libnvidia-ml.so.1"))
-            if lib.nvmlInit_v2() == 0:
-                self.lib = lib
-        except (OSError, AttributeError):
-            pass
-
-    def count(self):
-        """How many GPUs the driver sees (0 without NVML)."""
-        count = ctypes.c_uint()
-        if self.lib is None or self.lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            return 0
-        return count.value
-
-    def read(self, index):
-        handle = ctypes.c_void_p()
-        memory, rates = self._Memory(), self._Rates()
-        lib = self.lib
-        if lib is None or lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
-            return None
-        if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
-            return None
-        util = rates.gpu if lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) == 0 \
-            else None
-        return {"index": index, "util": util, "mem": memory.used, "mem_total": memory.total}
-
-
 class Sampler(threading.Thread):
     """Samples process `pid` and its children every `interval` seconds; `send(event)` each."""
 
@@ -162,7 +124,7 @@ class Sampler(threading.Thread):
         super().__init__(name="hvd-magic-resources", daemon=True)
         self.pid = pid
         self.send = send
-        self.gpus = [int(g) for g in gpus or () if str(g).isdigit()]
+        self.gpus = [str(g).strip() for g in gpus or ()]  # as the rank names them (nvml.py)
         self.interval = interval
         self.peak = 0
         self.limit = (None, None)
@@ -179,7 +141,7 @@ class Sampler(threading.Thread):
     def run(self):
         import psutil
 
-        nvml = _Nvml() if self.gpus else None
+        nvml = Nvml() if self.gpus else None
         while not self._stop.wait(self.interval):
             try:
                 event = self.sample(nvml)

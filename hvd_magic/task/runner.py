@@ -31,9 +31,9 @@ from .. import frameworks, payload
 from .shipped import arrive, spark_fetched
 from ..rank.session import FRAMEWORK_VARS
 from .environ import rank_base_env
-from .gpus import VIEW as GPU_VIEW, GpuLayout, layout as gpu_layout
+from .gpus import VIEW as GPU_VIEW, GpuLayout, layout as gpu_layout, task_gpus
 from .link import DriverLink, FileStream, send_folder
-from .plan import _resolve, host_plan, visible_devices
+from .plan import _resolve, host_plan
 from .resources import Sampler
 from .session import SessionRank
 from .stacks import StackProbe
@@ -69,14 +69,16 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
         link.close()
         return refused
     serving = None
-    own = visible_devices(coord.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if "CUDA_VISIBLE_DEVICES" in settings.extra_env:  # env= chose (TorchDistributor's
-        own = []                                      # use_gpu=False: none), as --env wins
+    # Spark's GPU addresses and this executor's own list: read once the executor's other tasks
+    # said theirs (task/gpus.py: one reading per executor)
+    spark_gpus = {"spark": [] if "CUDA_VISIBLE_DEVICES" in settings.extra_env  # env= chose
+                  else coord.gpus(),  # (TorchDistributor's use_gpu=False: none), as --env wins
+                  "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         # Task 0 serves every framework's rendezvous, every task reserves its own (TensorFlow's
         # port, and says its GPUs); the driver gathers them and relays them to every task over
         # the event channel (milliseconds, where a Spark barrier sync takes ~1 s).
-        serving = frameworks.Serving(slot, first=coord.partition_id == 0, gpus=own)
+        serving = frameworks.Serving(slot, first=coord.partition_id == 0, gpus=spark_gpus)
         link.forward.send(serving.message)
         timeout = float(settings.horovod_env.get("HOROVOD_GLOO_TIMEOUT_SECONDS", 300))
         relayed = link.wait_rendezvous(timeout)
@@ -84,11 +86,12 @@ def run_task(settings: TaskSettings, coord: Coordinator, make_link=None):
             link.forward.send({"t": "exit", "code": None, "status": "stopped", "summary": None})
             return (slot.rank, "stopped", {"rank": slot.rank, "host": host, "code": None})
         world = frameworks.World(settings.np, tuple(hosts), settings.run_id, _resolve(hosts[0]))
-        by_rank = dict(enumerate((relayed.get("gpus") or {}).get("tasks") or ()))
+        executors = [coord.executor_of(i) for i in range(settings.np)]
+        said = dict(enumerate((relayed.get("gpus") or {}).get("tasks") or ()))
+        by_rank = task_gpus(said, {s.rank: e for s, e in zip(slots, executors)})
         here = [s.rank for s in sorted(plan, key=lambda s: s.local_rank)
                 if s.hostname == slot.hostname]
         gpus = gpu_layout(by_rank, here, slot.rank)
-        executors = [coord.executor_of(i) for i in range(settings.np)]
         env = rank_env(settings, frameworks.rank_env(slot, world, relayed),
                        gpus, slot.local_size, executors.count(coord.executor()))
         outcome = _run_rank(settings, slot, env, host, gpus, link, executor=coord.executor(),
