@@ -29,6 +29,7 @@ import zipfile
 
 from IPython.core.error import UsageError
 
+from ..compat import importlib_metadata as metadata_compat
 from ..task.shipped import Parcel, here
 from ..words import plural
 
@@ -219,8 +220,8 @@ def _files(dist):
     if _is_ours(dist):
         import hvd_magic
         files = _walked([os.path.dirname(hvd_magic.__file__)])
-        metadata_file = dist.locate_file(f"{dist._path.name}/METADATA") \
-            if hasattr(dist, "_path") else None
+        folder = metadata_compat.metadata_folder(dist)
+        metadata_file = dist.locate_file(f"{folder.name}/METADATA") if folder is not None else None
         if metadata_file is not None and os.path.isfile(metadata_file):
             files[f"{OURS}-{dist.version}.dist-info/METADATA"] = str(metadata_file)
         return sorted(files.items())
@@ -321,7 +322,7 @@ def _compiled(src, rel):
 def pack(dist):
     """(`Parcel`, the zip's path): `dist` packed once, kept by its content's hash (compiled
     files stored as they are: packing numpy takes a fraction of a second, not seconds)."""
-    key = (str(getattr(dist, "_path", "")), _digest(dist))
+    key = (str(metadata_compat.metadata_folder(dist) or ""), _digest(dist))
     if key in _packed and os.path.isfile(_packed[key][1]):
         return _packed[key]
     name, version = dist.metadata["Name"], dist.version
