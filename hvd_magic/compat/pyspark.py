@@ -19,15 +19,11 @@ def _context_class():
 
 
 def active_context():
-    """The SparkContext this process runs now (``SparkContext._active_spark_context``), or None."""
-    sc_class = _context_class()
-    if not hasattr(sc_class, "_active_spark_context"):
-        unavailable("pyspark", "SparkContext._active_spark_context",
-                    "a running Spark session is found only through SparkSession.getActiveSession()")
-        from pyspark.sql import SparkSession
-        session = SparkSession.getActiveSession()
-        return session.sparkContext if session is not None else None
-    return sc_class._active_spark_context
+    """The SparkContext this process runs now (``SparkContext._active_spark_context``), or None
+    (where PySpark keeps none there: runs start their own session, or `spark=` names one)."""
+    return private(_context_class(), "_active_spark_context", "pyspark",
+                   "SparkContext._active_spark_context",
+                   "a Spark session already running is not found; pass spark= to use it")
 
 
 def jvm():
