@@ -227,6 +227,9 @@ def test_compat_modules_are_leaves():
 OUTSIDE = ("torch", "tensorflow", "keras", "pyspark", "py4j", "ipykernel", "IPython", "ipywidgets",
            "cloudpickle", "importlib", "horovod", "lightning", "pytorch_lightning", "accelerate",
            "mlflow", "comm", "tqdm")
+# Internal modules: a library's private namespace, though no part of the path starts with "_".
+INTERNAL_MODULES = ("tensorflow.python", "tensorflow.tsl", "tensorflow.core", "keras.src",
+                    "tf_keras.src")
 # Private names that are no library's internals: Python's documented sys functions, os._exit,
 # and a Scala tuple's fields read through py4j.
 NOT_PRIVATE = {"_getframe", "_current_frames", "_exit", "_1", "_2"}
@@ -276,7 +279,8 @@ def _root(node):
 def private_uses(source, own):
     """(line, name) of each outside private name `source` reads: an attribute (or a
     getattr/hasattr/setattr of a string) that is no name of ours, or any `_name` read through
-    an outside library's module or class; a `_name` imported from one; a ``_keyword=``."""
+    an outside library's module or class; a `_name` imported from one; a ``_keyword=``; an
+    internal module's name (imported, or written as a string for an import hook)."""
     tree = ast.parse(source)
     outside = _outside_bindings(tree)
     found = []
@@ -288,8 +292,16 @@ def private_uses(source, own):
                 node.func.id in ("getattr", "hasattr", "setattr", "delattr") and \
                 len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
             name, through = node.args[1].value, _root(node.args[0])
-        elif isinstance(node, ast.ImportFrom) and not node.level and \
-                (node.module or "").split(".")[0] in OUTSIDE:
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.startswith(INTERNAL_MODULES):
+            found.append((node.lineno, node.value))
+            continue
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+            named = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names]
+            found += [(node.lineno, n) for n in named if n.startswith(INTERNAL_MODULES)]
+            if not isinstance(node, ast.ImportFrom) or named[0].split(".")[0] not in OUTSIDE:
+                continue
             parts = (node.module or "").split(".") + [a.name for a in node.names]
             found += [(node.lineno, p) for p in parts if p.startswith("_") and p != "__future__"]
             continue
@@ -326,6 +338,8 @@ def test_other_libraries_private_names_are_read_only_in_compat():
     "from mlflow.tracking.fluent import _get_experiment_id",
     "import torch\ntorch._C._distributed_c10d",
     "from pyspark import SparkConf\nSparkConf(_jconf=None)",
+    "from tensorflow.python.eager import polymorphic_function",
+    "hooks.when_imported('keras.src.callbacks.callback_list', patch)",
 ])
 def test_the_private_name_rule_catches(line):
     assert private_uses(line, own={"_world"}) != []

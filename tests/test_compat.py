@@ -196,6 +196,41 @@ def test_the_xspace_message_is_found_in_this_tensorflow(said):
     assert said() == []
 
 
+def test_tensorflows_internal_modules_are_there_or_said(said, monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+    from hvd_magic.compat import tensorflow as tf_compat
+    from hvd_magic.rank import stall
+
+    tf_compat.check_modules(tf)
+    assert tf_compat.function_class() is not None
+    assert said() == []
+    monkeypatch.setattr(tf_compat, "COLLECTIVE_STRATEGY", "tensorflow.python.no_such_strategy")
+    monkeypatch.setattr(tf_compat, "FUNCTION_MODULES", ("tensorflow.python.no_such_function",))
+    tf_compat.check_modules(tf)
+    tf_compat.check_modules(tf)
+
+    class Strategy:  # (its calls are still waits where tf.function's class is not found)
+        def run(self):
+            return "ran"
+
+    stall._wrap_tf_waits(Strategy)
+    stall._wrap_tf_waits(Strategy)
+    assert Strategy().run() == "ran" and Strategy.run.__wrapped__.__name__ == "run"
+    assert not hasattr(Strategy.run.__wrapped__, "__wrapped__")  # wrapped once
+    lines = said()
+    assert [line.split(" unavailable in tensorflow ")[0] for line in lines] == [
+        "hvd_magic: the multi-worker strategy's module", "hvd_magic: tf.function's class"]
+
+
+def test_a_keras_without_its_callback_list_module_is_said(said, monkeypatch):
+    from hvd_magic.compat import tensorflow as tf_compat
+
+    monkeypatch.setitem(tf_compat.KERAS_CALLBACK_LISTS, "keras", "keras.src.no_such_module")
+    tf_compat.check_modules(types.SimpleNamespace(__name__="keras", __version__="3.99"))
+    assert said() == ["hvd_magic: Keras' callback list module unavailable in keras 3.99: a "
+                      "--timeline of a Keras fit counts no steps"]
+
+
 # --- ipykernel -------------------------------------------------------------------------------
 
 def control_request(*args):
@@ -348,7 +383,9 @@ def test_horovods_driver_members_do_their_work(said):
     assert horovod_compat.wake_slot_wait(driver)
     assert horovod_compat.break_worker_barrier(driver)
     assert barrier.broken
-    assert said() == []
+    before_a_reset = types.SimpleNamespace(_worker_registry=types.SimpleNamespace(_barrier=None))
+    assert not horovod_compat.break_worker_barrier(before_a_reset)
+    assert said() == []  # (a barrier not made yet is no feature off)
 
 
 # --- pyspark (no JVM: the Python objects alone) ----------------------------------------------
@@ -382,7 +419,9 @@ def test_without_the_active_context_attribute_none_is_found(said, monkeypatch):
     from pyspark import SparkContext
     from hvd_magic.compat import pyspark as pyspark_compat
 
-    assert pyspark_compat.active_context() is SparkContext._active_spark_context
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)  # (none running)
+    assert pyspark_compat.active_context() is None
+    assert said() == []  # (a private attribute that is None is no feature off)
     monkeypatch.delattr(SparkContext, "_active_spark_context")
     assert pyspark_compat.active_context() is None
     assert "SparkContext._active_spark_context unavailable in pyspark" in said()[0]

@@ -48,9 +48,10 @@ def unavailable(library, feature, loss, version=None):
 
 
 def private(owner, name, library, feature, loss):
-    """`owner`'s attribute `name` (one of `library`'s private ones), or None where this version
-    has none: then `unavailable(library, feature, loss)` says so once."""
-    found = getattr(owner, name, None)
-    if found is None:
+    """`owner`'s attribute `name` (one of `library`'s private ones, which may be None), or None
+    where this version has no such attribute: then `unavailable(library, feature, loss)` says
+    so once."""
+    if not hasattr(owner, name):
         unavailable(library, feature, loss)
-    return found
+        return None
+    return getattr(owner, name)

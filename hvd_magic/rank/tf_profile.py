@@ -44,8 +44,9 @@ def count_keras_batches(batch_ended):
         callbacks.on_train_batch_end = on_train_batch_end
         callbacks._hvd_magic_counted = True
 
-    hooks.when_imported("keras.src.callbacks.callback_list", patch)
-    hooks.when_imported("tf_keras.src.callbacks", patch)
+    for package, internal in tf_compat.KERAS_CALLBACK_LISTS.items():
+        hooks.when_imported(package, tf_compat.check_modules)
+        hooks.when_imported(internal, patch)
 
 
 class Recorder:

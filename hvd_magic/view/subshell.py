@@ -17,7 +17,8 @@ appears: a ``create_subshell_request`` for its own widget subshell. `busy_after_
 kernel say "busy" again, for the running cell, right after each control message's "idle".
 
 Not for: kernels without subshells (ipykernel < 7, other kernels): there clicks wait for the
-cell to end, which is fine for --background runs, and the status is the main shell's own.
+cell to end, which is fine for --background runs, and the status is the main shell's own
+(`hvd_magic.compat.ipykernel` reads the kernel's private members, and says once which is off).
 """
 
 import inspect
