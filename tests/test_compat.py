@@ -427,6 +427,17 @@ def test_without_the_active_context_attribute_none_is_found(said, monkeypatch):
     assert "SparkContext._active_spark_context unavailable in pyspark" in said()[0]
 
 
+def test_a_connect_clients_port_or_said(said):
+    from hvd_magic.compat import pyspark as pyspark_compat
+
+    builder = types.SimpleNamespace(_port=15002)
+    assert pyspark_compat.connect_port(types.SimpleNamespace(
+        client=types.SimpleNamespace(_builder=builder))) == 15002
+    assert said() == []
+    assert pyspark_compat.connect_port(types.SimpleNamespace(client=object())) is None
+    assert "Spark Connect's port (client._builder._port) unavailable in pyspark" in said()[0]
+
+
 def test_a_connect_plan_is_read_from_explain_without_its_private_call(said):
     from hvd_magic.compat import pyspark as pyspark_compat
 

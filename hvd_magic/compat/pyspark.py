@@ -138,7 +138,9 @@ def connect_default_session():
 def connect_port(session):
     """The port a Spark Connect session's client talks to (``client._builder._port``), or None
     (then only its host is shown)."""
-    return getattr(getattr(session.client, "_builder", None), "_port", None)
+    return private(getattr(session.client, "_builder", None), "_port", "pyspark",
+                   "Spark Connect's port (client._builder._port)",
+                   "a Connect run says its server's host without the port")
 
 
 def pending_releases(session):
