@@ -24,7 +24,6 @@ Shared by both sides: the driver calls `dumps` and `LocalFile`, the task `for_ra
 `load`. Not for: small values, which travel inside the job.
 """
 
-import functools
 import mmap
 import os
 import pickle
@@ -47,26 +46,11 @@ def cloud_dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=None):
     ``<hvd_magic cell N>``, the file name a cell is compiled with)."""
     import io
 
+    from .compat.cloudpickle import code_naming_pickler
+
     buffer = io.BytesIO()
-    _named_code_pickler()(buffer, protocol=protocol, buffer_callback=buffer_callback).dump(value)
+    code_naming_pickler()(buffer, protocol=protocol, buffer_callback=buffer_callback).dump(value)
     return buffer.getvalue()
-
-
-@functools.lru_cache(maxsize=None)
-def _named_code_pickler():
-    """cloudpickle's Pickler, its reduction of a code object given back the code's file name."""
-    import types
-
-    import cloudpickle
-
-    class NamedCodePickler(cloudpickle.Pickler):
-        def reducer_override(self, obj):
-            if type(obj) is types.CodeType:
-                make, args = self.dispatch_table[types.CodeType](obj)  # cloudpickle's own
-                return make, tuple(obj.co_filename if a == "<dynamic-code>" else a for a in args)
-            return super().reducer_override(obj)
-
-    return NamedCodePickler
 
 
 class OutOfBand:
@@ -180,8 +164,10 @@ def release(ref):
 
 def _spark_file(ref):
     """The file a PySpark broadcast was left in on this executor, if it looks like one."""
-    path = getattr(ref, "_path", None)  # PySpark's executor-side Broadcast(path=...)
-    if not isinstance(path, str) or getattr(ref, "_value", None) is not None:
+    from .compat.pyspark import broadcast_file
+
+    path = broadcast_file(ref)
+    if path is None:
         return None
     try:
         with open(path, "rb") as f:

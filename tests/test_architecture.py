@@ -212,3 +212,143 @@ def test_no_module_imports_horovod_at_its_top():
     bad = {m: n for m, rel in mods.items() for n in imports(m, rel, top_level_only=True)
            if n.split(".")[0] == "horovod"}
     assert bad == {}
+
+
+def test_compat_modules_are_leaves():
+    """compat/ holds other libraries' private APIs, one module per library; it imports nothing
+    of ours but its own package's notice (`hvd_magic.compat`), so any module may use it."""
+    edges = internal_edges()
+    for module, targets in edges.items():
+        if module.startswith("hvd_magic.compat."):
+            assert targets <= {"hvd_magic.compat"}, module
+
+
+# The outside libraries whose private names only compat/ may read.
+OUTSIDE = ("torch", "tensorflow", "keras", "pyspark", "py4j", "ipykernel", "IPython", "ipywidgets",
+           "cloudpickle", "importlib", "horovod", "lightning", "pytorch_lightning", "accelerate",
+           "mlflow", "comm", "tqdm")
+# Internal modules: a library's private namespace, though no part of the path starts with "_".
+INTERNAL_MODULES = ("tensorflow.python", "tensorflow.tsl", "tensorflow.core", "keras.src",
+                    "tf_keras.src")
+# Private names that are no library's internals: Python's documented sys functions, os._exit,
+# and a Scala tuple's fields read through py4j.
+NOT_PRIVATE = {"_getframe", "_current_frames", "_exit", "_1", "_2"}
+
+
+def _own_private_names():
+    """Every `_name` the package defines outside compat/: its functions, classes, variables,
+    parameters, and the attributes its classes use on `self`/`cls` (not one it sets on another
+    object: ``comm._reply_subshell_id = ...`` is ipykernel's name)."""
+    names = set()
+    for rel in modules().values():
+        if rel.startswith("compat/"):
+            continue
+        for node in ast.walk(ast.parse(open(os.path.join(PACKAGE, rel)).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id in ("self", "cls"):
+                names.add(node.attr)
+    return {n for n in names if n.startswith("_")}
+
+
+def _outside_bindings(tree):
+    """The local names a module binds to an outside library (``import torch.distributed as
+    dist``, ``from pyspark import SparkContext``)."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {a.asname or a.name.split(".")[0] for a in node.names
+                      if a.name.split(".")[0] in OUTSIDE}
+        elif isinstance(node, ast.ImportFrom) and not node.level and \
+                (node.module or "").split(".")[0] in OUTSIDE:
+            bound |= {a.asname or a.name for a in node.names}
+    return bound
+
+
+def _root(node):
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def private_uses(source, own):
+    """(line, name) of each outside private name `source` reads: an attribute (or a
+    getattr/hasattr/setattr of a string) that is no name of ours, or any `_name` read through
+    an outside library's module or class; a `_name` imported from one; a ``_keyword=``; an
+    internal module's name (imported, or written as a string for an import hook)."""
+    tree = ast.parse(source)
+    outside = _outside_bindings(tree)
+    found = []
+    for node in ast.walk(tree):
+        name, through = None, None
+        if isinstance(node, ast.Attribute):
+            name, through = node.attr, _root(node.value)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("getattr", "hasattr", "setattr", "delattr") and \
+                len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+            name, through = node.args[1].value, _root(node.args[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.startswith(INTERNAL_MODULES):
+            found.append((node.lineno, node.value))
+            continue
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+            named = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names]
+            found += [(node.lineno, n) for n in named if n.startswith(INTERNAL_MODULES)]
+            if not isinstance(node, ast.ImportFrom) or named[0].split(".")[0] not in OUTSIDE:
+                continue
+            parts = (node.module or "").split(".") + [a.name for a in node.names]
+            found += [(node.lineno, p) for p in parts if p.startswith("_") and p != "__future__"]
+            continue
+        if isinstance(node, ast.Call):  # a ``_keyword=`` of an outside call
+            found += [(node.lineno, k.arg) for k in node.keywords if k.arg and
+                      k.arg.startswith("_") and not k.arg.startswith("__") and
+                      (k.arg not in own or _root(node.func) in outside)]
+        if not isinstance(name, str) or not name.startswith("_") or name.startswith("__") or \
+                name.startswith("_hvd_magic") or name in NOT_PRIVATE:
+            continue
+        if name not in own or through in outside:
+            found.append((node.lineno, name))
+    return found
+
+
+def test_other_libraries_private_names_are_read_only_in_compat():
+    """A private name of torch, pyspark, ipykernel... read anywhere else is a feature that stops
+    in silence when that library changes: it goes through its compat/ module, feature-detected,
+    said once when off."""
+    own = _own_private_names()
+    bad = []
+    for module, rel in sorted(modules().items()):
+        if not rel.startswith("compat/"):
+            source = open(os.path.join(PACKAGE, rel)).read()
+            bad += [f"{rel}:{line}: {name}" for line, name in private_uses(source, own)]
+    assert bad == []
+
+
+@pytest.mark.parametrize("line", [
+    "import torch.distributed as dist\ndist.distributed_c10d._world.group_count = 0",
+    "from pyspark import SparkContext\nSparkContext._active_spark_context",
+    "def f(sc):\n    return sc._jsc.sc()",
+    "def f(kernel):\n    return getattr(kernel, '_publish_status', None)",
+    "from mlflow.tracking.fluent import _get_experiment_id",
+    "import torch\ntorch._C._distributed_c10d",
+    "from pyspark import SparkConf\nSparkConf(_jconf=None)",
+    "from tensorflow.python.eager import polymorphic_function",
+    "hooks.when_imported('keras.src.callbacks.callback_list', patch)",
+])
+def test_the_private_name_rule_catches(line):
+    assert private_uses(line, own={"_world"}) != []
+
+
+@pytest.mark.parametrize("line", [
+    "class A:\n    def f(self, other):\n        return self._x + other._x",
+    "import sys\nsys._getframe(0)",
+    "def f(t):\n    return t.__dict__",
+])
+def test_the_private_name_rule_lets_ours_be(line):
+    assert private_uses(line, own={"_x"}) == []

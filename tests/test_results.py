@@ -15,6 +15,7 @@ import types
 import pytest
 
 import hvd_magic
+from hvd_magic.compat import torch as torch_compat
 from hvd_magic.view import TextView
 
 from conftest import spark_session
@@ -156,7 +157,7 @@ def test_where_torchs_storages_cannot_be_mapped_to_the_cpu_the_error_says_how_to
     pytest.importorskip("torch")
     from hvd_magic.driver import results
 
-    monkeypatch.setattr(results, "torch_storage_loader_on_cpu", lambda *args: None)
+    monkeypatch.setattr(torch_compat, "storage_loader_on_cpu", lambda *args: None)
     view = FinishSeen()
     with pytest.raises(hvd_magic.ResultError) as caught:
         hvd_magic.run(cuda_tensor_of_a_gpu_rank(), np=-2, view=view, timeout=120)
@@ -168,7 +169,7 @@ def test_where_torchs_storages_cannot_be_mapped_to_the_cpu_the_error_says_how_to
 
 
 def test_the_storage_loader_substituted_is_the_one_torchs_tensors_pickle_with():
-    """The private name `torch_storage_loader_on_cpu` replaces is the one this torch's tensors
+    """The private name `compat.torch.storage_loader_on_cpu` replaces is the one this torch's tensors
     name in their pickles (a torch that renamed it fails here first)."""
     torch = pytest.importorskip("torch")
     names = [arg for op, arg, _ in pickletools.genops(pickle.dumps(torch.ones(2), protocol=2))
@@ -176,12 +177,15 @@ def test_the_storage_loader_substituted_is_the_one_torchs_tensors_pickle_with():
     assert "torch.storage _load_from_bytes" in names, names
 
 
-# Rank 1 spoils its own profile once torch's profiler wrote it (at the window's end), before the
-# rank ends and its task sends the file back.
+# Rank 1 spoils its own profile once torch's profiler wrote it (a thread writes it, whole, after
+# the window's end: rank/profile.py), before the rank ends and its task sends the file back.
 SPOILED_PROFILE = DETAIL_CELL + """\
-import json, os
+import json, os, time
 path = json.loads(os.environ["HVD_MAGIC_PROFILE"])["path"]
 if os.environ["HOROVOD_RANK"] == "1":
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert os.path.exists(path)
     with open(path, "w") as f:
         f.write("{not a profile")

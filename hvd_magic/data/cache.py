@@ -26,6 +26,8 @@ import uuid
 
 from IPython.core.error import UsageError
 
+from ..compat import pyspark as pyspark_compat
+
 MANIFEST = "_hvd_magic.json"
 ROW_GROUP_MB = 16
 
@@ -101,8 +103,8 @@ def _relation(node):
 def _stable_plan(df):
     """The canonical plan's full text and every file scan's details, the same in any JVM; None
     when the plan holds something that text cannot tell apart (then the caller falls back)."""
-    jvm = df.sparkSession._jvm
-    plan = df._jdf.queryExecution().analyzed().canonicalized()
+    jvm = pyspark_compat.jvm()
+    plan = pyspark_compat.java_dataframe(df).queryExecution().analyzed().canonicalized()
     is_plan = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.QueryPlan")
     scans, todo = [], [plan]
     while todo:
@@ -130,7 +132,7 @@ def _sql_confs(df):
     """The session's SQL settings, which the text leaves out of what they change (a cast to string
     shows no time zone, nor whether it is ANSI); the warehouse directory follows the working
     directory and reaches a plan only as a table's path, which the scans' paths already hold."""
-    conf = df.sparkSession._jsparkSession.sessionState().conf()
+    conf = pyspark_compat.java_session(df.sparkSession).sessionState().conf()
     return [("time zone", conf.sessionLocalTimeZone())] + [
         (k, v) for k, v in _pairs(conf.getAllConfs())
         if k.startswith("spark.sql.") and k != "spark.sql.warehouse.dir"]
@@ -144,8 +146,8 @@ def key(df):
     Connect has no plan to read here: its ``semanticHash`` is computed by the server, stable while
     that server runs. Either way a plan this cannot read whole keys by ``semanticHash``: a miss in
     the next kernel, never a wrong match."""
-    stable = None
-    if hasattr(df, "_jdf"):
+    stable, jdf = None, pyspark_compat.java_dataframe(df)
+    if jdf is not None:
         try:
             stable = _stable_plan(df)
         except Exception:  # py4j: a node without the method read; ValueError: not a file relation
@@ -154,8 +156,8 @@ def key(df):
         parts = ["plan-text", df.schema.json(), *stable]
     else:
         parts = [str(df.semanticHash()), df.schema.json()]
-        if hasattr(df, "_jdf"):
-            parts.append(df._jdf.queryExecution().analyzed().canonicalized().toString())
+        if jdf is not None:
+            parts.append(jdf.queryExecution().analyzed().canonicalized().toString())
     parts.append(json.dumps(_inputs(df)))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 

@@ -13,6 +13,8 @@ and the DataFrame is converted once instead (`hvd_magic.data.cache`).
 
 import re
 
+from ..compat import pyspark as pyspark_compat
+
 _COMPARISONS = {"EqualTo": "==", "LessThan": "<", "LessThanOrEqual": "<=", "GreaterThan": ">",
                 "GreaterThanOrEqual": ">="}
 _LITERAL_TYPES = {"integer", "long", "short", "byte", "double", "float", "string", "boolean"}
@@ -24,8 +26,9 @@ class NotDirect(Exception):
 
 def scan(df):
     """(Parquet file URIs, columns, filter spec) of a plain Parquet scan; NotDirect otherwise."""
-    if hasattr(df, "_jdf"):
-        return _classic(df._jdf.queryExecution().optimizedPlan())
+    jdf = pyspark_compat.java_dataframe(df)
+    if jdf is not None:
+        return _classic(jdf.queryExecution().optimizedPlan())
     return _connect(df)
 
 
@@ -108,7 +111,7 @@ _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*#\d+L?$")
 
 
 def _connect(df):
-    text = df._explain_string(extended=True)
+    text = pyspark_compat.explain_text(df)
     plan = text.split("== Optimized Logical Plan ==", 1)[-1].split("== Physical Plan ==", 1)[0]
     lines = [line.strip().lstrip("+- ").strip() for line in plan.strip().splitlines()]
     columns = None

@@ -6,7 +6,7 @@ names), and the notebook may lack what the ranks had: a module, a class, a GPU. 
 be read is kept as an `Unreadable` naming the rank, what it sent and why, and the run ends with a
 `ResultError` (`unreadable_error`) rather than stopping half-way with its state "running". One
 case is common enough to be read anyway: CUDA tensors returned to a notebook without a GPU come
-back as CPU tensors (`torch_storage_loader_on_cpu`), and the run says so once.
+back as CPU tensors (`compat.torch.storage_loader_on_cpu`), and the run says so once.
 
 Values come back as Spark's own task results (or the local launcher's, or a warm session's
 signed ones: `hvd_magic.launch.session`), never over the event channel.
@@ -20,6 +20,7 @@ import pickle
 import traceback
 from dataclasses import dataclass, field
 
+from ..compat import torch as torch_compat
 from ..errors import ResultError, describe_end, name_cells
 from ..timelines.ranks import ProfileError
 from ..words import plural
@@ -140,34 +141,11 @@ class _ValueReader(pickle.Unpickler):
     def find_class(self, module, name):
         found = super().find_class(module, name)
         if module.startswith("torch"):
-            return torch_storage_loader_on_cpu(module, name, self._moved) or found
+            return torch_compat.storage_loader_on_cpu(module, name, self._moved) or found
         return found
 
     def _moved(self):
         self.on_cpu = True
-
-
-def torch_storage_loader_on_cpu(module, name, moved):
-    """torch's loader of a pickled storage (``torch.storage._load_from_bytes``: a tensor's pickle
-    calls it with the bytes of ``torch.save(storage)``), made to load a storage saved on a CUDA
-    device onto the CPU where this Python has no GPU (calling `moved()`), and any other as torch
-    does; None for any other name. The one place that knows a private name of torch's: where a
-    torch names it otherwise, a CUDA tensor in a value fails to load as in plain torch, and the
-    error says to return ``tensor.cpu()`` (`_hint`)."""
-    if (module, name) != ("torch.storage", "_load_from_bytes"):
-        return None
-    import torch
-
-    def on_cpu_without_gpu(storage, location):
-        if str(location).startswith("cuda") and not torch.cuda.is_available():
-            moved()
-            return storage  # (torch reads every storage onto the CPU before placing it)
-        return None  # where torch would put it
-
-    def load(data):
-        return torch.load(io.BytesIO(data), map_location=on_cpu_without_gpu, weights_only=False)
-
-    return load
 
 
 def _reading_frames(error):

@@ -101,8 +101,8 @@ def mlflow_tracker(option, name=None):
         found = client.get_experiment_by_name(option)
         experiment = found.experiment_id if found else client.create_experiment(option)
     else:
-        from mlflow.tracking.fluent import _get_experiment_id  # what mlflow.start_run() uses
-        experiment = _get_experiment_id()
+        from ..compat.mlflow import current_experiment_id
+        experiment = current_experiment_id()  # what mlflow.start_run() uses
     tags = {"mlflow.parentRunId": active.info.run_id} if active is not None else {}
     created = client.create_run(experiment, run_name=name, tags=tags)
     return MlflowTracker(mlflow, client, created.info.run_id, own=True)

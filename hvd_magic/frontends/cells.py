@@ -6,6 +6,7 @@ import sys
 from IPython.core.error import UsageError
 
 from .. import api
+from ..compat import ipython as ipython_compat
 from ..capture import capture_cell
 from ..capture.session import capture_session_cell
 from ..config import Placement, RunOptions, check_together, is_dataframe
@@ -43,9 +44,7 @@ def where_in_notebook(shell):
     count = getattr(running, "execution_count", None)
     if count is None:  # run_cell_magic called outside a cell (a test, a script)
         count = shell.execution_count
-    compiled_names = getattr(shell.compile, "_filename_map", None)
-    if isinstance(compiled_names, dict):  # IPython then shows a SyntaxError as Cell In[N] too
-        compiled_names[cell_filename(count)] = count
+    ipython_compat.name_cell_file(shell, cell_filename(count), count)  # a SyntaxError's Cell In[N]
     return {"cell_id": count, "first_line": 2}
 
 

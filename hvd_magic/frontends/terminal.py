@@ -146,8 +146,8 @@ def _spark_context():
     """The SparkContext this process runs now, or None (without importing pyspark)."""
     if "pyspark" not in sys.modules:
         return None
-    from pyspark import SparkContext
-    return SparkContext._active_spark_context
+    from ..compat import pyspark as pyspark_compat
+    return pyspark_compat.active_context()
 
 
 def _stop_spark(before=None):
@@ -157,7 +157,9 @@ def _stop_spark(before=None):
     if context is None or context is before:
         return
     from pyspark.sql import SparkSession
-    session = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+
+    from ..compat import pyspark as pyspark_compat
+    session = SparkSession.getActiveSession() or pyspark_compat.instantiated_session()
     # (the session's stop also forgets it, so a later SparkSession.builder starts afresh)
     (session if session is not None else context).stop()
 

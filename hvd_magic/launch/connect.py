@@ -31,6 +31,7 @@ import uuid
 
 from IPython.core.error import UsageError
 
+from ..compat import pyspark as pyspark_compat
 from ..data.frames import check_data, data_plan
 from ..errors import LaunchError
 from ..task.connect_stage import OUTCOME_SCHEMA, frame_task, outcomes
@@ -55,7 +56,7 @@ def connect_session(spark=None):
         from pyspark.sql.connect.session import SparkSession
     except ImportError:  # the Connect client's packages (grpcio...) are not installed
         return None
-    return SparkSession.getActiveSession() or SparkSession._get_default_session()
+    return SparkSession.getActiveSession() or pyspark_compat.connect_default_session()
 
 
 def is_connect(spark):
@@ -97,7 +98,7 @@ class ConnectLauncher(Launcher):
 
     @property
     def where(self):
-        port = getattr(getattr(self.session.client, "_builder", None), "_port", None)
+        port = pyspark_compat.connect_port(self.session)
         address = f"{self.host}:{port}" if port else self.host
         return f"Spark Connect {address}" + (f" ({self.master})" if self.master else "")
 
@@ -172,12 +173,11 @@ def released(session, timeout=10):
     pyspark sends them from a thread pool once a result is read, and a ``spark.stop()`` right
     after the run closes the server's session first: a release arriving after that is logged by
     the server as an ERROR with its Java stack (in-process server: on the notebook's stderr).
-    pyspark's own ``close()`` waits the same way, after the session is gone. (`_release_futures`:
-    a private attribute of pyspark's Connect client, 3.5 to 4.x.)"""
+    pyspark's own ``close()`` waits the same way, after the session is gone."""
     import concurrent.futures
-    futures = getattr(getattr(session, "client", None), "_release_futures", None)
+    futures = pyspark_compat.pending_releases(session)
     if futures:
-        concurrent.futures.wait(list(futures), timeout=timeout)
+        concurrent.futures.wait(futures, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -213,15 +213,14 @@ def _local_server_env(master):
     if "SPARK_LOCAL_REMOTE" not in os.environ or not master or local_slots(master) is None:
         return None
     from py4j.protocol import Py4JError
-    from pyspark import SparkContext
 
-    sc = SparkContext._active_spark_context
+    sc = pyspark_compat.active_context()
     if sc is None or sc.master != master:
         return None
     try:
         # System.getenv() is a read-only view of the map it wraps (Spark opens java.util to
         # reflection, for its own use of it)
-        view = sc._jvm.java.lang.System.getenv()
+        view = pyspark_compat.jvm().java.lang.System.getenv()
         field = view.getClass().getDeclaredField("m")
         field.setAccessible(True)
         return field.get(view)

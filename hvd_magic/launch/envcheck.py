@@ -115,8 +115,8 @@ def _portable(fn):
 def _context(spark):
     if spark is not None:
         return getattr(spark, "sparkContext", spark)  # a SparkSession or a SparkContext
-    from pyspark import SparkContext
-    return SparkContext._active_spark_context
+    from ..compat import pyspark as pyspark_compat
+    return pyspark_compat.active_context()
 
 
 def _slots(sc):

@@ -21,6 +21,7 @@ import uuid
 from IPython.core.error import UsageError
 
 from .. import payload
+from ..compat import pyspark as pyspark_compat
 from ..errors import LaunchError, RunCancelled
 from ..task import spark_task
 from ..task.threads import executor_cores
@@ -35,7 +36,9 @@ from .sparkstart import (EMBEDDED_MARK, SparkStart, _active_context, _quiet,  # 
 
 def cluster_slots(sc):
     """How many tasks of the default resource profile can run at once right now."""
-    jsc = sc._jsc.sc()
+    jsc = pyspark_compat.scala_context(sc)
+    if jsc is None:
+        return sc.defaultParallelism
     try:
         profile = jsc.resourceProfileManager().defaultResourceProfile()
         return int(jsc.maxNumConcurrentTasks(profile))
@@ -44,8 +47,11 @@ def cluster_slots(sc):
 
 
 def _executor_summary(sc):
+    jsc = pyspark_compat.scala_context(sc)
+    if jsc is None:
+        return ""
     try:
-        executors = sc._jsc.sc().getExecutorIds().size()  # those holding slots, as counted
+        executors = jsc.getExecutorIds().size()  # those holding slots, as counted
     except Exception:
         return ""
     conf = context_conf(sc)
@@ -285,7 +291,8 @@ class SparkLauncher(Launcher):
     def _same_session(self, df):
         """`df` runs on our SparkContext (a stopped session's DataFrame, or a Spark Connect
         one, does not)."""
-        return getattr(getattr(df, "sparkSession", None), "_sc", None) is self.session.sparkContext
+        session = getattr(df, "sparkSession", None)
+        return pyspark_compat.context_of(session) is self.session.sparkContext
 
     # -- launch -------------------------------------------------------------------------------
     def start(self, settings, np):
@@ -301,7 +308,7 @@ class SparkLauncher(Launcher):
                 with workers_python(sc):
                     rdd = sc.parallelize(range(np), np).barrier().mapPartitions(
                         functools.partial(spark_task, settings))
-                    rdd._jrdd  # the Python function is wrapped now, with our interpreter
+                    pyspark_compat.wrap_python_function(rdd)  # now, with our interpreter
                 self.outcomes = rdd.collect()
             except BaseException as exc:  # reported by the driver loop, never lost
                 self.error = exc if self._cancelled else LaunchError(
@@ -321,8 +328,9 @@ class SparkLauncher(Launcher):
             # The session was started in the driver's helper thread (`Run._prepare`), and Spark's
             # active session is per thread: make it the notebook's too, as if the user had started
             # it, so that SparkSession.getActiveSession() in a later cell finds it.
-            sc = self.session.sparkContext
-            sc._jvm.SparkSession.setActiveSession(self.session._jsparkSession)
+            java_session = pyspark_compat.java_session(self.session)
+            if java_session is not None:
+                pyspark_compat.jvm().SparkSession.setActiveSession(java_session)
 
     def cancel(self):
         self._cancelled = True

@@ -35,6 +35,7 @@ import threading
 import time
 import warnings
 
+from ..compat import pyspark as pyspark_compat
 from ..errors import LaunchError, RunCancelled
 
 JVM_STOP_SECONDS = 10  # SIGTERM lets Spark's shutdown hooks remove its temporary folders
@@ -44,8 +45,7 @@ _LOG4J = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 
 
 def _active_context():
-    from pyspark import SparkContext
-    return SparkContext._active_spark_context
+    return pyspark_compat.active_context()
 
 
 def embedded_settings(np, conf=None, master=None):
@@ -84,8 +84,8 @@ def _quiet(session):
 def context_conf(sc):
     """The settings SparkContext `sc` runs with. (PySpark's `sc.getConf()` starts from the JVM's
     `spark.*` system properties: on a JVM another session launched, it shows that one's too.)"""
-    from pyspark import SparkConf
-    return SparkConf(_jconf=sc._jsc.sc().getConf())
+    scala = pyspark_compat.scala_context(sc)
+    return pyspark_compat.conf_of(scala.getConf()) if scala is not None else sc.getConf()
 
 
 def local_slots(master):
@@ -120,14 +120,15 @@ class SparkStart:
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
-        if SparkContext._gateway is not None and SparkContext._active_spark_context is None \
+        running = pyspark_compat.launched_gateway()
+        if running is not None and _active_context() is None \
                 and _fixed_at_launch(self.settings):  # a JVM no session uses, launched without
-            _end_gateway(SparkContext._gateway)     # them: ours launches one that has them
+            _end_gateway(running)                   # them: ours launches one that has them
         conf = SparkConf(loadDefaults=False)  # (held by the JVM, where there is one)
         for key, value in self.settings.items():
             conf.set(key, str(value))
         gateway = None
-        if SparkContext._gateway is None:  # no JVM in this process yet: ours to launch
+        if pyspark_compat.launched_gateway() is None:  # no JVM in this process yet: ours to launch
             # (without our mark: the JVM keeps its launch settings for every later session in
             # it, and a user's session made there once ours is stopped is not ours)
             launch = SparkConf(loadDefaults=False).setAll(
@@ -223,9 +224,7 @@ LAUNCH_ONLY = ("spark.driver.memory", "spark.driver.extraClassPath",
 def _fixed_at_launch(settings):
     """The `settings` that the running JVM was launched without (or with other values): on it
     they would not take effect."""
-    from pyspark import SparkContext
-
-    system = SparkContext._jvm.System
+    system = pyspark_compat.jvm().System
     return [key for key in LAUNCH_ONLY
             if key in settings and str(settings[key]) != system.getProperty(key)]
 
@@ -236,9 +235,8 @@ def _launch_settings_hidden():
     and every SparkContext made in it starts from them (PySpark's `SparkConf(_jvm=...)`): a user's
     session, stopped since, would give ours its spark.task.cpus or spark.cores.max. They are
     hidden while ours is made, and put back for the sessions the user makes next."""
-    from pyspark import SparkContext
-
-    system = SparkContext._jvm.System if SparkContext._jvm is not None else None
+    jvm = pyspark_compat.jvm()
+    system = jvm.System if jvm is not None else None
     kept = {}
     if system is not None:
         for key in list(system.getProperties().stringPropertyNames()):
@@ -254,8 +252,6 @@ def _launch_settings_hidden():
 
 
 def _end_gateway(gateway):
-    from pyspark import SparkContext
-
     if gateway is None:
         return
     try:
@@ -264,11 +260,8 @@ def _end_gateway(gateway):
         pass
     _end_process(gateway.proc)
     # PySpark has no call to drop a gateway; left in place, a dead one would make every later
-    # start in this kernel fail. These are the class attributes launch_gateway's caller sets.
-    with SparkContext._lock:
-        if SparkContext._gateway is gateway:
-            SparkContext._gateway = None
-            SparkContext._jvm = None
+    # start in this kernel fail.
+    pyspark_compat.forget_gateway(gateway)
 
 
 def _tail(path, lines=20):

@@ -41,6 +41,7 @@ import time
 from datetime import timedelta
 
 from . import reporting, sockets
+from ..compat import torch as torch_compat
 from .torch_store import PORTS, hand_first_group_to, probe
 
 ELASTIC = "HVD_MAGIC_ELASTIC"             # "torch" in such a run's ranks
@@ -223,12 +224,15 @@ class World:
                 store = self._store(reform, rank, size, port)
                 if store is not None and self._all_came(store, g, rank, size, backend):
                     _fresh_group_names(dist)
+                    wait = _timeout(self._options, backend)
+                    short = torch_compat.can_set_group_timeout()
                     # (the prefix torch gives an env:// group's store: a joiner's is one)
                     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
                                             rank=rank, world_size=size,
-                                            **dict(self._options, timeout=CONNECT_TIMEOUT))
-                    # (then its collectives wait as long as the code asked, or torch's default)
-                    dist.distributed_c10d._set_pg_timeout(_timeout(self._options, backend))
+                                            **dict(self._options,
+                                                   timeout=CONNECT_TIMEOUT if short else wait))
+                    if short:  # (then its collectives wait as long as the code asked, or torch's)
+                        torch_compat.set_group_timeout(wait)
                     self._formed(g)
                     return rank
             except Exception:  # noqa: BLE001  (a member lost while it formed)
@@ -302,16 +306,13 @@ def _fresh_group_names(dist):
     under that name), set back to 0 when the default group is destroyed. A group whose making
     failed counted too: set back here, or this rank's next group is named otherwise than its
     peers' and their Gloo waits for keys that never come."""
-    world = getattr(dist.distributed_c10d, "_world", None)
-    if world is not None and not dist.is_initialized():
-        world.group_count = 0
+    if not dist.is_initialized():
+        torch_compat.restart_group_names()
 
 
 def _timeout(options, backend):
     """The group's timeout: the code's own (``init_process_group(timeout=...)``) or torch's."""
-    import torch.distributed as dist
-
-    return options.get("timeout") or dist.distributed_c10d._get_default_timeout(backend)
+    return options.get("timeout") or torch_compat.default_timeout(backend)
 
 
 def _horovod_ready():

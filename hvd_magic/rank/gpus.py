@@ -22,6 +22,7 @@ import functools
 import os
 
 from . import hooks
+from ..compat import torch as torch_compat
 
 OWN = "HVD_MAGIC_GPUS"              # the rank's own GPUs, as indices in CUDA_VISIBLE_DEVICES
 SHARED_WITH = "HVD_MAGIC_GPU_SHARED_WITH"  # "rank:gpu" of the other ranks on the rank's GPUs
@@ -43,10 +44,7 @@ def install():
 
 
 def _pin_torch(torch):
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not hasattr(cuda, "_lazy_call"):
-        return
-    cuda._lazy_call(functools.partial(_set_device, cuda, own()[0]))
+    torch_compat.when_cuda_starts(functools.partial(_set_device, torch.cuda, own()[0]))
 
 
 def _set_device(cuda, index):

@@ -9,6 +9,8 @@ import os
 import socket
 import sys
 
+from ..compat import torch as torch_compat
+
 _TCP = (socket.AF_INET, socket.AF_INET6)
 
 
@@ -63,6 +65,6 @@ def _abort_nccl():
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_initialized() and dist.get_backend() == "nccl":
-            dist.distributed_c10d._get_default_group().abort()
-    except Exception:  # noqa: BLE001  (already gone)
+            torch_compat.abort_default_group()
+    except RuntimeError:  # (already gone)
         pass

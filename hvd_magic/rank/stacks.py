@@ -14,13 +14,13 @@ Which frames are the user's is decided on the rank, where the paths are the rank
 (`hvd_magic.rank.frames.is_users`).
 """
 
-import json
 import os
 import signal
 import sys
 import threading
 
 from . import debugger, elastic_world, reporting
+from ..compat import torch as torch_compat
 from .frames import bounded_locals, frame_record
 
 STACK_SIGNAL = signal.SIGRTMIN + 4
@@ -57,23 +57,20 @@ def collectives():
     """Where this rank is in each torch.distributed group's collectives: the newest entry of
     torch's Flight Recorder (torch 2.5 and later records every collective it issues, Gloo's
     and NCCL's, DDP's included) per group, as [{"group", "seq", "op"}]; [] where no group is
-    made (or torch cannot say)."""
+    made, or where torch has no Flight Recorder (`compat.torch` says so once)."""
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return []
-        import torch
-
-        entries = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, False))
         newest = {}
-        for entry in entries.get("entries", ()):
+        for entry in torch_compat.flight_recorder_entries() or ():
             group = entry.get("process_group") or [entry.get("pg_id"), ""]
             name = str(group[1] or group[0])
             if entry.get("collective_seq_id", 0) >= newest.get(name, {}).get("seq", -1):
                 newest[name] = {"group": name, "seq": entry.get("collective_seq_id", 0),
                                 "op": entry.get("profiling_name", "?")}
         return list(newest.values())
-    except Exception:  # noqa: BLE001  (an older torch, or a group being torn down)
+    except RuntimeError:  # a group being torn down as it was read
         return []
 
 

@@ -25,6 +25,7 @@ import threading
 import time
 
 from . import debugger, hooks, reporting
+from ..compat import tensorflow as tf_compat
 
 REPORT_AFTER = 2.0
 
@@ -159,17 +160,15 @@ def _patch_tf_strategy(module):
 
 
 def _wrap_tf_waits(strategy):
-    from tensorflow.python.eager.polymorphic_function import polymorphic_function
-
-    function = polymorphic_function.Function
-    if getattr(function.__call__, "_hvd_magic_wait", False):
-        return
-    function.__call__ = _blocking(function.__call__, "tf.function")
-    function.__call__._hvd_magic_wait = True
+    function = tf_compat.function_class()
+    if function is not None and not getattr(function.__call__, "_hvd_magic_wait", False):
+        function.__call__ = _blocking(function.__call__, "tf.function")
+        function.__call__._hvd_magic_wait = True
     for op in ("run", "reduce", "gather"):
         fn = getattr(strategy, op, None)
-        if fn is not None:
+        if fn is not None and not getattr(fn, "_hvd_magic_wait", False):
             setattr(strategy, op, _blocking(fn, f"strategy.{op}"))
+            getattr(strategy, op)._hvd_magic_wait = True
     _start_monitor()
 
 
@@ -178,5 +177,5 @@ def install():
         hooks.when_imported(f"horovod.{framework}.mpi_ops", _patch)
     hooks.when_imported("torch.distributed.distributed_c10d", _patch_torch)
     hooks.when_imported("torch.nn.parallel.distributed", _patch_ddp)
-    hooks.when_imported("tensorflow.python.distribute.collective_all_reduce_strategy",
-                        _patch_tf_strategy)
+    hooks.when_imported("tensorflow", tf_compat.check_modules)
+    hooks.when_imported(tf_compat.COLLECTIVE_STRATEGY, _patch_tf_strategy)

@@ -14,14 +14,15 @@ framework's ranks alike (`hvd_magic.timelines.ranks`).
   the rank's wall clock; a collective (``CollectiveReduceV2``...) keeps its whole span, from its
   start to the last rank's arrival, as torch's Gloo events do.
 
-Reads TensorFlow's own copy of the XSpace message (``tensorflow.tsl.profiler.protobuf``);
-imports nothing before the job's TensorFlow is loaded.
+Reads TensorFlow's own copy of the XSpace message (`compat.tensorflow`); imports nothing before
+the job's TensorFlow is loaded.
 """
 
 import glob
 import os
 
 from . import hooks
+from ..compat import tensorflow as tf_compat
 
 COLLECTIVE_TYPES = ("Collective", "NcclAllReduce", "NcclReduce", "NcclBroadcast")
 
@@ -43,8 +44,9 @@ def count_keras_batches(batch_ended):
         callbacks.on_train_batch_end = on_train_batch_end
         callbacks._hvd_magic_counted = True
 
-    hooks.when_imported("keras.src.callbacks.callback_list", patch)
-    hooks.when_imported("tf_keras.src.callbacks", patch)
+    for package, internal in tf_compat.KERAS_CALLBACK_LISTS.items():
+        hooks.when_imported(package, tf_compat.check_modules)
+        hooks.when_imported(internal, patch)
 
 
 class Recorder:
@@ -86,10 +88,11 @@ def is_collective(name):
 
 def events_of(path):
     """The XSpace at `path` as Chrome trace events: a thread (track) per line of its host and
-    device planes, times in microseconds of the wall clock."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
+    device planes, times in microseconds of the wall clock; none where this TensorFlow has no
+    XSpace message we know."""
+    space = tf_compat.xspace()
+    if space is None:
+        return []
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
     start_ns = _start_ns(space)

@@ -23,6 +23,7 @@ import sys
 import time
 
 from . import gpus, hooks
+from ..compat import torch as torch_compat
 
 PORTS = "HVD_MAGIC_TORCH_PORTS"  # the two store ports a rank's groups take in turn
 
@@ -129,7 +130,9 @@ def release(timeout=30.0):
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return
-        store = dist.distributed_c10d._get_default_store()
+        store = torch_compat.default_store()
+        if store is None:
+            return
         size, deadline = dist.get_world_size(), time.monotonic() + timeout
         _count_up(store, "hvd_magic/ranks_done", size, deadline)
         if dist.get_rank() == 0:

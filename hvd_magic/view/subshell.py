@@ -17,11 +17,14 @@ appears: a ``create_subshell_request`` for its own widget subshell. `busy_after_
 kernel say "busy" again, for the running cell, right after each control message's "idle".
 
 Not for: kernels without subshells (ipykernel < 7, other kernels): there clicks wait for the
-cell to end, which is fine for --background runs, and the status is the main shell's own.
+cell to end, which is fine for --background runs, and the status is the main shell's own
+(`hvd_magic.compat.ipykernel` reads the kernel's private members, and says once which is off).
 """
 
 import inspect
 import threading
+
+from ..compat import ipykernel as kernel_compat
 
 _subshells = {}                  # kernel -> subshell id: one subshell per kernel process, reused
 _subshells_lock = threading.Lock()
@@ -42,9 +45,8 @@ def route_to_subshell(widgets):
         return None
     for widget in widgets:
         comm = getattr(widget, "comm", None)
-        if comm is None or not hasattr(comm, "_reply_subshell_for"):
+        if comm is None or not kernel_compat.route_comm(comm, subshell_id):
             return None
-        comm._reply_subshell_id = subshell_id
     return subshell_id
 
 
@@ -52,13 +54,10 @@ def hold(subshell_id):
     """Take the subshell's lock until the returned function is called (see the module's text):
     its widget messages are then handled without a busy/idle status. Returns a no-op where the
     kernel has no such lock."""
-    kernel = _kernel()
-    manager = getattr(getattr(kernel, "shell_channel_thread", None), "manager", None)
-    try:
-        thread = manager._get_subshell(subshell_id)
-        lock = thread.asyncio_lock
-    except (AttributeError, KeyError, TypeError):
+    thread = kernel_compat.subshell_thread(_kernel(), subshell_id)
+    if thread is None:
         return lambda: None
+    lock = thread.asyncio_lock
     held, release = threading.Event(), []
 
     async def keep():
@@ -87,7 +86,10 @@ def busy_after_control():
     kernel = _kernel()
     handlers = getattr(kernel, "control_handlers", None)
     loop = getattr(getattr(kernel, "control_thread", None), "io_loop", None)
-    if not isinstance(handlers, dict) or loop is None or not hasattr(kernel, "_publish_status"):
+    if not isinstance(handlers, dict) or loop is None:
+        return lambda: None
+    publish = kernel_compat.status_publisher(kernel)
+    if publish is None:
         return lambda: None
     cell = kernel.get_parent("shell")  # the running cell's execute_request
     original = dict(handlers)
@@ -96,7 +98,7 @@ def busy_after_control():
 
     def busy_again():
         if running.is_set():  # (never after the cell's end: its own "idle" is the last word)
-            kernel._publish_status("busy", "shell", cell)
+            publish("busy", "shell", cell)
 
     def wrap(handler):
         async def handle(*args, **kwargs):
@@ -128,9 +130,10 @@ def _kernel():
 def _subshell():
     """A subshell of this kernel for widget messages (created once, as create_subshell_request does)."""
     kernel = _kernel()
-    thread = getattr(kernel, "shell_channel_thread", None)
-    manager = getattr(thread, "manager", None)
-    if manager is None or not hasattr(manager, "_create_subshell"):
+    if kernel is None:
+        return None
+    make, thread = kernel_compat.subshell_maker(kernel)
+    if make is None:
         return None
     if threading.current_thread() is thread:
         return None  # we would wait on ourselves
@@ -142,7 +145,7 @@ def _subshell():
 
         def create():  # must run in the shell-channel thread, which owns the subshell table
             try:
-                created["id"] = manager._create_subshell()
+                created["id"] = make()
             finally:
                 done.set()
 

@@ -13,6 +13,7 @@ Not for: what a slot is or when it is offered (the launcher's).
 import threading
 import time
 
+from ...compat import horovod as horovod_compat
 from .hosts import placement
 
 
@@ -32,11 +33,11 @@ def ring_rendezvous(launcher):
 def elastic_driver(launcher, *args, **kwargs):
     """Horovod's elastic driver, telling `launcher` while it waits for `min_np` slots and when
     it gives up (the elastic timeout: how long it waited, and its timeout); its `stop` ends such
-    a wait at once. (Private attributes of Horovod 0.28.1's driver, the last release: `_timeout`,
-    the elastic timeout it applies, ours or HOROVOD_ELASTIC_TIMEOUT's or its default;
-    `_wait_hosts_cond`, what the wait waits on.)"""
+    a wait at once. (Private members of Horovod's driver: `hvd_magic.compat.horovod`.)"""
     from horovod.runner.common.util.timeout import TimeoutException
     from horovod.runner.elastic.driver import ElasticDriver
+
+    horovod_compat.worker_exit_hook(ElasticDriver)  # (said once where it has none)
 
     class WaitingDriver(ElasticDriver):
         def wait_for_available_slots(self, min_num_proc, min_hosts=1):
@@ -44,15 +45,15 @@ def elastic_driver(launcher, *args, **kwargs):
             try:
                 return super().wait_for_available_slots(min_num_proc, min_hosts)
             except TimeoutException:
-                launcher._gave_up_waiting(time.monotonic() - began, self._timeout)
+                waited = time.monotonic() - began
+                launcher._gave_up_waiting(waited, horovod_compat.elastic_timeout(self) or waited)
                 raise
             finally:
                 launcher._waiting_since = None
 
         def stop(self, error_message=None):
             super().stop(error_message)
-            with self._wait_hosts_cond:  # (the wait sees the shutdown when woken, not sooner)
-                self._wait_hosts_cond.notify_all()
+            horovod_compat.wake_slot_wait(self)  # (the wait sees the shutdown once woken)
 
         def _handle_worker_exit(self, slot_info, exit_code, timestamp):
             # A worker's exit is recorded in the registry's barrier, which our stop breaks

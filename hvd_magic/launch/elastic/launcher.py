@@ -42,6 +42,7 @@ import threading
 import time
 import types
 
+from ...compat import horovod as horovod_compat
 from ...errors import LaunchError
 from ...frameworks.base import iface_towards
 from ...task.runner import run_worker
@@ -152,13 +153,9 @@ class ElasticLauncher(Launcher):
         """Tell Horovod's rank 0 again that hosts were added (it resets at its next commit and
         Horovod starts workers on them). Horovod tells it only when discovery sees a change, and
         a rank 0 that was re-initialising then dropped it; Horovod skips this when no worker
-        would be added. (A private method of Horovod 0.28.1's driver, the last release.)"""
-        from horovod.runner.elastic.worker import HostUpdateResult
-
-        driver = self._driver
+        would be added. (A private method of Horovod's driver: `hvd_magic.compat.horovod`.)"""
         try:
-            driver._notify_workers_host_changes(driver._host_manager.current_hosts,
-                                                HostUpdateResult.added)
+            horovod_compat.remind_hosts_added(self._driver)
         except Exception:  # (rank 0 is going away): the next reminder, or none is needed
             logging.debug("hvd_magic: reminding rank 0 of new hosts failed", exc_info=True)
 
@@ -294,9 +291,7 @@ class ElasticLauncher(Launcher):
         if driver is None or not self._drive_thread.is_alive():
             return
         driver.stop()
-        barrier = getattr(getattr(driver, "_worker_registry", None), "_barrier", None)
-        if barrier is not None:
-            barrier.abort()
+        horovod_compat.break_worker_barrier(driver)
 
     def cancel(self):
         self._stop_elastic()

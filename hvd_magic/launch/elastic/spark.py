@@ -26,6 +26,7 @@ import threading
 import time
 
 from ...errors import LaunchError
+from ...compat import pyspark as pyspark_compat
 from ...event_server import EventServer
 from ...task.elastic_slot import elastic_slot_task
 from .launcher import ElasticLauncher
@@ -115,7 +116,7 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
             for slot in range(np):
                 rdds[slot] = sc.parallelize([slot], 1).mapPartitions(
                     functools.partial(elastic_slot_task, settings))
-                rdds[slot]._jrdd  # the Python function is wrapped now, with our interpreter
+                pyspark_compat.wrap_python_function(rdds[slot])  # now, with our interpreter
         super().start(settings, np)
         for slot, rdd in rdds.items():
             # PySpark's thread class, so that the job group reaches the JVM in pinned-thread mode
@@ -137,7 +138,7 @@ class ElasticSparkLauncher(ElasticLauncher, SparkLauncher):
             if not (self._ended or self._stopping or self._cancelled):
                 self._job_failed(slot, java_message(exc, sc.pythonExec))
         finally:
-            if sc._jsc is not None:  # (none once the session was stopped under the run)
+            if not pyspark_compat.is_stopped(sc):  # (the session may be stopped under the run)
                 sc.setLocalProperty("spark.jobGroup.id", None)
 
     def _job_failed(self, slot, message):
