@@ -12,7 +12,7 @@ import it too, and must start as fresh interpreters. The API is loaded on first 
 """
 
 from .errors import (HorovodMagicError, InternalError, LaunchError, RankError, RunCancelled,
-                     RunTimeout)
+                     RunStalled, RunTimeout)
 from .rank.data import batch_count, numpy_batches, shard, tf_dataset, torch_batches
 from .rank.reporting import report, tensorboard_dir
 
@@ -76,4 +76,4 @@ def unload_ipython_extension(ip):
 
 
 __all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session", "HorovodRunner", "TorchDistributor", "MirroredStrategyRunner", "report", "timeline", "breakpoint", "RankError",
-           "LaunchError", "RunCancelled", "RunTimeout", "InternalError", "HorovodMagicError"]
+           "LaunchError", "RunCancelled", "RunStalled", "RunTimeout", "InternalError", "HorovodMagicError"]

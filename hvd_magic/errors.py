@@ -119,9 +119,15 @@ def describe_end(info):
     if info.get("oom"):
         oom = info["oom"]
         whose = "its cgroup's" if oom.get("limit_of") == "cgroup" else "the host's memory"
-        return (f"out of memory: killed by {oom.get('by', 'the OOM killer')} at "
-                f"{size(oom.get('peak') or 0)} (its limit: {size(oom.get('limit') or 0)}, "
-                f"{whose})")
+        peak, limit = oom.get("peak") or 0, oom.get("limit") or 0
+        if peak <= limit:
+            return (f"out of memory: killed by {oom.get('by', 'the OOM killer')} at "
+                    f"{size(peak)} (its limit: {size(limit)}, {whose})")
+        # Resident memory counts in full the pages shared with other processes (a forked
+        # rank's, the template's), which the limit counts once: it may read past the limit.
+        return (f"out of memory: killed by {oom.get('by', 'the OOM killer')} as it reached "
+                f"its limit (its limit: {size(limit)}, {whose}; its resident memory read "
+                f"{size(peak)}, counting in full the pages it shares with other processes)")
     if info.get("signal"):
         return f"killed by {info['signal']}"
     if info.get("status") == "stopped":
@@ -186,6 +192,18 @@ class RankError(HorovodMagicError):
 
     def __str__(self):
         return "\n".join(self._render_traceback_())
+
+
+class RunStalled(RankError):
+    """The stall watchdog stopped the run (``--on-stall fail``): ranks waited for peers that
+    never came, or a rank waited long with no CPU and no collective. The message says where every
+    rank was (its stack, grouped; the collectives' positions); a `RankError` for code that
+    catches a run's failures as one."""
+
+    def _render_traceback_(self):
+        return [f"RunStalled: {line}" if i == 0 else line
+                for i, line in enumerate(self.headline().splitlines())] + \
+            ([self.note] if self.note else [])
 
 
 class RunCancelled(HorovodMagicError):

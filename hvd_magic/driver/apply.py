@@ -99,7 +99,8 @@ def apply_event(run, event, request_stop):
         # ("lost": a warm session's rank lost before this cell; the cell runs without it)
         r.state = ended_state(run, status, event.get("summary"))
         if status == "died" and run.elastic is not None and run.stop_reason is None:
-            run.elastic.lost(run, r, event)  # the others go on without it
+            if run.elastic.lost(run, r, event):  # the others go on without it; if none is
+                request_stop("failed")           # left, the state went with them
         elif status not in ("ok", "stopped", "lost"):
             run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status,
                                      after_stop=run.stop_reason is not None))
