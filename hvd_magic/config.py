@@ -125,9 +125,9 @@ class Placement:
         if self.min_np is None:
             if self.max_np is not None or self.elastic_timeout is not None or \
                     self.restart_from_scratch:
-                raise UsageError("--max-np, --elastic-timeout and --restart-from-scratch belong "
-                                 "to an elastic run: add --min-np M (the fewest ranks the run "
-                                 "may go on with).")
+                raise UsageError("--max-np and --elastic-timeout belong to an elastic run (so "
+                                 "does --restart-from-scratch): add --min-np M (the fewest "
+                                 "ranks the run may go on with).")
             return
         _set(self, max_np=self.ranks if self.max_np is None else self.max_np)
         for name, value in (("min_np", self.min_np), ("max_np", self.max_np)):

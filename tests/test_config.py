@@ -29,6 +29,8 @@ MISTAKES = [
     ("--retries -1", {"retries": -1}, "retries must be a whole number >= 0"),
     ("--min-np 3", {"min_np": 3}, "min_np <= ranks <= max_np; got min_np 3, 2 ranks"),
     ("--max-np 4", {"max_np": 4}, "--max-np and --elastic-timeout belong to an elastic run"),
+    ("--restart-from-scratch", {"restart_from_scratch": True},
+     "(so does --restart-from-scratch): add --min-np M"),
     ("--min-np 1 --elastic-timeout -2", {"min_np": 1, "elastic_timeout": -2},
      "elastic_timeout takes a positive number of seconds"),
 ]

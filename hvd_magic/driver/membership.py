@@ -82,7 +82,9 @@ class Membership:
         if ring is None or len(self._dead(run, ring)) < ring["size"]:
             self._add(run, change, f"{said} The others go on from their last commit.")
             return False
-        gone = [c for c in self.changes if c["t"] == "lost" and c["time"] >= ring["time"]]
+        members = set(zip(ring["order"], ring["attempts"]))
+        gone = [c for c in self.changes + [change]
+                if c["t"] == "lost" and (c["rank"], c["attempt"]) in members]
         steps = [run.ranks[c["rank"]].step for c in gone if run.ranks[c["rank"]].step is not None]
         each = ", ".join("rank {rank}: {how}".format(**c) for c in gone)
         state = (f"every rank of the last {ring['formed']} was lost ({each}), and the training "

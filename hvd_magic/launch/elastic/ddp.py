@@ -95,8 +95,9 @@ class TorchMembership:
             return
         if self._world and not self.restart_from_scratch and not self._world_alive():
             # every member was lost, and the state with them: no replacement starts over from
-            # step 0 unasked (the driver's `Membership.lost` says what was lost)
-            self._stopping = True
+            # step 0 unasked, and one that started to join them ends (the driver's
+            # `Membership.lost` says what was lost)
+            self._stop_workers()
             return
         if self._g < 0 and time.monotonic() - self._began < START_GRACE and not all(
                 s in self._running or self._has_capacity(s) for s in range(initial)):
