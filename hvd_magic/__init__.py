@@ -55,8 +55,10 @@ def load_ipython_extension(ip):
     from .frontends import warmup
     held = warmup.to_hold(ip.user_ns)  # what the ranks' templates import from the start
     said = prestart.begin(ip.user_ns, magics.np, magics.spark_conf, magics.run_root, held)
-    if said:
-        print(said)
+    if said:  # (wrapped: a notebook does not wrap printed text, a long line runs off its edge)
+        import textwrap
+        print("\n".join(textwrap.fill(line, 96, subsequent_indent="  ")
+                        for line in said.splitlines()))
     warmup.begin(held)  # the --np -N ranks' template
 
 

@@ -21,6 +21,7 @@ FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken 
                   "Connection was likely closed")
 
 
+_FRAME_LINE = re.compile(r'^\s*(?:File "|Cell In\[)', re.MULTILINE)  # a Python traceback's
 _CELL_FRAME = re.compile(r'File "<hvd_magic cell ([^>]+)>", line (\d+)(, in <module>)?')
 _CELL_FILE = re.compile(r"<hvd_magic cell ([^>]+)>")
 
@@ -179,8 +180,11 @@ class RankError(HorovodMagicError):
         if self.note:
             lines.append(self.note)
         tb = self.info.get("traceback", "").rstrip()
-        if tb:
-            lines.append(f"--- traceback of rank {self.rank} ({self.host}) ---")
+        if tb.strip():
+            # (a rank killed by a signal has its log's last lines, or faulthandler's, instead:
+            # a "traceback" header over them promised what was not there)
+            what = "traceback of rank" if _FRAME_LINE.search(tb) else "rank"
+            lines.append(f"--- {what} {self.rank} ({self.host}) ---")
             lines.extend(tb.splitlines())
         if self.info.get("hint"):
             lines.append(self.info["hint"])

@@ -234,7 +234,8 @@ def footer_html(run):
 def _log_links(run, rank):
     """The rank's full log as a person reads it, and beside it every byte it printed; an
     elastic run's lost processes' logs after them (what the lost one said last)."""
-    earlier = run.folder.earlier_logs(rank) if getattr(run, "folder", None) is not None else []
+    earlier_logs = getattr(getattr(run, "folder", None), "earlier_logs", None)
+    earlier = earlier_logs(rank) if earlier_logs is not None else []
     lost = f" (lost: {', '.join(link_html(p) for p in earlier)})" if earlier else ""
     return (f"{link_html(run.log_path(rank, readable=True))} "
             f"({link_html(run.log_path(rank), 'raw')}){lost}")
