@@ -146,6 +146,55 @@ def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):
     assert rank_processes_left(run) == []
 
 
+HANG = """\
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+
+def load_batch():
+    time.sleep(600)
+
+if dist.get_rank() == 1:
+    load_batch()
+dist.all_reduce(torch.ones(1))
+"""
+
+
+def test_a_timeout_on_a_hang_says_where_every_rank_was(ip):
+    """A --timeout shorter than the stall timeout on a hang: the error itself says where each
+    rank was (their stacks, grouped, and their places in the collectives), once; it said only
+    "nothing printed" of each, though the stacks had been taken."""
+    with pytest.raises(hvd_magic.RunTimeout) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 12", HANG)
+    text = "\n".join(info.value._render_traceback_())
+    assert "--timeout of 12 s" in text
+    assert text.count("Where each rank was:") == 1, text
+    assert "rank 1: Cell In[" in text and "in load_batch" in text, text
+    assert "rank 0: Cell In[" in text and "all_reduce" in text, text
+    assert "stacks.txt" in text
+
+
+def test_a_rank_waiting_with_no_cpu_outside_a_collective_is_a_stall(ip, tmp_path):
+    """A rank that waits on something outside the ranks (a DeepSpeed cell sat 7 minutes on a
+    build lock at 0% CPU, "running", nothing said): a stall, with where it waits."""
+    import fcntl
+
+    lock = tmp_path / "build.lock"
+    lock.touch()
+    cell = ("import fcntl\n"
+            "def wait_for_the_build_lock():\n"
+            f"    with open({str(lock)!r}) as f:\n"
+            "        fcntl.flock(f, fcntl.LOCK_EX)\n"
+            "wait_for_the_build_lock()\n")
+    with open(lock) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # (held by another process: this one)
+        err, text = run_cell(ip, "--np -2 --stall-timeout 3 --on-stall fail --timeout 120", cell)
+    assert isinstance(err, hvd_magic.RunStalled), text
+    assert "ranks 0, 1 have used no CPU for" in text and "in no collective" in text, text
+    assert "ranks 0-1: Cell In[" in text and "in wait_for_the_build_lock" in text, text
+    assert hvd_magic.last_run().stop_reason == "stalled"
+
+
 def test_a_rank_failing_only_because_the_timeout_stopped_its_peer_is_no_cause(ip, tmp_path):
     """Rank 1 goes at the timeout's stop; rank 0, in a collective with it, ignores that stop
     (as a rank whose stop comes a moment later on a busy cluster) and fails with Horovod's
@@ -312,6 +361,9 @@ def test_watchdog_names_the_waiting_and_the_ended_ranks(ip):
             "    time.sleep(120)\n"
             "hvd.rank()\n")
     err, text = run_cell(ip, "--np -3 --stall-timeout 3 --on-stall fail", cell)
+    # under its own name, said once (not as the view's notice and again as a RankError)
+    assert isinstance(err, hvd_magic.RunStalled) and text.startswith("RunStalled: stall:"), text
+    assert text.count("have been waiting") == 1, text
     assert "ranks 1, 2 have been waiting" in text
     assert "rank 0 is running elsewhere" in text
     run = hvd_magic.last_run()
