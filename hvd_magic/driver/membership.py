@@ -82,7 +82,7 @@ class Membership:
         if ring is None or len(self._dead(run, ring)) < ring["size"]:
             self._add(run, change, f"{said} The others go on from their last commit.")
             return False
-        members = set(zip(ring["order"], ring["attempts"]))
+        members = self._holders_of_the_state()
         gone = [c for c in self.changes + [change]
                 if c["t"] == "lost" and (c["rank"], c["attempt"]) in members]
         steps = [run.ranks[c["rank"]].step for c in gone if run.ranks[c["rank"]].step is not None]
@@ -106,6 +106,15 @@ class Membership:
 
     def _last_ring(self):
         return next((c for c in reversed(self.changes) if c["t"] == "ring"), None)
+
+    def _holders_of_the_state(self):
+        """(slot, attempt) of the members of the world the last one's state came from: a world
+        of survivors alone (no joiner) goes on with its predecessor's."""
+        rings = [set(zip(c["order"], c["attempts"])) for c in self.changes if c["t"] == "ring"]
+        held = rings.pop()
+        while rings and held <= rings[-1]:
+            held = rings.pop()
+        return held
 
     @staticmethod
     def _dead(run, ring):
