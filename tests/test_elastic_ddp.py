@@ -389,4 +389,8 @@ def test_restart_from_scratch_lets_replacements_start_over_and_says_so(ip, fresh
     # the world the replacements formed is told; none names a slot already dead
     lost_at = max(c["time"] for c in run.membership if c["t"] == "lost")
     assert [c for c in run.membership if c["t"] == "ring" and c["time"] > lost_at]
+    # the killed process's log is linked beside its replacement's
+    from hvd_magic.view.table import _log_links
+    links = _log_links(run, 0)
+    assert "rank-0.attempt2.txt" in links and "(lost: " in links and "rank-0.txt" in links
 
