@@ -644,3 +644,22 @@ def test_a_worker_crashed_by_tensorflows_profiler_is_told_so(where):
     told = "TensorFlow's profiler crashed rank 1 as it stopped (--timeline)" in \
         "\n".join(error._render_traceback_())
     assert told == (where == "profiler")
+
+
+def test_an_idle_rank_is_left_to_the_collective_report_while_a_peer_waits_on_it():
+    """A rank missing from hvd.init() (or a collective) sleeps at 0% CPU too: while a peer waits
+    for it, the peer's report names it, with more to say; alone, it is an idle stall."""
+    from hvd_magic.driver.ranks import RankState
+    from hvd_magic.driver.watchdog import idle_message, stall_message
+
+    ranks = [RankState(0), RankState(1)]
+    for r in ranks:
+        r.state, r.pid = "running", 1
+    ranks[1].usage.add({"t": "resources", "time": 1.0, "cpu": 0.0, "cores": 2, "rss": 1 << 20})
+    later = ranks[1].usage.idle_since + 5
+    assert "rank 1 has used no CPU for 5 s" in idle_message(ranks, 3, later)
+    ranks[0].blocked_since, ranks[0].blocked_op = later - 4, "init"
+    assert idle_message(ranks, 3, later) is None
+    assert "which has not called it" in stall_message(ranks, 3, later + 6)
+    ranks[1].usage.add({"t": "resources", "time": 2.0, "cpu": 40.0, "cores": 2, "rss": 1 << 20})
+    assert ranks[1].usage.idle_since is None  # a rank that works is not idle

@@ -41,7 +41,11 @@ def stall_message(ranks, stall_timeout, now=None):
 def idle_message(ranks, stall_timeout, now):
     """Ranks that used no CPU (nor GPU) for `stall_timeout` s while in no collective: they wait
     on something outside the ranks (a lock, a file, the network, a sleep), which no collective
-    wait says (a DeepSpeed cell sat 7 minutes "running" at 0% CPU on a build lock)."""
+    wait says (a DeepSpeed cell sat 7 minutes "running" at 0% CPU on a build lock). Not while
+    a rank waits in a collective or in init: the others' report names the idle one then (a rank
+    missing from hvd.init() is idle too, and its report says more)."""
+    if any(r.exit is None and r.blocked_since is not None for r in ranks):
+        return None
     idle = [r for r in ranks if r.exit is None and r.state == "running"
             and r.blocked_since is None and getattr(r, "usage", None) is not None
             and r.usage.idle_since is not None and now - r.usage.idle_since >= stall_timeout]
