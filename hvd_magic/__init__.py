@@ -12,7 +12,7 @@ import it too, and must start as fresh interpreters. The API is loaded on first 
 """
 
 from .errors import (HorovodMagicError, InternalError, LaunchError, RankError, ResultError,
-                     RunCancelled, RunTimeout)
+                     RunCancelled, RunStalled, RunTimeout)
 from .rank.data import batch_count, numpy_batches, shard, tf_dataset, torch_batches
 from .rank.reporting import report, tensorboard_dir
 
@@ -55,8 +55,10 @@ def load_ipython_extension(ip):
     from .frontends import warmup
     held = warmup.to_hold(ip.user_ns)  # what the ranks' templates import from the start
     said = prestart.begin(ip.user_ns, magics.np, magics.spark_conf, magics.run_root, held)
-    if said:
-        print(said)
+    if said:  # (wrapped: a notebook does not wrap printed text, a long line runs off its edge)
+        import textwrap
+        print("\n".join(textwrap.fill(line, 96, subsequent_indent="  ")
+                        for line in said.splitlines()))
     warmup.begin(held)  # the --np -N ranks' template
 
 
@@ -76,4 +78,4 @@ def unload_ipython_extension(ip):
 
 
 __all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session", "HorovodRunner", "TorchDistributor", "MirroredStrategyRunner", "report", "timeline", "breakpoint", "RankError", "ResultError",
-           "LaunchError", "RunCancelled", "RunTimeout", "InternalError", "HorovodMagicError"]
+           "LaunchError", "RunCancelled", "RunStalled", "RunTimeout", "InternalError", "HorovodMagicError"]

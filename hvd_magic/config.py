@@ -114,6 +114,7 @@ class Placement:
     min_np: Optional[int] = None
     max_np: Optional[int] = None
     elastic_timeout: Optional[float] = None
+    restart_from_scratch: bool = False  # every rank lost: replacements start over from step 0
     log_dir: str = "hvd_runs"       # a Spark JVM started for the run writes its log here
     verbose: bool = False           # ... and to the cell's stderr too
 
@@ -122,9 +123,11 @@ class Placement:
         _typed(self)
         _set(self, spark_conf=dict(self.spark_conf or {}))
         if self.min_np is None:
-            if self.max_np is not None or self.elastic_timeout is not None:
-                raise UsageError("--max-np and --elastic-timeout belong to an elastic run: add "
-                                 "--min-np M (the fewest ranks the run may go on with).")
+            if self.max_np is not None or self.elastic_timeout is not None or \
+                    self.restart_from_scratch:
+                raise UsageError("--max-np and --elastic-timeout belong to an elastic run (so "
+                                 "does --restart-from-scratch): add --min-np M (the fewest "
+                                 "ranks the run may go on with).")
             return
         _set(self, max_np=self.ranks if self.max_np is None else self.max_np)
         for name, value in (("min_np", self.min_np), ("max_np", self.max_np)):

@@ -21,6 +21,7 @@ FOLLOW_ON_TEXT = ("Horovod has been shut down", "HorovodInternalError", "Broken 
                   "Connection was likely closed")
 
 
+_FRAME_LINE = re.compile(r'^\s*(?:File "|Cell In\[)', re.MULTILINE)  # a Python traceback's
 _CELL_FRAME = re.compile(r'File "<hvd_magic cell ([^>]+)>", line (\d+)(, in <module>)?')
 _CELL_FILE = re.compile(r"<hvd_magic cell ([^>]+)>")
 
@@ -119,9 +120,15 @@ def describe_end(info):
     if info.get("oom"):
         oom = info["oom"]
         whose = "its cgroup's" if oom.get("limit_of") == "cgroup" else "the host's memory"
-        return (f"out of memory: killed by {oom.get('by', 'the OOM killer')} at "
-                f"{size(oom.get('peak') or 0)} (its limit: {size(oom.get('limit') or 0)}, "
-                f"{whose})")
+        peak, limit = oom.get("peak") or 0, oom.get("limit") or 0
+        if peak <= limit:
+            return (f"out of memory: killed by {oom.get('by', 'the OOM killer')} at "
+                    f"{size(peak)} (its limit: {size(limit)}, {whose})")
+        # Resident memory counts in full the pages shared with other processes (a forked
+        # rank's, the template's), which the limit counts once: it may read past the limit.
+        return (f"out of memory: killed by {oom.get('by', 'the OOM killer')} as it reached "
+                f"its limit (its limit: {size(limit)}, {whose}; its resident memory read "
+                f"{size(peak)}, counting in full the pages it shares with other processes)")
     if info.get("signal"):
         return f"killed by {info['signal']}"
     if info.get("status") == "stopped":
@@ -165,7 +172,11 @@ class RankError(HorovodMagicError):
         return f"{where} failed: {describe_end(self.info)}"
 
     def traceback_title(self):
-        return f"traceback of rank {self.rank} ({self.host})"
+        # (a rank killed by a signal has its log's last lines, or faulthandler's, instead: a
+        # "traceback" header over them promised what was not there)
+        tb = self.info.get("traceback", "")
+        what = "traceback of rank" if _FRAME_LINE.search(tb) else "rank"
+        return f"{what} {self.rank} ({self.host})"
 
     def _render_traceback_(self):
         if self.rank_traceback is not None:  # %debug and %pdb open the rank's frames alone
@@ -204,6 +215,18 @@ class ResultError(RankError):
 
     def traceback_title(self):
         return f"reading rank {self.rank}'s {self.info.get('what', 'value')} in this notebook"
+
+
+class RunStalled(RankError):
+    """The stall watchdog stopped the run (``--on-stall fail``): ranks waited for peers that
+    never came, or a rank waited long with no CPU and no collective. The message says where every
+    rank was (its stack, grouped; the collectives' positions); a `RankError` for code that
+    catches a run's failures as one."""
+
+    def _render_traceback_(self):
+        return [f"RunStalled: {line}" if i == 0 else line
+                for i, line in enumerate(self.headline().splitlines())] + \
+            ([self.note] if self.note else [])
 
 
 class RunCancelled(HorovodMagicError):

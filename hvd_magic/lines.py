@@ -47,6 +47,10 @@ _CXX_FIRST = "ID[0123456789 \t"  # (what such a line starts with: the others are
 # torch's profiler (Kineto) says when it starts and stops, whatever KINETO_LOG_LEVEL says:
 # "USDT:2026-11-29 22:56:12 123:123 SyncActivityProfilerHandler.cpp:59] profiler_stop"
 _KINETO = re.compile(r"(?:USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\]")
+# Gloo's own notes on stdout as its full mesh connects (JAX's CPU collectives print them on every
+# rank, after the cell's own lines): "[Gloo] Rank 1 is connected to 1 peer ranks. Expected
+# number of connected peer ranks is : 1"
+_GLOO = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
 # What TensorFlow's C++ side says at start-up in other forms: absl's note before its logging is
 # set up (printed whatever TF_CPP_MIN_LOG_LEVEL says), the oneDNN and CPU-instruction notes;
 # searched for only in a line that names absl, oneDNN or TensorFlow (every line of a log is asked).
@@ -76,6 +80,7 @@ def is_chatter(line):
     Kept in the rank's raw log; shown only with --verbose."""
     return bool(line[:1] in _CXX_FIRST and _CXX_INFO.match(line)
                 or line[:1] in "US" and _KINETO.match(line)
+                or line[:1] == "[" and _GLOO.match(line)
                 or ("absl" in line or "oneDNN" in line or "TensorFlow" in line)
                 and _STARTUP.search(line))
 

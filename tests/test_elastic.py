@@ -225,6 +225,21 @@ def test_too_few_ranks_for_longer_than_the_elastic_timeout_is_a_clear_error(
                for d in (-1, 0, 1)), (message, lost)  # (the loop heard it a moment apart)
 
 
+def test_losing_every_rank_of_a_horovod_ring_fails_naming_what_was_lost(ip, fresh_ns):
+    """Horovod's elastic driver restarts the workers of a ring it lost whole, and they train
+    again from their first step: the driver stops the run instead, saying the state went."""
+    fresh_ns.update(steps=10_000, commit_every=COMMIT_EVERY, grow_to=0)
+    with _elastic_run(ip, "--np -2 --min-np 1") as run:
+        _kill_rank_1_at_step(run, 5)
+        os.kill(run.ranks[0].pid, signal.SIGKILL)
+        with pytest.raises(LaunchError) as caught:
+            run.wait(120)
+    message = str(caught.value)
+    assert "every rank of the last ring was lost" in message, message
+    assert "rank 0: killed by SIGKILL" in message and "rank 1: killed by SIGKILL" in message
+    assert "--restart-from-scratch" in message and not run.unended()
+
+
 def test_an_elastic_reset_is_not_a_hang():
     """Survivors waiting in hvd.init() for the ring to re-form, a lost rank: no stall reported;
     the same ranks in a run that is not elastic are one."""

@@ -342,3 +342,55 @@ def test_a_member_connecting_to_a_store_left_for_a_newer_world_goes_to_the_newer
     done = subprocess.run([sys.executable, "-c", STALE_STORE], capture_output=True, text=True,
                           timeout=40)
     assert done.stdout.strip() == "None", done.stdout + done.stderr
+
+
+def _kill_every_rank_at_step(run, step):
+    """SIGKILL every rank process at once (a few ms apart), once slot 0 reported `step`."""
+    _kill_at_step(run, 0, step)
+    for r in run.ranks[1:]:
+        os.kill(r.pid, signal.SIGKILL)
+
+
+def test_a_run_that_lost_every_rank_fails_naming_what_was_lost(ip, fresh_ns):
+    """Every rank killed within milliseconds: no survivor holds the last commit. The run must not
+    start over from step 0 unasked (replacements retrained from scratch, twice, and the cell
+    ended `done`): it fails, saying the state went with them; no world line names a dead slot."""
+    fresh_ns.update(steps=100_000, grow_to=0, raise_at=None)
+    with _elastic_run(ip, "--np -2 --min-np 1") as run:
+        _kill_every_rank_at_step(run, 12)
+        with pytest.raises(LaunchError) as info:
+            run.wait(120)
+    message = str(info.value)
+    assert "every rank of the last world was lost" in message, message
+    assert "went with them" in message and "--restart-from-scratch" in message, message
+    assert "rank 0: killed by SIGKILL" in message and "rank 1: killed by SIGKILL" in message
+    assert "rank-0.txt" in message  # the lost ranks' logs
+    # no replacement trained from step 0: none was in a world (one may have started to join
+    # the survivor the first loss left, itself lost a moment later)
+    assert all(a == 1 for c in run.membership if c["t"] == "ring" for a in c["attempts"])
+
+
+def test_restart_from_scratch_lets_replacements_start_over_and_says_so(ip, fresh_ns, capsys):
+    fresh_ns.update(steps=30, grow_to=2, raise_at=None)
+    run = ip.run_cell_magic("distributed", "--np -2 --min-np 1 --restart-from-scratch "
+                                           "--background", CELL)
+    try:
+        _kill_every_rank_at_step(run, 12)
+        results = run.wait(240)
+    finally:
+        if run.state == "running":
+            run.cancel()
+    assert run.state == "done", run.error
+    worlds = results[0]["worlds"]
+    assert len(worlds) == 30, worlds  # every step trained again, from step 0
+    said = capsys.readouterr()
+    assert "The replacements start over from step 0 (--restart-from-scratch)" in \
+        said.out + said.err
+    # the world the replacements formed is told; none names a slot already dead
+    lost_at = max(c["time"] for c in run.membership if c["t"] == "lost")
+    assert [c for c in run.membership if c["t"] == "ring" and c["time"] > lost_at]
+    # the killed process's log is linked beside its replacement's
+    from hvd_magic.view.table import _log_links
+    links = _log_links(run, 0)
+    assert "rank-0.attempt2.txt" in links and "(lost: " in links and "rank-0.txt" in links
+

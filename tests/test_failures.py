@@ -2,6 +2,7 @@
 real error. Real ranks, real Horovod, real signals."""
 
 import os
+import re
 import signal
 import threading
 import time
@@ -144,6 +145,56 @@ def test_timeout_stops_every_rank_and_says_what_they_were_doing(ip):
     # stopped at the timeout, not ended by themselves (they would say "done")
     assert [r.state for r in run.ranks] == ["stopped", "stopped"]
     assert rank_processes_left(run) == []
+
+
+HANG = """\
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+
+def load_batch():
+    time.sleep(600)
+
+if dist.get_rank() == 1:
+    load_batch()
+dist.all_reduce(torch.ones(1))
+"""
+
+
+def test_a_timeout_on_a_hang_says_where_every_rank_was(ip):
+    """A --timeout shorter than the stall timeout on a hang: the error itself says where each
+    rank was (their stacks, grouped, and their places in the collectives), once; it said only
+    "nothing printed" of each, though the stacks had been taken."""
+    with pytest.raises(hvd_magic.RunTimeout) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --timeout 12", HANG)
+    text = "\n".join(info.value._render_traceback_())
+    assert "--timeout of 12 s" in text
+    assert text.count("Where each rank was:") == 1, text
+    assert "rank 1: Cell In[" in text and "in load_batch" in text, text
+    assert "rank 0: Cell In[" in text and "all_reduce" in text, text
+    assert "stacks.txt" in text
+
+
+def test_a_rank_waiting_with_no_cpu_outside_a_collective_is_a_stall(ip, tmp_path):
+    """A rank that waits on something outside the ranks (a DeepSpeed cell sat 7 minutes on a
+    build lock at 0% CPU, "running", nothing said): a stall, with where it waits."""
+    import fcntl
+
+    lock = tmp_path / "build.lock"
+    lock.touch()
+    cell = ("import fcntl\n"
+            "def wait_for_the_build_lock():\n"
+            f"    with open({str(lock)!r}) as f:\n"
+            "        fcntl.flock(f, fcntl.LOCK_EX)\n"
+            "wait_for_the_build_lock()\n")
+    with open(lock) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # (held by another process: this one)
+        err, text = run_cell(ip, "--np -2 --stall-timeout 3 --on-stall fail --timeout 120", cell)
+    assert isinstance(err, hvd_magic.RunStalled), text
+    # (named as they cross the stall timeout: both, or the first, whose peer follows)
+    assert re.search(r"ranks? [01, ]+ ha(?:s|ve) used no CPU for \d+ s, in no collective", text)
+    assert "ranks 0-1: Cell In[" in text and "in wait_for_the_build_lock" in text, text
+    assert hvd_magic.last_run().stop_reason == "stalled"
 
 
 def test_a_rank_failing_only_because_the_timeout_stopped_its_peer_is_no_cause(ip, tmp_path):
@@ -312,6 +363,9 @@ def test_watchdog_names_the_waiting_and_the_ended_ranks(ip):
             "    time.sleep(120)\n"
             "hvd.rank()\n")
     err, text = run_cell(ip, "--np -3 --stall-timeout 3 --on-stall fail", cell)
+    # under its own name, said once (not as the view's notice and again as a RankError)
+    assert isinstance(err, hvd_magic.RunStalled) and text.startswith("RunStalled: stall:"), text
+    assert text.count("have been waiting") == 1, text
     assert "ranks 1, 2 have been waiting" in text
     assert "rank 0 is running elsewhere" in text
     run = hvd_magic.last_run()
@@ -590,3 +644,22 @@ def test_a_worker_crashed_by_tensorflows_profiler_is_told_so(where):
     told = "TensorFlow's profiler crashed rank 1 as it stopped (--timeline)" in \
         "\n".join(error._render_traceback_())
     assert told == (where == "profiler")
+
+
+def test_an_idle_rank_is_left_to_the_collective_report_while_a_peer_waits_on_it():
+    """A rank missing from hvd.init() (or a collective) sleeps at 0% CPU too: while a peer waits
+    for it, the peer's report names it, with more to say; alone, it is an idle stall."""
+    from hvd_magic.driver.ranks import RankState
+    from hvd_magic.driver.watchdog import idle_message, stall_message
+
+    ranks = [RankState(0), RankState(1)]
+    for r in ranks:
+        r.state, r.pid = "running", 1
+    ranks[1].usage.add({"t": "resources", "time": 1.0, "cpu": 0.0, "cores": 2, "rss": 1 << 20})
+    later = ranks[1].usage.idle_since + 5
+    assert "rank 1 has used no CPU for 5 s" in idle_message(ranks, 3, later)
+    ranks[0].blocked_since, ranks[0].blocked_op = later - 4, "init"
+    assert idle_message(ranks, 3, later) is None
+    assert "which has not called it" in stall_message(ranks, 3, later + 6)
+    ranks[1].usage.add({"t": "resources", "time": 2.0, "cpu": 40.0, "cores": 2, "rss": 1 << 20})
+    assert ranks[1].usage.idle_since is None  # a rank that works is not idle

@@ -104,6 +104,63 @@ def test_a_busy_ranks_cpu_counts_its_child_processes():
             proc.kill()
 
 
+def test_a_processs_cpu_is_measured_between_samples_never_at_its_first_look():
+    """A busy process's first sample read its CPU over the few milliseconds between psutil's
+    baseline and the reading: a clock tick in them read 285% for one thread. Its first sample
+    counts nothing; every later one is at most what it may use (its cores)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        firsts = [Sampler(spinner.pid, None).sample() for _ in range(10)]
+        assert [f["cpu"] for f in firsts] == [0.0] * 10, firsts
+        sampler = Sampler(spinner.pid, None)
+        sampler.sample()
+        time.sleep(1)
+        later = sampler.sample()
+        assert 0 < later["cpu"] <= 100 * later["cores"] and later["cores"] >= 1, later
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_an_ended_rank_gives_no_sample():
+    """A rank that ended (a zombie until its task reaps it) has no memory to count: its sample
+    read 0 MB, and every rank's memory line plunged to 0 at its end ("peak 0 B" for a short
+    run). None is sent; the driver drops a zero sample an older task sends."""
+    from hvd_magic.driver.usage import Usage
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    sampler = Sampler(ended.pid, None)
+    _wait(lambda: psutil.Process(ended.pid).status() == psutil.STATUS_ZOMBIE, what="its end")
+    assert sampler.sample() is None
+    ended.wait()
+    usage = Usage()
+    usage.add({"t": "resources", "time": 1.0, "cpu": 50.0, "cores": 2, "rss": 100 * MB})
+    usage.add({"t": "resources", "time": 2.0, "cpu": 0.0, "cores": 2, "rss": 0})
+    assert usage.latest["rss"] == 100 * MB and len(usage.points) == 1
+    assert usage.cpu_share() == (25.0, 2)  # a share of the cores it may use
+
+
+def test_memory_past_its_limit_says_why_in_words():
+    """Resident memory counts shared pages in full, the limit once: "at 1.18 GB (its limit:
+    1 GB)" and "104% of its limit" read as nonsense, explained only on hover."""
+    from hvd_magic.driver.usage import Usage
+    from hvd_magic.errors import describe_end
+    from hvd_magic.view.table import _usage_cells
+
+    end = describe_end({"status": "died", "oom": {"peak": 1180 * MB, "limit": 1000 * MB,
+                                                  "limit_of": "cgroup",
+                                                  "by": "its cgroup's OOM killer"}})
+    assert "as it reached its limit (its limit: 1000 MB" in end, end
+    assert "counting in full the pages it shares" in end and "at 1.2 GB" not in end, end
+    usage = Usage()
+    usage.add({"t": "resources", "time": 1.0, "cpu": 150.0, "cores": 2, "rss": 1040 * MB,
+               "limit": 1000 * MB, "limit_of": "cgroup"})
+    cells = _usage_cells(usage)
+    assert "at its limit (resident memory counts shared pages in full)" in cells["memory"][0]
+    assert "%" not in cells["memory"][0].split("⚠")[1], cells
+    assert cells["cpu"][0] == "75%" and "of the 2 cores it may use" in cells["cpu"][1], cells
+
+
 NVML_FAKE = r"""
 /* What NVML says of one GPU: 1 GiB used of 16, 87% busy (this machine has no GPU). */
 typedef struct { unsigned long long total, free, used; } memory_t;

@@ -126,6 +126,9 @@ def test_a_forked_rank_has_its_own_environment_folder_threads_and_session(tmp_pa
             assert rank["threads"] == int(rank["omp"])  # its share, though torch was loaded
             assert "-m hvd_magic.rank" in rank["cmdline"]
     assert {r["pid"] for r in runs[0]}.isdisjoint(r["pid"] for r in runs[1])  # new each run
+    # the template's room for a rank's command line shows as nothing in `ps` (1024 dots did)
+    shown = " ".join(psutil.Process(template["pid"]).cmdline())
+    assert "hvd_magic.template.server" in shown and "..." not in shown, shown
 
 
 def test_fresh_starts_ranks_the_old_way():

@@ -278,6 +278,10 @@ def test_one_of_a_thing_is_singular():
      "Stage: Warm Up", True),
     ("I0501 10:00:00.123456 123 cuda_dnn.cc:12] TensorFlow's note", True),
     ("USDT: a user's own line about USDT", False),
+    # Gloo's own note as its mesh connects (JAX's CPU collectives print it after the cell's lines)
+    ("[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",
+     True),
+    ("[Gloo] my own line", False),
     ("step 3: loss 0.25", False),
 ])
 def test_the_profilers_and_libraries_chatter_is_not_a_ranks_last_line(line, chatter):

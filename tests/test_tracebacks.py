@@ -89,3 +89,19 @@ def test_a_warm_session_cells_traceback_names_its_prompt_and_the_editors_line(ke
         assert "<hvd_magic cell" not in text
     finally:
         kernel.execute("%horovod_session stop")
+
+
+def test_a_ranks_last_words_are_not_headed_as_a_traceback():
+    """A rank killed by a signal has its log's last lines, which are no traceback: the header
+    said "--- traceback of rank 1 ---" over them."""
+    from hvd_magic.errors import RankError
+
+    killed = RankError({"rank": 1, "host": "h", "status": "died", "signal": "SIGKILL",
+                        "traceback": "last lines of rank 1's log:\nepoch 3: loss 0.25"})
+    text = "\n".join(killed._render_traceback_())
+    assert "--- rank 1 (h) ---\nlast lines of rank 1's log:" in text and "traceback of" not in text
+    raised = RankError({"rank": 1, "host": "h", "status": "error", "type": "ValueError",
+                        "message": "x", "traceback": 'Traceback (most recent call last):\n'
+                                                     '  File "t.py", line 1, in <module>\n'
+                                                     'ValueError: x'})
+    assert "--- traceback of rank 1 (h) ---" in "\n".join(raised._render_traceback_())

@@ -14,7 +14,7 @@ import functools
 import time
 
 from ..errors import is_follow_on, is_peer_gone
-from ..lines import is_aside, last_said
+from ..lines import is_aside, is_chatter, last_said
 from ..timelines import ranks as ranks_timeline
 from .folder import FILE_KINDS, FOLDER_KINDS
 from .ranks import is_rank
@@ -99,7 +99,8 @@ def apply_event(run, event, request_stop):
         # ("lost": a warm session's rank lost before this cell; the cell runs without it)
         r.state = ended_state(run, status, event.get("summary"))
         if status == "died" and run.elastic is not None and run.stop_reason is None:
-            run.elastic.lost(run, r, event)  # the others go on without it
+            if run.elastic.lost(run, r, event):  # the others go on without it; if none is
+                request_stop("failed")           # left, the state went with them
         elif status not in ("ok", "stopped", "lost"):
             run.failures.append(dict(event.get("summary") or {}, rank=rank, status=status,
                                      after_stop=run.stop_reason is not None))
@@ -115,7 +116,8 @@ def _last_line(r, lines):
     """The rank's last line after `lines`: the last that shows something and is not a peer's
     going (`hvd_magic.lines.last_said`: only as many looked at as it takes; at np 1024 this
     sees ~100,000 lines a second). A warning or an advert replaces only a line of its kind."""
-    text, aside = last_said(line for line in reversed(lines) if not is_peer_gone(line))
+    text, aside = last_said(line for line in reversed(lines)
+                            if not is_peer_gone(line) and not is_chatter(line))
     if text and (not aside or not r.last_line or is_aside(r.last_line)):
         r.last_line = text
 

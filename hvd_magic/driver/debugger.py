@@ -110,4 +110,6 @@ def pause(run, held_since):
     for r in run.ranks:
         if r.blocked_since is not None:
             r.blocked_since = now
+        if r.usage.idle_since is not None:  # (a rank that waited on the held one)
+            r.usage.idle_since = now
     return now - held_since

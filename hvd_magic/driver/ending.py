@@ -14,7 +14,7 @@ from .postmortem import attach
 from .ranks import LIVE_STATES
 from .results import collect, on_cpu_message, timeline_of, unreadable_error
 from ..needs import RANKS_HERE, missing_message, missing_module
-from ..errors import (LaunchError, RankError, RunCancelled, RunTimeout, describe_end,
+from ..errors import (LaunchError, RankError, RunCancelled, RunStalled, RunTimeout, describe_end,
                       is_follow_on, is_memory_loss)
 
 
@@ -89,6 +89,8 @@ def run_error(run, infos, retried):
     failures += [dict(i, rank=r) for r, i in sorted(infos.items())
                  if i["status"] not in ("stopped",) and r not in {f["rank"] for f in failures}]
     launcher = run.launcher
+    if run.elastic is not None and run.elastic.error is not None:
+        return run.elastic.error  # every rank lost, their state with them (membership.py)
     if run.elastic is not None and launcher.error is not None:
         # too few ranks left for too long: it names what was lost (the survivors' own errors,
         # such as a rendezvous that went away, follow from it)
@@ -96,10 +98,9 @@ def run_error(run, infos, retried):
     if run.retry is not None:
         return _retry_error(run)
     if run.stop_reason == "stalled":
-        return RankError({"rank": None, "type": "Stall", "message": run.stall},
-                         {r.rank: describe_end(infos[r.rank]) if r.rank in infos else r.state
-                          for r in run.ranks}, run_id=run.id,
-                         note=f"Every rank's stack: {run.run_dir}/stacks.txt")
+        # (the message says where each rank was: every rank was stopped by it, not failed)
+        return RunStalled({"rank": None, "type": "Stall", "message": run.stall}, run_id=run.id,
+                          note=f"Every rank's whole stack: {run.run_dir}/stacks.txt")
     if run.stop_reason in ("timeout", "cancelled") and all(_of_the_stop(f) for f in failures):
         # ranks that failed only because the stop took their peers first (a rank in a
         # collective when its peer was stopped): the stop is the cause, as their rows say
@@ -263,6 +264,9 @@ def _timeout_message(run):
         progress = f" step {r.step}/{r.total}" if r.step is not None else ""
         last = f" last line: {r.last_line.strip()}" if r.last_line.strip() else " nothing printed"
         lines.append(f"  rank {r.rank}:{progress}{last}")
+    if getattr(run, "last_stacks", None) is not None:  # taken as the timeout stopped the run (driver/loop.py)
+        lines += ["Where each rank was:", run.last_stacks.text(),
+                  f"Every rank's whole stack: {run.run_dir}/stacks.txt"]
     return "\n".join(lines)
 
 

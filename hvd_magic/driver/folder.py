@@ -55,11 +55,17 @@ class RunFolder:
         self._events = open(os.path.join(self.path, "events.jsonl"), "a", encoding="utf-8")
         self._events_start = self._events.tell()  # (a run_dir used again: this run's follow)
 
-    def log_path(self, rank, readable=False):
-        """Rank `rank`'s log (raw, or `readable`); in an elastic run, its latest attempt's."""
-        attempt = self._attempts.get(rank, 1)
+    def log_path(self, rank, readable=False, attempt=None):
+        """Rank `rank`'s log (raw, or `readable`); in an elastic run, its latest attempt's (or
+        `attempt`'s: a lost process's)."""
+        attempt = attempt or self._attempts.get(rank, 1)
         name = f"rank-{rank}" if attempt == 1 else f"rank-{rank}.attempt{attempt}"
         return os.path.join(self.path, name + (".txt" if readable else ".log"))
+
+    def earlier_logs(self, rank):
+        """The readable logs of rank `rank`'s earlier processes (an elastic run's lost ones),
+        oldest first."""
+        return [self.log_path(rank, True, a) for a in range(1, self._attempts.get(rank, 1))]
 
     def new_attempt(self, rank, attempt):
         """Rank `rank` has a new process (an elastic replacement): its lines go to new logs,

@@ -143,8 +143,12 @@ class Driver:
         except OSError:
             pass
         run.folder.record({"t": "stall", "message": run.stall})
+        # A stall that fails the run is said once, by its error (`RunStalled`); meanwhile the
+        # view says only that the run stops for it.
+        notice = run.stall if run.on_stall != "fail" else \
+            "stall: every rank is stopped (--on-stall fail); the error says where each one was"
         if run.view is not None:
-            run.view.event(run, None, {"t": "stall", "message": run.stall})
+            run.view.event(run, None, {"t": "stall", "message": notice})
         if run.on_stall == "fail":
             self.request_stop("stalled")
 

@@ -9,7 +9,13 @@ An elastic run (`hvd_magic.launch.elastic.launcher`) keeps going when a rank pro
 - ``joined``: a new process started for a lost slot (attempt 2, 3...); its log is
   ``rank-<k>.attempt<n>.log``, beside the earlier attempts' logs;
 - ``ring``: Horovod formed a ring: its size and the slots in it, the ring's size over time, and
-  which Horovod rank each slot is in it (``order``; also each `RankState.horovod_rank`).
+  which Horovod rank each slot is in it (``order``; also each `RankState.horovod_rank`). A ring
+  with a slot already lost in it is recorded, never told: it never trains.
+
+A loss that leaves no member of the last ring (every rank lost at once, none finished) took the
+run's state with it: there is no commit to go on from. Unless the launcher may restart from
+scratch (``--restart-from-scratch``), the run stops with an error that says what was lost
+(`error`); with it, the view is told that the replacements start over from step 0.
 
 Horovod's elastic driver's own log lines go to the run folder's ``elastic.log`` while the run
 lasts (`hvd_magic.driver.horovod_log`), not under the cell.
@@ -30,6 +36,7 @@ class Membership:
         self.np, self.min_np, self.max_np, self.timeout = np, min_np, max_np, timeout
         self.changes = []
         self.attempts = [1] * np     # the attempt number of each slot's current process
+        self.error = None            # a LaunchError: every rank lost, and no restart allowed
         self._horovod_log = None
 
     def log_horovod(self, run_dir):
@@ -54,11 +61,14 @@ class Membership:
             run.view.event(run, None, dict(change, message=message))
 
     def lost(self, run, r, event):
-        """Slot `r`'s process ended without finishing (a signal, a crash): the others go on."""
+        """Slot `r`'s process ended without finishing (a signal, a crash): the others go on.
+        True when the run must stop: no member of its last ring is left, and the launcher may
+        not restart from scratch."""
         r.state = "lost"
         summary = event.get("summary") or {}
         code = event.get("code")
         change = {"t": "lost", "rank": r.rank, "attempt": self.attempts[r.rank],
+                  "log": run.folder.log_path(r.rank, readable=True),
                   "key": r.executor, "pid": r.pid, "host": r.host, "code": code,
                   "signal": summary.get("signal"), "last_line": r.last_line,
                   "time": round(time.time(), 3)}
@@ -67,8 +77,52 @@ class Membership:
         how = how_lost(dict(summary, code=code))
         change["how"] = how
         last = f"; its last line: {r.last_line.strip()}" if r.last_line.strip() else ""
-        self._add(run, change, f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {how}){last}. "
-                               f"The others go on from their last commit.")
+        said = f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {how}){last}."
+        ring = self._last_ring()
+        if ring is None or len(self._dead(run, ring)) < ring["size"]:
+            self._add(run, change, f"{said} The others go on from their last commit.")
+            return False
+        members = self._holders_of_the_state()
+        gone = [c for c in self.changes + [change]
+                if c["t"] == "lost" and (c["rank"], c["attempt"]) in members]
+        steps = [run.ranks[c["rank"]].step for c in gone if run.ranks[c["rank"]].step is not None]
+        each = ", ".join("rank {rank}: {how}".format(**c) for c in gone)
+        state = (f"every rank of the last {ring['formed']} was lost ({each}), and the training "
+                 f"state they held (their last commit"
+                 + (f"; step {max(steps)} was the last reported" if steps else "") + ") went with "
+                 "them: no rank is left to go on from")
+        if getattr(run.launcher, "restart_from_scratch", False):
+            self._add(run, change, f"{said} {state[0].upper()}{state[1:]}. The replacements start "
+                                   f"over from step 0 (--restart-from-scratch).")
+            return False
+        self._add(run, change, f"{said} {state[0].upper()}{state[1:]}: the run stops.")
+        from ..errors import LaunchError
+        self.error = LaunchError(
+            f"the elastic run stopped: {state}. Replacements would start over from step 0, "
+            f"which an elastic run does only when asked: run the cell again, or pass "
+            f"--restart-from-scratch (restart_from_scratch=True) to let them. The lost "
+            f"ranks' logs: {', '.join(c['log'] for c in gone)}")
+        return True
+
+    def _last_ring(self):
+        return next((c for c in reversed(self.changes) if c["t"] == "ring"), None)
+
+    def _holders_of_the_state(self):
+        """(slot, attempt) of the members of the world the last one's state came from: a world
+        of survivors alone (no joiner) goes on with its predecessor's."""
+        rings = [set(zip(c["order"], c["attempts"])) for c in self.changes if c["t"] == "ring"]
+        held = rings.pop()
+        while rings and held <= rings[-1]:
+            held = rings.pop()
+        return held
+
+    @staticmethod
+    def _dead(run, ring):
+        """The members of `ring` whose process in it was lost (a replacement's ring may be
+        told before its process is)."""
+        return [s for s, a in zip(ring["order"], ring["attempts"])
+                if run.ranks[s].attempt > a or (run.ranks[s].attempt == a
+                                                and run.ranks[s].state == "lost")]
 
     def joined(self, run, r, event):
         """A new process for slot `r` (its earlier one was lost): a fresh log and state."""
@@ -90,15 +144,21 @@ class Membership:
     def ring(self, run, event):
         from ..launch.elastic.launcher import slot_of
 
-        order = [slot_of(k)[0] for k in event.get("keys", ())]  # Horovod's rank order
+        keys = [slot_of(k) for k in event.get("keys", ())]
+        order = [slot for slot, _ in keys]  # Horovod's rank order
         slots = sorted(order)
         formed = event.get("formed") or "ring"  # Horovod's ring, or a torch.distributed world
         change = {"t": "ring", "size": len(slots), "slots": slots, "order": order,
+                  "attempts": [attempt for _, attempt in keys],
                   "formed": formed, "time": round(float(event.get("time") or time.time()), 3)}
         if self.changes and self.changes[-1] == change:
             return False
         for r in run.ranks:
             r.horovod_rank = order.index(r.rank) if r.rank in order else None
+        if self._dead(run, change):  # a member died as it formed: a
+            self.changes.append(change)  # ring that never trains, and no line naming the dead
+            run.folder.record(change)
+            return True
         message = f"{formed} of {plural(len(slots), 'rank')}: slots {', '.join(map(str, slots))}"
         if order != list(range(len(order))):  # rows and the ranks in it differ: say how
             whose = "Horovod rank" if formed == "ring" else "rank"

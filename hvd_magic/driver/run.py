@@ -47,6 +47,7 @@ DEFAULT_HOROVOD_ENV = {
     # rank is noticed at once. The watchdog reports a missing rank sooner (driver/watchdog.py).
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
 }
+TIMELINE_HOROVOD_ENV = {"HOROVOD_CACHE_CAPACITY": "0"}
 
 WINDOW_NAMES = frozenset({"timeline", "start_timeline"})  # see may_record_window
 
@@ -154,7 +155,10 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         self.view = view
         self.timeout = options.timeout
         self.cell = cell
-        self.horovod_env = {**DEFAULT_HOROVOD_ENV, **options.horovod_env}
+        # (a --timeline run records which rank each collective waited on: Horovod's response
+        # cache would skip the ranks' readiness for every collective seen before)
+        self.horovod_env = {**DEFAULT_HOROVOD_ENV, **(TIMELINE_HOROVOD_ENV if options.timeline
+                                                       else {}), **options.horovod_env}
         self.extra_env = {**DEFAULT_RANK_ENV, **(options.env if env is None else env)}
         self.broadcast_bytes = options.broadcast_bytes
         self.allow_retry = options.retries > 0

@@ -10,10 +10,12 @@ Not for: sampling (`hvd_magic.task.resources`) or drawing (`hvd_magic.view`).
 """
 
 import datetime
+import time
 from array import array
 
 KEEP = 720
 NEAR_LIMIT = 0.9   # a rank at this share of its memory limit is marked
+IDLE_CPU = 2.0     # % of one core: a process tree using less waits; it does not work
 
 
 class Usage:
@@ -29,12 +31,17 @@ class Usage:
         self._gpus = []        # {gpu index: (util, mem)} of each kept sample, where it had GPUs
         self._every = 1        # keep one sample in this many
         self._seen = 0
+        self.idle_since = None  # monotonic time since when every sample said: no CPU, no GPU
 
     def add(self, event):
         rss, cpu = int(event.get("rss") or 0), float(event.get("cpu") or 0.0)
+        if not rss:  # (no live process has none: an ended one's, which older tasks sent)
+            return
         gpus = {g["index"]: (g.get("util"), g.get("mem")) for g in event.get("gpus") or ()
                 if isinstance(g, dict) and "index" in g}
         self.latest = event
+        busy = cpu >= IDLE_CPU or any(util for util, _ in gpus.values())
+        self.idle_since = None if busy else (self.idle_since or time.monotonic())
         self.peak_rss = max(self.peak_rss, rss, int(event.get("peak") or 0))
         self.peak_cpu = max(self.peak_cpu, cpu)
         for index, (_, mem) in gpus.items():
@@ -61,6 +68,13 @@ class Usage:
         times, cpus, rsss = self._columns
         gpus = self._gpus + [{}] * (len(times) - len(self._gpus))
         return [(t, c, int(r), g) for t, c, r, g in zip(times, cpus, rsss, gpus)]
+
+    def cpu_share(self, cpu=None):
+        """`cpu` (% of one core; the latest sample's by default) as a share (%) of the cores the
+        rank may use (its affinity, its cgroup's quota: `task/resources.py`), and how many."""
+        latest = self.latest or {}
+        cores = latest.get("cores") or 1
+        return (latest.get("cpu", 0.0) if cpu is None else cpu) / cores, cores
 
     @property
     def limit(self):

@@ -1,10 +1,13 @@
-"""The hang watchdog, driver side: ranks wait for peers that will not come.
+"""The hang watchdog, driver side: ranks wait for peers that will not come, or for something
+outside the ranks.
 
 Horovod never notices a rank that stopped calling collectives (its stall inspector does not run
 with Gloo): some ranks finished, or are busy elsewhere, while the others wait forever. Nor does it
 say anything while ranks wait in ``hvd.init()`` for a peer that never calls it (a branch on the
 rank, an exception before it): Gloo gives up only after several times its timeout. The ranks
 report waits longer than a few seconds, and in what (`hvd_magic.rank.stall`); this compares them.
+A rank whose process tree used no CPU for the stall timeout, in no collective, waits on
+something else (a lock, a file, the network): its task's samples (`driver/usage.py`) say so.
 """
 
 import time
@@ -28,8 +31,34 @@ def init_stall_seconds(stall_timeout):
 
 
 def stall_message(ranks, stall_timeout, now=None):
-    """The watchdog's message when ranks have waited too long for others, else None."""
+    """The watchdog's message when ranks have waited too long for others, or for something
+    outside the ranks, else None."""
     now = time.monotonic() if now is None else now
+    return _collective_message(ranks, stall_timeout, now) or \
+        idle_message(ranks, stall_timeout, now)
+
+
+def idle_message(ranks, stall_timeout, now):
+    """Ranks that used no CPU (nor GPU) for `stall_timeout` s while in no collective: they wait
+    on something outside the ranks (a lock, a file, the network, a sleep), which no collective
+    wait says (a DeepSpeed cell sat 7 minutes "running" at 0% CPU on a build lock). Not while
+    a rank waits in a collective or in init: the others' report names the idle one then (a rank
+    missing from hvd.init() is idle too, and its report says more)."""
+    if any(r.exit is None and r.blocked_since is not None for r in ranks):
+        return None
+    idle = [r for r in ranks if r.exit is None and r.state == "running"
+            and r.blocked_since is None and getattr(r, "usage", None) is not None
+            and r.usage.idle_since is not None and now - r.usage.idle_since >= stall_timeout]
+    if not idle:
+        return None
+    they = len(idle) > 1
+    return (f"stall: {ranks_text(idle)} {'have' if they else 'has'} used no CPU for "
+            f"{now - min(r.usage.idle_since for r in idle):.0f} s, in no collective: "
+            f"{'they wait' if they else 'it waits'} on something outside the ranks (a lock, a "
+            f"file, the network, a subprocess, a sleep). Where each rank is:")
+
+
+def _collective_message(ranks, stall_timeout, now):
     in_init = [r for r in ranks if r.exit is None and r.blocked_op in INIT_OPS
                and now - r.blocked_since >= init_stall_seconds(stall_timeout)]
     if in_init:

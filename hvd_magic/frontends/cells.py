@@ -56,7 +56,8 @@ def run_options(magics, args, data, opening=None):
     placement = Placement(
         magics.np if args.np is None else args.np, master=args.master,
         spark_conf=magics.spark_conf, min_np=args.min_np, max_np=args.max_np,
-        elastic_timeout=args.elastic_timeout, log_dir=magics.run_root, verbose=verbose)
+        elastic_timeout=args.elastic_timeout,
+        restart_from_scratch=args.restart_from_scratch, log_dir=magics.run_root, verbose=verbose)
     options = cell_options(magics, args, data, env=env_option(args.env),
                            horovod_env=magics.horovod_settings, retries=args.retries,
                            timeline=args.timeline, timeline_steps=args.timeline_steps,

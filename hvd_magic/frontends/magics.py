@@ -247,7 +247,8 @@ class HorovodMagics(Magics):
         ``%%horovod --timeline`` (the whole run), or ``with hvd_magic.timeline():`` around a few
         steps inside the cell. The picture has a lane per tensor and Horovod's phases
         (NEGOTIATE_ALLREDUCE, QUEUE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE...) as coloured spans;
-        Perfetto (ui.perfetto.dev) or chrome://tracing open the file itself.
+        Perfetto (ui.perfetto.dev) opens the file itself, offline too once it was opened
+        online (it caches itself); ``--summary`` says which rank the others waited on.
 
         With torch and no Horovod (DDP, FSDP, Lightning, accelerate...), ``--timeline`` profiles
         every rank over optimizer steps 4 to 8 (``--timeline-steps``), merged with the clocks

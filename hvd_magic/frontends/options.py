@@ -24,6 +24,11 @@ ELASTIC_OPTIONS = (
         type=float, default=None, metavar="S",
         help="With --min-np: seconds the run may have fewer than --min-np ranks "
              "(default 600, Horovod's).")),
+    (("--restart-from-scratch",), dict(
+        action="store_true",
+        help="With --min-np: when every rank is lost at once, their state (the last commit) "
+             "goes with them; with this the replacements start over from step 0, without it "
+             "the run fails, naming what was lost.")),
 )
 
 
@@ -68,7 +73,8 @@ def _arguments(magic, options):
 
 def elastic_kwargs(args):
     """The elastic fields of `hvd_magic.config.Placement` from parsed options."""
-    return dict(min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout)
+    return dict(min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout,
+                restart_from_scratch=args.restart_from_scratch)
 
 
 def names(text):

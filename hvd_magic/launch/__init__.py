@@ -19,6 +19,13 @@ def make_launcher(placement, session=False, elastic_kind="horovod"):
     torch.distributed where `elastic_kind` is ``"torch"``); for a warm session's ranks if
     `session`. A Spark JVM
     it starts writes to its log_dir/spark-<time>.log (and, if `verbose`, to the cell's stderr)."""
+    launcher = _launcher(placement, session, elastic_kind)
+    if placement.elastic is not None:  # (what its driver does when every rank is lost)
+        launcher.restart_from_scratch = placement.restart_from_scratch
+    return launcher
+
+
+def _launcher(placement, session, elastic_kind):
     np, spark, elastic = placement.np, placement.spark, placement.elastic
     if elastic is not None and session:
         from .elastic import session as elastic_session

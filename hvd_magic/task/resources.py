@@ -5,8 +5,14 @@ process tree (the rank and its children: DataLoader workers...) with psutil and 
 ``resources`` event on the run's channel, as progress goes:
 
     {"t": "resources", "time": <unix seconds>, "cpu": <% of one core, summed>, "rss": <bytes>,
-     "peak": <the largest rss so far>, "limit": <bytes>, "limit_of": "cgroup" | "host",
-     "free": <the host's available bytes>, "gpus": [{"index", "util", "mem", "mem_total"}]}
+     "cores": <the cores the rank may use>, "peak": <the largest rss so far>, "limit": <bytes>,
+     "limit_of": "cgroup" | "host", "free": <the host's available bytes>,
+     "gpus": [{"index", "util", "mem", "mem_total"}]}
+
+Only a live process is sampled: a rank that ended (a zombie until its task reaps it) has no
+memory left to count, and its sample would read 0. A process's CPU is measured between two
+samples, never from its first look (psutil's first reading is a baseline: a second one
+microseconds later read 285% for a one-thread rank).
 
 The limit is the rank's memory cgroup's (v1 ``memory.limit_in_bytes``, v2 ``memory.max``) where
 it has one below the host's memory, else the host's. GPUs are read through NVML
@@ -53,6 +59,28 @@ def _memory_cgroup(pid):
         if controllers == "":
             unified = os.path.join(_CGROUP, path.lstrip("/"))
     return unified if unified is not None and os.path.exists(unified) else None
+
+
+def usable_cores(pid):
+    """How many cores process `pid` may use: its CPU affinity, less its cgroup's CPU quota (v2
+    ``cpu.max``, v1 ``cpu.cfs_quota_us``) where that is smaller."""
+    try:
+        cores = len(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            quota = (_read(os.path.join(_CGROUP, path.lstrip("/"), "cpu.max")) or "").split()
+        elif "cpu" in controllers.split(","):
+            folder = os.path.join(_CGROUP, "cpu,cpuacct", path.lstrip("/"))
+            quota = [(_read(os.path.join(folder, name)) or "").strip()
+                     for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us")]
+        else:
+            continue
+        if len(quota) == 2 and quota[0].isdigit() and quota[1].isdigit() and int(quota[1]):
+            cores = min(cores, max(1, -(-int(quota[0]) // int(quota[1]))))
+    return cores
 
 
 def memory_limit(folder):
@@ -142,6 +170,10 @@ class Sampler(threading.Thread):
         import psutil
 
         nvml = Nvml() if self.gpus else None
+        try:
+            self._process(self.pid)  # (its CPU's baseline: the first sample is a second's)
+        except psutil.NoSuchProcess:
+            return
         while not self._stop.wait(self.interval):
             try:
                 event = self.sample(nvml)
@@ -149,12 +181,19 @@ class Sampler(threading.Thread):
                 return  # the rank ended
             except Exception:  # noqa: BLE001  (no figure is worth the task's life)
                 continue
-            self.send(event)
+            if event is not None:
+                self.send(event)
 
     def sample(self, nvml=None):
+        """The rank's `resources` event now; None once it ended (a zombie: nothing to count,
+        and a killed one, not yet reaped, is shown out of its cgroup: its limit stays the last
+        one it lived under)."""
         import psutil
 
+        known = set(self._processes)  # (a process first seen now has only its baseline)
         root = self._process(self.pid)
+        if root.status() == psutil.STATUS_ZOMBIE:
+            return None
         # The rank's child processes, looked for every RESCAN samples: psutil reads every
         # process of the host for them (2.4 ms with 95); in between, the ones known.
         if self._samples % RESCAN == 0:
@@ -165,22 +204,23 @@ class Sampler(threading.Thread):
         for proc in tree:
             try:
                 proc = self._process(proc.pid)
-                cpu += proc.cpu_percent(None)
+                cpu += proc.cpu_percent(None) if proc.pid in known else 0.0
                 rss += proc.memory_info().rss
             except psutil.NoSuchProcess:  # (a child that ended: gone from the next look)
                 if proc.pid == self.pid:
                     raise
         self._processes = {p.pid: self._processes[p.pid] for p in tree if p.pid in self._processes}
+        if rss == 0:  # (it ended between the two looks)
+            return None
         self.peak = max(self.peak, rss)
-        # (a process may be moved to another cgroup; a killed one, not yet reaped, is shown
-        # out of its cgroup: its limit stays the last one it lived under)
-        if root.status() != psutil.STATUS_ZOMBIE:
-            folder = _memory_cgroup(self.pid)
-            self._seen_in(folder)
-            self.limit = memory_limit(folder)
+        folder = _memory_cgroup(self.pid)  # (a process may be moved to another cgroup)
+        self._seen_in(folder)
+        self.limit = memory_limit(folder)
+        cores = usable_cores(self.pid)
         gpus = [g for g in (nvml.read(i) for i in self.gpus) if g] if nvml and nvml.lib else []
-        return {"t": "resources", "time": round(time.time(), 2), "cpu": round(cpu, 1),
-                "rss": rss, "peak": self.peak, "limit": self.limit[0], "limit_of": self.limit[1],
+        # (never above what it may use: psutil's reading over a late sample's short interval)
+        return {"t": "resources", "time": round(time.time(), 2),
+                "cpu": round(min(cpu, 100.0 * cores), 1), "cores": cores, "rss": rss, "peak": self.peak, "limit": self.limit[0], "limit_of": self.limit[1],
                 "free": psutil.virtual_memory().available, "gpus": gpus}
 
     def _process(self, pid):

@@ -29,7 +29,9 @@ START_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "
               "PYTHONNOUSERSITE", "VIRTUAL_ENV", "HVD_MAGIC_TEMPLATE_IDLE")
 START_SECONDS = 30  # a template that does not listen by then is not used (the rank starts fresh)
 FORK_SECONDS = 300  # its imports (the first cell's) and the fork, on a loaded host
-ARGV_PADDING = "." * 1024  # room for a rank to write its own command line (`child.py`)
+# Room for a rank to write its own command line over the template's (`child.py`): blanks, which
+# `ps` shows as nothing (dots showed as a thousand of them after the template's command line).
+ARGV_PADDING = " " * 1024
 
 
 def folder():

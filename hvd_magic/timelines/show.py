@@ -1,7 +1,7 @@
 """Timelines in the notebook: the HTML the dashboard shows at the end of a run, the text
 view's note, and ``%horovod_timeline`` (list, path, summary, picture of a run's timeline).
 
-Not for: exploring a trace in depth. Perfetto and ``chrome://tracing`` do that far better; this
+Not for: exploring a trace in depth. Perfetto's UI does that far better; this
 gives the glance that tells you whether it is worth opening them.
 """
 
@@ -17,8 +17,14 @@ from typing import NamedTuple, Optional
 
 from . import ranks, ranks_picture
 from .picture import svg
-from .summary import Table, _ms, _size, summarize
+from .summary import Summary, Table, _ms, _size, summarize
 from .trace import FILE_NAME, HOW_TO_RECORD, PICTURE_MAX_BYTES, Trace, finalize
+
+# (Chromium has removed chrome://tracing; Perfetto's UI reads the file in the browser, and
+# caches itself for use offline once it was opened online)
+OFFLINE = ("Offline: ui.perfetto.dev works without the internet once it was opened online "
+           "(it caches itself; the file never leaves the browser); without it, "
+           "%horovod_timeline RUN --summary gives the tables here")
 
 
 # --- the notebook side -----------------------------------------------------------------------
@@ -50,23 +56,24 @@ def timeline_html(run, max_lanes=16):
     if path.endswith(ranks.FILE_NAME):
         return ranks_html(run, path, max_lanes=max(max_lanes, 32))
     size = os.path.getsize(path)
+    verdict = ""
     if size <= PICTURE_MAX_BYTES:
         trace = Trace.load(path)
         facts = f"{trace.events} events, {_ms(trace.wall)} ms, {len(trace.tensors)} tensors"
         picture = kept_picture(svg(trace, max_lanes=max_lanes), "Horovod timeline, rank 0")
+        verdict = f": <b>{html.escape(Summary(trace).verdict())}</b>"
     else:
         facts = "too large to draw here"
         picture = ""
     name = os.path.relpath(path)
     return (
         '<div class="hvd-magic-timeline">'
-        f'<div><b>Horovod timeline</b> of run {html.escape(run.id)}, rank 0: '
-        f'<a href="{html.escape(_href(path))}" download="{html.escape(run.id)}-timeline.json" '
-        f'target="_blank">{html.escape(name)}</a> ({_size(size)}; {facts})</div>'
-        '<div style="font-size:90%">To explore it, download it, then open '
-        '<a href="https://ui.perfetto.dev" target="_blank">ui.perfetto.dev</a> → '
-        '<i>Open trace file</i>;<br>or in Chrome open <code>chrome://tracing</code> → '
-        '<i>Load</i>.</div>'
+        f'<div><b>Horovod timeline</b> of run {html.escape(run.id)}, rank 0{verdict}</div>'
+        f'<div><a href="{html.escape(_href(path))}" download="{html.escape(run.id)}-'
+        f'timeline.json" target="_blank">{html.escape(name)}</a> ({_size(size)}; {facts})</div>'
+        f'<div style="font-size:90%">To explore it, download it, then open '
+        f'<a href="https://ui.perfetto.dev" target="_blank">ui.perfetto.dev</a> → '
+        f'<i>Open trace file</i>. {html.escape(OFFLINE)}</div>'
         f'{picture}</div>')
 
 
@@ -88,17 +95,22 @@ def ranks_html(run, path, max_lanes=32):
         f'<b>{html.escape(timeline.verdict())}</b></div>'
         f'<div><a href="{html.escape(_href(path))}" download="{html.escape(run.id)}-'
         f'{ranks.FILE_NAME}" target="_blank">{html.escape(os.path.relpath(path))}</a> '
-        f'({_size(os.path.getsize(path))}; opens in ui.perfetto.dev or chrome://tracing, a '
-        f'process per rank). Clocks against the notebook\'s: {clocks}.</div>'
+        f'({_size(os.path.getsize(path))}; opens in ui.perfetto.dev, a process per rank: '
+        f'{html.escape(OFFLINE)}). Clocks against the notebook\'s: {clocks}.</div>'
         f'{picture}'
         f'{ranks_picture.table(timeline)._repr_html_()}</div>')
 
 
 def timeline_note(run):
-    """One line of text output: where the run's timeline is and how to look at it."""
+    """Text output: where the run's timeline is and how to look at it; for a Horovod timeline,
+    the rank the others waited on."""
     path = os.path.relpath(run.timeline_path)
+    verdict = ""
+    if not path.endswith(ranks.FILE_NAME) and \
+            os.path.getsize(run.timeline_path) <= PICTURE_MAX_BYTES:
+        verdict = f"timeline verdict: {summarize(run.timeline_path).verdict()}\n"
     return (f"timeline: {path} ({_size(os.path.getsize(run.timeline_path))}); "
-            f"%horovod_timeline {run.id} draws it, ui.perfetto.dev opens it\n")
+            f"%horovod_timeline {run.id} draws it, ui.perfetto.dev opens it\n{verdict}")
 
 
 class TimelineNote:

@@ -117,14 +117,25 @@ class Span(NamedTuple):
     cut: bool = False         # still open when the timeline ended (cancel, failure, window end)
 
 
+class Negotiation(NamedTuple):
+    """One tensor's negotiation, as rank 0's coordinator saw it: each rank's readiness (Horovod's
+    ticks under a NEGOTIATE_ bar, named by the rank), in the order they came."""
+    tensor: str
+    name: str                 # NEGOTIATE_ALLREDUCE, ...
+    ready: list               # [(rank, µs)], first ready first
+
+
 class Trace:
-    """Rank 0's timeline as spans per tensor: what `summarize` and `svg` read."""
+    """Rank 0's timeline as spans per tensor: what `summarize` and `svg` read; and its
+    negotiations (`Negotiation`), which say which rank the others waited on."""
 
     def __init__(self, events):
         self.events = len(events)
         names = {e["pid"]: _tensor_name(e) for e in events if _tensor_name(e) is not None}
         self.tensors = []          # in order of first appearance
         self.spans = []
+        self.negotiations = []
+        ticks = {}                 # pid -> [(rank, ts)] of its open negotiation
         seen = set()
         times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
         self.start = min(times) if times else 0
@@ -132,9 +143,16 @@ class Trace:
         open_spans = {}            # pid -> stack of (name, start)
         for e in events:
             phase, pid, ts = e.get("ph"), e.get("pid"), e.get("ts")
+            if phase == "X" and pid in ticks and str(e.get("name", "")).isdigit() and \
+                    isinstance(ts, (int, float)):  # a rank ready, inside a negotiation
+                ticks[pid].append((int(e["name"]), ts))
             if phase not in ("B", "E") or pid not in names or not isinstance(ts, (int, float)):
                 continue  # metadata, cycle markers, ranks-ready ticks ("X")
             stack = open_spans.setdefault(pid, [])
+            if phase == "B" and not stack and str(e.get("name", "")).startswith("NEGOTIATE_"):
+                ticks[pid] = []
+            elif phase == "E" and len(stack) == 1 and pid in ticks:
+                self.negotiations.append(Negotiation(names[pid], stack[0][0], ticks.pop(pid)))
             if phase == "B" and pid not in seen:
                 seen.add(pid)
                 self.tensors.append(names[pid])
@@ -169,6 +187,26 @@ def _nbytes(args):
     except ValueError:
         return None
     return DTYPE_BYTES[args["dtype"]] * math.prod(dims)
+
+
+def exclusive_shares(spans):
+    """{key: µs} from [(key, start, end)]: each moment's time split evenly among the keys then
+    active (a key's own overlapping spans count once), so the values add up to the time any
+    key was active: shares of one whole, never past 100% (fused tensors overlap)."""
+    edges = sorted([(start, 1, key) for key, start, end in spans if end > start]
+                   + [(end, -1, key) for key, start, end in spans if end > start],
+                   key=lambda edge: (edge[0], edge[1]))
+    active, shares, last = {}, {}, None
+    for t, change, key in edges:
+        if active and last is not None and t > last:
+            each = (t - last) / len(active)
+            for k in active:
+                shares[k] = shares.get(k, 0.0) + each
+        last = t
+        active[key] = active.get(key, 0) + change
+        if not active[key]:
+            del active[key]
+    return shares
 
 
 def _union(intervals):

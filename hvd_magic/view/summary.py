@@ -183,7 +183,9 @@ def _most_memory_html(ranks):
         latest = _latest(r)
         rss, limit = latest.get("rss", 0), latest.get("limit") or 0
         whose = "its cgroup's" if latest.get("limit_of") == "cgroup" else "the host's memory"
-        share = f"{rss / limit:.0%} of {size(limit)}" if limit else ""
+        # (resident memory counts shared pages in full; the limit, once: never "104%")
+        share = "" if not limit else f"{rss / limit:.0%} of {size(limit)}" if rss < limit \
+            else f"at its {size(limit)}"
         style = "padding:0 .6em" + (";color:#c62828" if r.usage.near_limit() else "")
         rows.append(f"<tr data-memory-rank='{r.rank}'>" + _cells(r.rank, r.host or "?",
                                                                  size(rss), size(r.usage.peak_rss))

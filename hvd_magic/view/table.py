@@ -139,9 +139,11 @@ def _usage_cells(usage, ended=False):
     latest = usage.latest if usage is not None else None
     if latest is None:
         return {"cpu": ("", ""), "memory": ("", ""), "gpu": ("", "")}
+    peak_cpu, cores = usage.cpu_share(usage.peak_cpu)
+    of_cores = f"of the {plural(cores, 'core')} it may use"
     if ended:
         peak = f"peak {size(usage.peak_rss)}"
-        return {"cpu": (f"peak {usage.peak_cpu:.0f}%", "of one core"), "memory": (peak, RSS_MEANS),
+        return {"cpu": (f"peak {peak_cpu:.0f}%", of_cores), "memory": (peak, RSS_MEANS),
                 "gpu": ("", "")}
     rss, limit = latest.get("rss", 0), latest.get("limit") or 0
     # (the peak when it says more than the memory now: the cell stays narrow)
@@ -152,11 +154,15 @@ def _usage_cells(usage, ended=False):
                       + ([f"limit {size(limit)}: {where}"] if limit else []) + [RSS_MEANS])
     html = _e(memory)
     if usage.near_limit():
+        # (resident memory counts in full the pages shared with other processes, which the
+        # limit counts once: past 100% it reads "at its limit", and says why in the cell)
+        near = f"{rss / limit:.0%} of its limit" if rss < limit else \
+            "at its limit (resident memory counts shared pages in full)"
         html = (f"<span style='color:{_STATE_COLORS['failed']}' data-near-limit>{html} ⚠ "
-                f"{rss / limit:.0%} of its limit</span>")
+                f"{near}</span>")
     gpus = "  ".join(f"gpu{g['index']} {g.get('util') or 0}% {size(g.get('mem') or 0)}"
                      for g in latest.get("gpus") or ())
-    return {"cpu": (f"{latest.get('cpu', 0):.0f}%", f"peak {usage.peak_cpu:.0f}% of one core"),
+    return {"cpu": (f"{usage.cpu_share()[0]:.0f}%", f"{of_cores}; peak {peak_cpu:.0f}%"),
             "memory": (html, title), "gpu": (_e(gpus), gpus)}
 
 
@@ -226,9 +232,13 @@ def footer_html(run):
 
 
 def _log_links(run, rank):
-    """The rank's full log as a person reads it, and beside it every byte it printed."""
+    """The rank's full log as a person reads it, and beside it every byte it printed; an
+    elastic run's lost processes' logs after them (what the lost one said last)."""
+    earlier_logs = getattr(getattr(run, "folder", None), "earlier_logs", None)
+    earlier = earlier_logs(rank) if earlier_logs is not None else []
+    lost = f" (lost: {', '.join(link_html(p) for p in earlier)})" if earlier else ""
     return (f"{link_html(run.log_path(rank, readable=True))} "
-            f"({link_html(run.log_path(rank), 'raw')})")
+            f"({link_html(run.log_path(rank), 'raw')}){lost}")
 
 
 def _e(text):

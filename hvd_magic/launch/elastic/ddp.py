@@ -19,6 +19,9 @@ elastic driver decides there, `TorchMembership._drive` decides here:
   worker (a new attempt) where it has room, which joins the world at the others' next commit (a
   ``reform`` they act on in ``state.commit()``), as does a slot beyond ``np`` (up to ``max_np``)
   that gets room later;
+- every member lost at once (none left, none finished): their state went with them; new
+  workers start over from step 0 only with ``--restart-from-scratch``, else no new worker
+  starts and the run ends with the driver's error (`hvd_magic.driver.membership`);
 - fewer than ``min_np`` left: the survivors wait for replacements for the elastic timeout, then
   the run ends with the launcher's error (`launcher.too_few_message`);
 - a worker that raised, or a stop (a Cancel, the timeout), ends the run as in every run.
@@ -45,6 +48,7 @@ class TorchMembership:
     """Our own membership driver, in place of Horovod's, for an `ElasticLauncher`."""
 
     formed = "world"  # (torch.distributed's: no Horovod ring here)
+    restart_from_scratch = False  # every member lost: new workers from step 0 (make_launcher)
 
     def start(self, settings, np):
         self._lock = threading.RLock()  # (the launcher's own methods take it too)
@@ -88,6 +92,12 @@ class TorchMembership:
         """A worker in every slot that has room and none (the first `initial` slots at the
         start; a lost slot again; a slot beyond them when it gets room)."""
         if self._stopping or (self._world and self._done_training()):
+            return
+        if self._world and not self.restart_from_scratch and not self._world_alive():
+            # every member was lost, and the state with them: no replacement starts over from
+            # step 0 unasked, and one that started to join them ends (the driver's
+            # `Membership.lost` says what was lost)
+            self._stop_workers()
             return
         if self._g < 0 and time.monotonic() - self._began < START_GRACE and not all(
                 s in self._running or self._has_capacity(s) for s in range(initial)):
@@ -157,6 +167,11 @@ class TorchMembership:
         self._short_since = None
         if members != self._world or newcomers or self._again:
             self._form(members + newcomers[:self.max_np - len(members)])
+
+    def _world_alive(self):
+        """A member of the world still runs (or finished) as the process that joined it."""
+        return any(self._keys.get(s) == self._world_keys[s] and
+                   (s in self._running or s in self._finished) for s in self._world)
 
     def _done_training(self):
         """Every member of the world finished (the others have nothing to join)."""
