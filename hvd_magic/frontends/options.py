@@ -24,6 +24,12 @@ ELASTIC_OPTIONS = (
         type=float, default=None, metavar="S",
         help="With --min-np: seconds the run may have fewer than --min-np ranks "
              "(default 600, Horovod's).")),
+    (("--frozen-timeout",), dict(
+        type=float, default=None, metavar="S",
+        help="With --min-np: a rank that is alive but frozen (its processes used no CPU, "
+             "e.g. SIGSTOPped or deadlocked) while the others waited S seconds for it in a "
+             "collective is declared lost: its processes are killed and the others go on "
+             "(default 120).")),
 )
 
 
@@ -68,7 +74,8 @@ def _arguments(magic, options):
 
 def elastic_kwargs(args):
     """The elastic fields of `hvd_magic.config.Placement` from parsed options."""
-    return dict(min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout)
+    return dict(min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout,
+                frozen_timeout=args.frozen_timeout)
 
 
 def names(text):
