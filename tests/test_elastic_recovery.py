@@ -111,30 +111,59 @@ def test_a_horovod_loss_leaves_the_codes_own_connection_open(ip, fresh_ns, echo_
 # -- a frozen member is given up ------------------------------------------------------------------
 
 
+def _stop_at_step(run, slot, step):
+    """SIGSTOP slot `slot`'s rank process once it reported `step`: alive, its sockets open,
+    never answering. Its pid."""
+    victim = run.ranks[slot]
+    deadline = time.monotonic() + 120
+    while (victim.step or 0) < step:
+        assert run.state == "running" and time.monotonic() < deadline, run.error
+        time.sleep(0.02)
+    os.kill(victim.pid, signal.SIGSTOP)
+    return victim.pid
+
+
+def _given_up(run, slot, pid):
+    """The membership says slot `slot` (`pid`) was given up as frozen, first of all losses."""
+    lost = [c for c in run.membership if c["t"] == "lost"]
+    assert lost and (lost[0]["rank"], lost[0]["pid"], lost[0]["code"]) == \
+        (slot, pid, -signal.SIGKILL), run.membership
+    how = lost[0]["how"]
+    assert "frozen" in how and "4 s (--frozen-timeout)" in how and "waited" in how, how
+    return lost
+
+
 def test_a_frozen_ddp_member_is_given_up_after_the_frozen_timeout(ip, fresh_ns):
-    """Slot 2 SIGSTOPped mid-training: alive, its sockets open, it never answers. The others
-    wait in backward; after --frozen-timeout 4 its task kills it, the survivors go on without
-    it, a replacement joins, and the run ends with every rank's result (without the timeout
-    the survivors would wait for the run's --timeout)."""
+    """Slot 2 SIGSTOPped mid-training. The others wait in backward; after --frozen-timeout 4
+    its task kills it, the survivors go on without it, a replacement joins, and the run ends
+    with every rank's result (without it the survivors wait for the run's --timeout)."""
     fresh_ns.update(steps=60, grow_to=3, raise_at=None)
     with _ddp_run(ip, "--np -3 --min-np 2 --frozen-timeout 4 --timeout 200") as run:
-        victim = run.ranks[2]
-        deadline = time.monotonic() + 120
-        while (victim.step or 0) < 20:
-            assert run.state == "running" and time.monotonic() < deadline, run.error
-            time.sleep(0.02)
-        pid = victim.pid
-        os.kill(pid, signal.SIGSTOP)
+        pid = _stop_at_step(run, 2, 20)
         results = run.wait(200)
 
     assert run.state == "done", run.error
-    lost = [c for c in run.membership if c["t"] == "lost"]
-    assert [(c["rank"], c["pid"], c["code"]) for c in lost] == [(2, pid, -signal.SIGKILL)], \
-        "\n".join(f"{c['t']} {c.get('rank')} {c.get('how')} {c.get('slots')} {c['time']}"
-                  for c in run.membership)
-    assert "frozen" in lost[0]["how"] and "4 s (--frozen-timeout)" in lost[0]["how"], lost
-    assert "ranks 0, 1 waited" in lost[0]["how"], lost
+    lost = _given_up(run, 2, pid)
+    assert len(lost) == 1 and "ranks 0, 1 waited" in lost[0]["how"], run.membership
     assert len(results) == 3 and 2 in results[0]["worlds"], results
+
+
+def test_a_frozen_horovod_member_is_given_up_after_the_frozen_timeout(ip, fresh_ns):
+    pytest.importorskip("horovod.torch")
+    fresh_ns.update(steps=80, commit_every=10, grow_to=1)
+    run = ip.run_cell_magic("horovod", "--np -3 --min-np 2 --frozen-timeout 4 --timeout 200 "
+                                       "--background --quiet", HOROVOD_CELL)
+    try:
+        pid = _stop_at_step(run, 1, 25)
+        results = run.wait(200)
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+
+    assert run.state == "done", run.error
+    _given_up(run, 1, pid)
+    assert results and all(r["step"] == 80 for r in results), results
 
 
 def _rank(rank, blocked_for=None, now=1000.0):
