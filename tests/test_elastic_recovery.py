@@ -52,9 +52,12 @@ def echo_server():
 
 
 # The connection opens once the group is made (before the loss) and is used at every step and
-# at the end: a cut one raises BrokenPipeError or reads nothing.
+# at the end: a cut one raises BrokenPipeError or reads nothing. `group`: how many sockets the
+# rank knows as its group's at the end (none: a loss would cut nothing, and a survivor would
+# wait on a peer that left its group).
 OWN_SOCKET = """\
 import os, socket
+from hvd_magic.rank import elastic_world
 own = socket.create_connection(("127.0.0.1", port))
 
 def echoed(word):
@@ -69,7 +72,9 @@ def _with_own_socket(cell, made, result):
     report = "        hvd_magic.report(step=state.step, total=steps)\n"
     for old, new in ((made, made + OWN_SOCKET),
                      (report, "        assert echoed(b'step')\n" + report),
-                     (result, '{"own": echoed(b"after"), ' + result[1:])):
+                     (result, '{"own": echoed(b"after"), '
+                              '"group": len(elastic_world.world().sockets.current()), '
+                              + result[1:])):
         assert cell.count(old) == 1, old
         cell = cell.replace(old, new)
     return cell
@@ -85,7 +90,7 @@ def test_a_ddp_loss_leaves_the_codes_own_connection_open(ip, fresh_ns, echo_serv
     assert run.state == "done", run.error  # (a cut connection: BrokenPipeError, the run's)
     assert [c["rank"] for c in run.membership if c["t"] == "lost"] == [2], run.membership
     assert 2 in results[0]["worlds"]  # slots 0 and 1 trained on, in a world without slot 2
-    assert len(results) == 3 and all(r["own"] for r in results), results
+    assert len(results) == 3 and all(r["own"] and r["group"] for r in results), results
 
 
 def test_a_horovod_loss_leaves_the_codes_own_connection_open(ip, fresh_ns, echo_server):
@@ -105,7 +110,7 @@ def test_a_horovod_loss_leaves_the_codes_own_connection_open(ip, fresh_ns, echo_
     assert run.state == "done", run.error  # (a cut connection: BrokenPipeError, the run's)
     lost = {c["rank"] for c in run.membership if c["t"] == "lost"}
     assert 1 in lost and len(lost) < 3, run.membership  # (one never lost: its own connection)
-    assert results and all(r["own"] for r in results), results
+    assert results and all(r["own"] and r["group"] for r in results), results
 
 
 # -- a frozen member is given up ------------------------------------------------------------------

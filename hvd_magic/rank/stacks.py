@@ -85,10 +85,9 @@ def collectives():
 
 def _serve(fd):
     """The reading thread: one request per line. The driver's words are handed on here; a
-    stacks request id goes to the snapshot thread (`_answer`)."""
-    asked = queue.SimpleQueue()
-    threading.Thread(target=_answer, args=(asked, threading.get_ident()),
-                     name=SNAPSHOT_THREAD, daemon=True).start()
+    stacks request id goes to the snapshot thread (`_answer`, started by the first: a rank
+    never asked has no more threads in a crash's dump)."""
+    asked, answering = queue.SimpleQueue(), None
     with os.fdopen(fd, "rb", buffering=0) as pipe:
         buffer = b""
         while True:
@@ -106,6 +105,10 @@ def _serve(fd):
                     debugger.hold_others(request == b"hold")
                     continue
                 asked.put(request)
+                if answering is None:
+                    answering = threading.Thread(target=_answer, name=SNAPSHOT_THREAD,
+                                                 args=(asked, threading.get_ident()), daemon=True)
+                    answering.start()
 
 
 def _answer(asked, reader):

@@ -58,28 +58,26 @@ def _blocking(fn, op, hold=True):
             else:
                 inner = False
                 _waiting.update(since=time.monotonic(), op=op, reported=False)
-        if inner:
-            return _marked(fn, op, args, kwargs)
-        try:
-            return _marked(fn, op, args, kwargs)
+        try:  # (here, not in a helper: a stack's innermost call is read past `wrapper`)
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            _mark(exc, op)
+            raise
         finally:
-            with _lock:
-                reported = _waiting["reported"]
-                _waiting.update(since=None, op=None, reported=False)
-            if reported:
-                reporting.send({"t": "unblocked"})
+            if not inner:
+                with _lock:
+                    reported = _waiting["reported"]
+                    _waiting.update(since=None, op=None, reported=False)
+                if reported:
+                    reporting.send({"t": "unblocked"})
     return wrapper
 
 
-def _marked(fn, op, args, kwargs):
+def _mark(exc, op):
     try:
-        return fn(*args, **kwargs)
-    except BaseException as exc:
-        try:
-            exc.hvd_magic_collective = op  # (read by `from_collective`)
-        except AttributeError:  # (an exception type without a __dict__: not a collective's)
-            pass
-        raise
+        exc.hvd_magic_collective = op  # (read by `from_collective`)
+    except AttributeError:  # (an exception type without a __dict__: not a collective's)
+        pass
 
 
 def from_collective(exc):
