@@ -290,3 +290,20 @@ def test_a_ranks_own_socket_error_is_its_own_not_a_bystanders():
     assert "cause" not in peer and is_follow_on(peer)
     # a peer's words without the rank's word on the cause are read as before
     assert is_follow_on({"type": "OSError", "message": "[Errno 32] Broken pipe"})
+
+
+def test_the_codes_own_socket_error_is_not_taken_for_a_loss():
+    """hvd_magic.elastic.run: a BrokenPipeError of the code's own, raised just after the driver
+    said a member was lost, ends the run as the code's error; a collective's is the loss."""
+    from hvd_magic import elastic
+    from hvd_magic.rank import stall
+
+    class LostAMember:  # (the driver's word came: `World.troubled`)
+        def troubled(self, timeout):
+            return True
+
+    assert not elastic._lost_peer(LostAMember(), BrokenPipeError(32, "Broken pipe"))
+    try:
+        stall._blocking(lambda: os.write(-1, b""), "all_reduce", hold=False)()
+    except OSError as exc:  # (an OSError out of a collective: the loss's)
+        assert elastic._lost_peer(LostAMember(), exc)

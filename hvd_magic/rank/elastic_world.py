@@ -3,8 +3,8 @@ uses `hvd_magic.elastic`, not Horovod): the rank's side of the driver's membersh
 (`hvd_magic.launch.elastic.ddp`).
 
 The driver numbers each world it forms (a generation) and tells every member twice, through the
-rank's task and its probe pipe (`hvd_magic.rank.stacks` hands the messages here, on its helper
-thread):
+rank's task and its probe pipe (`hvd_magic.rank.stacks` hands the messages here, on the thread
+that reads the pipe, never behind a stack snapshot):
 
 - ``lost``: a member of the run was lost. The connected TCP sockets this rank's process group
   made (its store's and Gloo's: `sockets.GroupSockets`, never the code's own) are shut down at
