@@ -87,7 +87,8 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
         timeline_steps=None, timeline_detail=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT, on_stall="warn", tensorboard=None,
         verbose=False, data=None, equal_shards=False, data_cache=None, mlflow=None,
-        min_np=None, max_np=None, elastic_timeout=None, restart_from_scratch=False, fresh=None,
+        min_np=None, max_np=None, elastic_timeout=None, restart_from_scratch=False,
+        frozen_timeout=None, fresh=None,
         ship=None):
     """Run `fn(*args, **kwargs)` on `np` Horovod ranks; return the finished `Run`.
 
@@ -105,7 +106,8 @@ def run(fn, np=2, args=(), kwargs=None, *, spark=None, master=None, spark_conf=N
     `elastic_timeout` seconds ends the run. `max_np`: at most this many ranks (on Spark, ranks
     beyond `np` join when Spark has room for them). Every rank lost at once takes their state
     with it: the run fails, naming what was lost, unless `restart_from_scratch` lets the
-    replacements start over from step 0.
+    replacements start over from step 0. `frozen_timeout`: a rank alive but frozen (no CPU)
+    while the others waited this long in a collective is killed and lost (default 120).
     `fresh`: every rank a new interpreter that imports its frameworks itself, not a fork of
     the host's template (`hvd_magic.template`); None: `hvd_magic.config.fresh_by_default`.
     `ship`: what goes to a cluster's executors that lack it (`hvd_magic.launch.shipping`): None
@@ -164,7 +166,8 @@ def launch(job, kwargs_pickled, placement, options, *, view=None, background=Fal
     launcher = make_launcher(placement, elastic_kind=kind)
     launcher.wants = (job.get("imports") or (), options.ship)  # (a cluster's: launch/shipping.py)
     run_ = Run(placement.rows, options, launcher=launcher, view=view, cell=cell, env=env,
-               elastic=placement.elastic, profile=profile)
+               elastic=placement.elastic, frozen_timeout=placement.frozen_timeout,
+               profile=profile)
     return run_.launch(job, kwargs_pickled, background=background)
 
 

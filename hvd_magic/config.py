@@ -115,6 +115,7 @@ class Placement:
     max_np: Optional[int] = None
     elastic_timeout: Optional[float] = None
     restart_from_scratch: bool = False  # every rank lost: replacements start over from step 0
+    frozen_timeout: Optional[float] = None  # None: driver/frozen.py's DEFAULT_TIMEOUT
     log_dir: str = "hvd_runs"       # a Spark JVM started for the run writes its log here
     verbose: bool = False           # ... and to the cell's stderr too
 
@@ -124,10 +125,10 @@ class Placement:
         _set(self, spark_conf=dict(self.spark_conf or {}))
         if self.min_np is None:
             if self.max_np is not None or self.elastic_timeout is not None or \
-                    self.restart_from_scratch:
-                raise UsageError("--max-np and --elastic-timeout belong to an elastic run (so "
-                                 "does --restart-from-scratch): add --min-np M (the fewest "
-                                 "ranks the run may go on with).")
+                    self.restart_from_scratch or self.frozen_timeout is not None:
+                raise UsageError("--max-np, --elastic-timeout and --frozen-timeout belong to an "
+                                 "elastic run (so does --restart-from-scratch): add --min-np M "
+                                 "(the fewest ranks the run may go on with).")
             return
         _set(self, max_np=self.ranks if self.max_np is None else self.max_np)
         for name, value in (("min_np", self.min_np), ("max_np", self.max_np)):
@@ -136,11 +137,11 @@ class Placement:
         if not self.min_np <= self.ranks <= self.max_np:
             raise UsageError(f"an elastic run needs min_np <= ranks <= max_np; got min_np "
                              f"{self.min_np}, {self.ranks} ranks, max_np {self.max_np}.")
-        if self.elastic_timeout is not None and (
-                isinstance(self.elastic_timeout, bool)
-                or not isinstance(self.elastic_timeout, (int, float)) or self.elastic_timeout <= 0):
-            raise UsageError(f"elastic_timeout takes a positive number of seconds, not "
-                             f"{self.elastic_timeout!r}.")
+        for name in ("elastic_timeout", "frozen_timeout"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, (int, float)) or value <= 0):
+                raise UsageError(f"{name} takes a positive number of seconds, not {value!r}.")
 
     @property
     def ranks(self):

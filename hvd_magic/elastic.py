@@ -40,7 +40,7 @@ Not for: who is in the world (the driver decides, `rank.elastic_world` carries i
 import copy
 import functools
 
-from .rank import elastic_world
+from .rank import elastic_world, stall
 
 LOSS_WAIT = 30.0  # seconds a rank whose collective failed waits for the driver's new world
 
@@ -237,7 +237,10 @@ def _group(here):
 def _lost_peer(here, exc):
     """After a call that raised `exc`: whether it failed because the world changed (the
     driver's word came, or comes within `LOSS_WAIT` seconds for what a collective raises when a
-    peer is gone), not because of the code, whose error is the run's at once."""
+    peer is gone), not because of the code, whose error is the run's at once: the code's own
+    socket that broke as a peer was lost too (`stall.code_error`: by cause, not by words)."""
+    if stall.code_error(exc):
+        return False
     return here.troubled(LOSS_WAIT if _collective_failure(exc) else 0)
 
 

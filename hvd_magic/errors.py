@@ -103,9 +103,13 @@ def is_memory_loss(text):
 
 
 def is_follow_on(info):
-    """True for errors that are consequences of another rank's failure, not causes."""
+    """True for errors that are consequences of another rank's failure, not causes. A rank
+    that says its error is the code's own (``cause``: an OSError no collective raised, the
+    code's own socket: `hvd_magic.rank.stall.code_error`) is never one, whatever its words."""
     if info.get("type") in FOLLOW_ON_TYPES:
         return True
+    if info.get("cause") == "code":
+        return False
     text = f"{info.get('message', '')}"
     return any(t in text for t in FOLLOW_ON_TEXT)
 

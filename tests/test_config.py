@@ -28,11 +28,14 @@ MISTAKES = [
     ("--stall-timeout -1", {"stall_timeout": -1}, "--stall-timeout takes a positive number"),
     ("--retries -1", {"retries": -1}, "retries must be a whole number >= 0"),
     ("--min-np 3", {"min_np": 3}, "min_np <= ranks <= max_np; got min_np 3, 2 ranks"),
-    ("--max-np 4", {"max_np": 4}, "--max-np and --elastic-timeout belong to an elastic run"),
+    ("--max-np 4", {"max_np": 4}, "--elastic-timeout and --frozen-timeout belong to an elastic"),
     ("--restart-from-scratch", {"restart_from_scratch": True},
      "so does --restart-from-scratch"),
+    ("--frozen-timeout 30", {"frozen_timeout": 30}, "--frozen-timeout belong to an elastic run"),
     ("--min-np 1 --elastic-timeout -2", {"min_np": 1, "elastic_timeout": -2},
      "elastic_timeout takes a positive number of seconds"),
+    ("--min-np 1 --frozen-timeout 0", {"min_np": 1, "frozen_timeout": 0},
+     "frozen_timeout takes a positive number of seconds"),
 ]
 
 
@@ -48,7 +51,8 @@ def test_every_front_door_refuses_a_mistake_the_same_way(ip, fresh_ns, script, c
         hvd_magic.run(one, np=-2, **keywords)
     with pytest.raises(UsageError, match=message):
         run_script(script, np=-2, **keywords)
-    if not {"min_np", "max_np", "restart_from_scratch"} & set(keywords):  # (HorovodRunner: no elastic)
+    if not {"min_np", "max_np", "restart_from_scratch", "frozen_timeout"} & set(keywords):
+        # (HorovodRunner: no elastic)
         with pytest.raises(UsageError, match=message):
             HorovodRunner(np=-2, text=True, **keywords).run(one)
     capsys.readouterr()

@@ -68,6 +68,8 @@ class Driver:
                         and held_since is None:
                     self.request_stop("timeout")
                 self._watch_for_stall()
+                if run.elastic is not None and run.stop_reason is None and not run.held():
+                    run.elastic.give_up_frozen(run)  # (driver/frozen.py)
                 self._escalate()
                 if time.monotonic() - self._flushed >= FLUSH_EVERY:
                     self._flushed = time.monotonic()

@@ -20,23 +20,31 @@ scratch (``--restart-from-scratch``), the run stops with an error that says what
 Horovod's elastic driver's own log lines go to the run folder's ``elastic.log`` while the run
 lasts (`hvd_magic.driver.horovod_log`), not under the cell.
 
+A member alive but frozen (no CPU, not in the collective the others have waited in for
+``--frozen-timeout`` seconds: `hvd_magic.driver.frozen`) is given up: `give_up_frozen` has its
+task kill it, and its ``lost`` says why.
+
 Not for: starting or replacing processes (the launcher), or drawing (views show the lines).
 The hang watchdog looks only at the ranks `watched` gives: an elastic reset is not a hang.
 """
 
 import time
 
+from . import frozen
 from .horovod_log import HorovodLog
 from ..words import plural
 from .ranks import RankState
 
 
 class Membership:
-    def __init__(self, np, min_np, max_np, timeout=None):
+    def __init__(self, np, min_np, max_np, timeout=None, frozen_timeout=None):
         self.np, self.min_np, self.max_np, self.timeout = np, min_np, max_np, timeout
+        self.frozen_timeout = frozen_timeout or frozen.DEFAULT_TIMEOUT
         self.changes = []
         self.attempts = [1] * np     # the attempt number of each slot's current process
         self.error = None            # a LaunchError: every rank lost, and no restart allowed
+        self._frozen = {}            # slot -> (attempt, how) of a process given up as frozen
+        self._waited = {}            # slot -> when it was last seen waiting (monotonic)
         self._horovod_log = None
 
     def log_horovod(self, run_dir):
@@ -74,7 +82,8 @@ class Membership:
                   "time": round(time.time(), 3)}
         from ..launch.elastic.launcher import how_lost
 
-        how = how_lost(dict(summary, code=code))
+        attempt, given_up = self._frozen.get(r.rank, (None, None))
+        how = given_up if attempt == self.attempts[r.rank] else how_lost(dict(summary, code=code))
         change["how"] = how
         last = f"; its last line: {r.last_line.strip()}" if r.last_line.strip() else ""
         said = f"rank {r.rank} lost ({r.executor}, pid {r.pid}, {how}){last}."
@@ -172,6 +181,21 @@ class Membership:
         now offer the lost ranks' replacements: `ElasticLocalLauncher.ring_working`)."""
         if self.changes and self.changes[-1]["t"] == "ring":
             run.launcher.ring_working()
+
+    def give_up_frozen(self, run):
+        """(The driver loop, each tick) members alive but frozen while others waited for
+        `frozen_timeout` seconds: each one's task told to kill it (once per process)."""
+        now = time.monotonic()
+        self._waited.update((r.rank, now) for r in run.ranks if r.blocked_since is not None)
+        waiting, idle = frozen.frozen(self.watched(run.ranks), self.frozen_timeout,
+                                      self._waited, now)
+        for r in idle:
+            if self._frozen.get(r.rank, (None,))[0] == self.attempts[r.rank]:
+                continue
+            self._frozen[r.rank] = (self.attempts[r.rank], frozen.how(waiting,
+                                                                      self.frozen_timeout))
+            if run._server is not None:
+                run._server.broadcast({"t": "frozen", "slot": r.rank, "pid": r.pid})
 
     def watched(self, ranks):
         """The ranks the hang watchdog compares in an elastic run: not the lost ones, nor those

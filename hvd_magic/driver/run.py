@@ -141,10 +141,11 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
     """One launch of a function on N ranks. `results` are in rank order; `value` is rank 0's."""
 
     def __init__(self, np, options=None, *, launcher=None, view=None, cell=None, env=None,
-                 elastic=None, profile=None):
+                 elastic=None, frozen_timeout=None, profile=None):
         """`np` rows (ranks, or an elastic run's slots); `env`: `options.env` with what MLflow
-        adds; `elastic`: the placement's (min_np, max_np, timeout); `profile`: what torch's
-        profiler records on every rank (`hvd_magic.api.profile_plan`)."""
+        adds; `elastic`: the placement's (min_np, max_np, timeout), `frozen_timeout` its
+        ``--frozen-timeout``; `profile`: what torch's profiler records on every rank
+        (`hvd_magic.api.profile_plan`)."""
         self.options = options = options if options is not None else RunOptions()
         self.id = new_run_id()
         self.np = np
@@ -189,7 +190,8 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         self.data_cache = options.data_cache  # where a DataFrame not plain Parquet is converted
         self.shards = None           # rows per rank's shard (--data), once planned
         # an elastic run's members and every change to them (min_np, max_np, timeout given)
-        self.elastic = Membership(np, *elastic) if elastic is not None else None
+        self.elastic = Membership(np, *elastic, frozen_timeout=frozen_timeout) \
+            if elastic is not None else None
         self._done = threading.Event()
         self._server, self.gathering = None, frameworks.Gathering(np)  # (the tasks' rendezvous)
         self._shared = {}

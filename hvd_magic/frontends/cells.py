@@ -11,7 +11,7 @@ from ..capture import capture_cell
 from ..capture.session import capture_session_cell
 from ..config import Placement, RunOptions, check_together, is_dataframe
 from ..errors import cell_filename
-from .options import env_option, names
+from .options import elastic_kwargs, env_option, names
 from ..timelines.show import TimelineNote
 from ..view import TextView, make_view
 
@@ -55,9 +55,8 @@ def run_options(magics, args, data, opening=None):
     verbose = args.verbose or magics.verbose
     placement = Placement(
         magics.np if args.np is None else args.np, master=args.master,
-        spark_conf=magics.spark_conf, min_np=args.min_np, max_np=args.max_np,
-        elastic_timeout=args.elastic_timeout,
-        restart_from_scratch=args.restart_from_scratch, log_dir=magics.run_root, verbose=verbose)
+        spark_conf=magics.spark_conf, log_dir=magics.run_root, verbose=verbose,
+        **elastic_kwargs(args))
     options = cell_options(magics, args, data, env=env_option(args.env),
                            horovod_env=magics.horovod_settings, retries=args.retries,
                            timeline=args.timeline, timeline_steps=args.timeline_steps,

@@ -29,6 +29,12 @@ ELASTIC_OPTIONS = (
         help="With --min-np: when every rank is lost at once, their state (the last commit) "
              "goes with them; with this the replacements start over from step 0, without it "
              "the run fails, naming what was lost.")),
+    (("--frozen-timeout",), dict(
+        type=float, default=None, metavar="S",
+        help="With --min-np: a rank that is alive but frozen (its processes used no CPU, "
+             "e.g. SIGSTOPped or deadlocked) while the others waited S seconds for it in a "
+             "collective is declared lost: its processes are killed and the others go on "
+             "(default 120).")),
 )
 
 
@@ -74,7 +80,8 @@ def _arguments(magic, options):
 def elastic_kwargs(args):
     """The elastic fields of `hvd_magic.config.Placement` from parsed options."""
     return dict(min_np=args.min_np, max_np=args.max_np, elastic_timeout=args.elastic_timeout,
-                restart_from_scratch=args.restart_from_scratch)
+                restart_from_scratch=args.restart_from_scratch,
+                frozen_timeout=args.frozen_timeout)
 
 
 def names(text):

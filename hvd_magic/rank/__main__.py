@@ -110,6 +110,8 @@ def error_record(exc):
         record["traceback"] = record["traceback"].rstrip("\n") + hint + "\n"
     if isinstance(exc, ImportError):  # which Python lacked it: the driver's hint names it
         record["python"] = sys.executable
+    if stall.code_error(exc):  # its own socket, not a peer's: never a bystander (errors.py)
+        record["cause"] = "code"
     try:
         record["postmortem"] = frames.capture(_users_tb(exc))
     except Exception:  # noqa: BLE001  (the traceback text is enough to go on)

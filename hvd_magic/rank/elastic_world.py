@@ -3,15 +3,16 @@ uses `hvd_magic.elastic`, not Horovod): the rank's side of the driver's membersh
 (`hvd_magic.launch.elastic.ddp`).
 
 The driver numbers each world it forms (a generation) and tells every member twice, through the
-rank's task and its probe pipe (`hvd_magic.rank.stacks` hands the messages here, on its helper
-thread):
+rank's task and its probe pipe (`hvd_magic.rank.stacks` hands the messages here, on the thread
+that reads the pipe, never behind a stack snapshot):
 
-- ``lost``: a member of the run was lost. The connected TCP sockets this rank opened for its
-  current process group are shut down at once, so that a collective waiting on a peer that is
-  gone (or on a survivor that has already left the group) returns with an error instead of
-  waiting for Gloo's timeout. Gloo's listener is left alone (shutting it aborts the process).
-  While this rank forms a new group nothing is cut: the ``reform`` that follows a loss does it
-  (a ``lost`` heard late must not cut the newer world's store);
+- ``lost``: a member of the run was lost. The connected TCP sockets this rank's process group
+  made (its store's and Gloo's: `sockets.GroupSockets`, never the code's own) are shut down at
+  once, so that a collective waiting on a peer that is gone (or on a survivor that has already
+  left the group) returns with an error instead of waiting for Gloo's timeout. Gloo's listener
+  is left alone (shutting it aborts the process). While this rank forms a new group nothing is
+  cut: the ``reform`` that follows a loss does it (a ``lost`` heard late must not cut the newer
+  world's store);
 - ``reform``: generation `g` will be these slots, in rank order. After a loss the survivors are
   already waiting for it; when a rank joins, the others leave at their next ``commit()``; a
   rank forming an older world leaves it at once (its sockets cut);
@@ -27,7 +28,11 @@ change): from the world's store, connected to in short tries, following a newer 
 meanwhile; once every member came to the store (`_all_came`), the group's connections are made
 in tries of `CONNECT_TIMEOUT`, and its collectives then wait as long as the code asked. A rank
 whose group could not be made (a member lost meanwhile) says ``failed``, and the driver forms the
-same members again on a new store.
+same members again on a new store. Every wait on the driver or on the members (`wait_limit`:
+the elastic timeout and `GRACE`, the driver deciding first) ends with a `TimeoutError` that
+names whom it waited for.
+
+A rank of Horovod's elastic run gets a `horovod_ring.Ring` instead: ``lost`` alone.
 
 Not for: the state rolled back and shared (`hvd_magic.elastic`), or deciding anything (the
 driver decides).
@@ -40,7 +45,7 @@ import threading
 import time
 from datetime import timedelta
 
-from . import reporting, sockets
+from . import horovod_ring, reporting, sockets
 from ..compat import torch as torch_compat
 from .torch_store import PORTS, hand_first_group_to, probe
 
@@ -52,7 +57,10 @@ STORE_TRY = 2.0                           # ...in tries this long, a newer world
 CONNECT_TIMEOUT = timedelta(seconds=5)    # a try at a group's connections (Gloo makes 5), once
                                           # all its members came
 ARRIVED = "hvd_magic/came"                # a store's keys: which members came to it
-HOROVOD_GRACE = 0.3                       # seconds Horovod's ring may notice a loss by itself
+WAIT = "HVD_MAGIC_ELASTIC_WAIT"           # the run's elastic timeout, in seconds
+DEFAULT_WAIT = 600.0                      # ...where none is set (Horovod's default)
+GRACE = 60.0                              # a rank's waits last this much longer: the driver,
+                                          # which ends the run at the elastic timeout, speaks first
 
 
 def active():
@@ -60,8 +68,7 @@ def active():
 
 
 def horovod_elastic():
-    """A rank of Horovod's elastic run: of the driver's words it takes ``lost`` alone (its ring
-    is Horovod's to re-form), whose cut ends a wait on the dead peer before Gloo's timeout."""
+    """A rank of Horovod's elastic run (`horovod_ring`)."""
     return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
@@ -80,16 +87,13 @@ class World:
         self._joined = None      # the world `join` found, its group not made yet
         self._options = {}       # the code's init_process_group arguments (timeout...)
         self._changed = threading.Condition()
-        self._mark = sockets.opened()  # the sockets open before the current group was made
+        self.sockets = sockets.GroupSockets()  # what this rank's groups made: a loss cuts them
+        self.wait_limit = float(os.environ.get(WAIT) or DEFAULT_WAIT) + GRACE
 
     # -- the helper thread ----------------------------------------------------------------------
     def heard(self, message):
         with self._changed:
             kind, g = message.get("t"), message.get("g")
-            if not active():  # Horovod's ring: ``lost`` only
-                if kind == "lost":
-                    self._cut_if_stuck()
-                return
             if kind == "reform" and (self.reform is None or g > self.reform["g"]):
                 self.reform = message
                 if self._forming is not None and g > self._forming:
@@ -103,24 +107,10 @@ class World:
                     self._cut()
             self._changed.notify_all()
 
-    def _cut_if_stuck(self, after=HOROVOD_GRACE):
-        """Horovod's ring: the connections open now and opened since the rank began, cut
-        `after` seconds from now if they are still open then (Horovod has not noticed the loss
-        by itself) and Horovod is not inside ``hvd.init()`` (where a Gloo error aborts the
-        process). A new ring's connections, made meanwhile, are never touched."""
-        held = {fd: sockets.identity(fd) for fd in sockets.opened() - self._mark}
-
-        def later():
-            time.sleep(after)
-            if _horovod_ready():
-                self._cut([fd for fd, what in held.items() if sockets.identity(fd) == what])
-
-        threading.Thread(target=later, name="hvd-magic-cut", daemon=True).start()
-
-    def _cut(self, fds=None):
-        """Shut down the connected TCP sockets opened since the current group began (or
-        `fds`): what it waits on returns an error now."""
-        sockets.cut((sockets.opened() - self._mark) if fds is None else fds)
+    def _cut(self):
+        """Shut down the connected TCP sockets this rank's groups made (and those the group
+        being made has opened so far): what it waits on returns an error now."""
+        self.sockets.cut()
 
     # -- the rank's own thread ------------------------------------------------------------------
     def changed(self):
@@ -138,7 +128,10 @@ class World:
     def _next(self):
         """The newest ``reform`` this rank is in and its group is not, waited for."""
         with self._changed:
-            self._changed.wait_for(self.changed)
+            if not self._changed.wait_for(self.changed, self.wait_limit):
+                raise TimeoutError(
+                    f"hvd_magic: the elastic driver put slot {self.slot} in no world for "
+                    f"{self.wait_limit:g} s (the elastic timeout, and {GRACE:g} s more)")
             if self.ended:
                 raise SystemExit("hvd_magic: the elastic run ended without this rank")
             return self.reform
@@ -146,13 +139,16 @@ class World:
     def _store_of(self, g):
         """Generation `g`'s ``world`` message, or None once a newer ``reform`` came first."""
         with self._changed:
-            self._changed.wait_for(lambda: g in self.stores or self.ended
-                                   or self.reform["g"] != g)
+            if not self._changed.wait_for(lambda: g in self.stores or self.ended
+                                          or self.reform["g"] != g, self.wait_limit):
+                raise TimeoutError(
+                    f"hvd_magic: world {g}'s rank 0 (slot {self.reform['slots'][0]}) did not "
+                    f"make its store within {self.wait_limit:g} s (the elastic timeout, and "
+                    f"{GRACE:g} s more)")
             return self.stores.get(g) if not self.ended and self.reform["g"] == g else None
 
     def _formed(self, g):
-        """Generation `g`'s group is made (the sockets it opened, after `_mark`, are the ones a
-        loss cuts)."""
+        """Generation `g`'s group is made."""
         self.generation, self.disrupted, self._forming = g, False, None
 
     def join(self, announce=True):
@@ -217,20 +213,21 @@ class World:
                     except Exception:  # noqa: BLE001  (a broken group: what is left goes with it)
                         pass
             g = reform["g"]
-            self._mark, self._forming = sockets.opened(), g
+            self._forming = g
             rank, size = reform["slots"].index(self.slot), len(reform["slots"])
             port = self.held.getsockname()[1] if g == self.generation and rank == 0 else 0
-            try:
-                store = self._store(reform, rank, size, port)
-                if store is not None and self._all_came(store, g, rank, size, backend):
+            try:  # (what the store's and the group's making open is the group's: a loss cuts it)
+                with self.sockets.making():
+                    store = self._store(reform, rank, size, port)
+                if store is not None and self._all_came(store, reform, rank, backend):
                     _fresh_group_names(dist)
                     wait = _timeout(self._options, backend)
                     short = torch_compat.can_set_group_timeout()
-                    # (the prefix torch gives an env:// group's store: a joiner's is one)
-                    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
-                                            rank=rank, world_size=size,
-                                            **dict(self._options,
-                                                   timeout=CONNECT_TIMEOUT if short else wait))
+                    with self.sockets.making():  # (the prefix torch gives an env:// group's store)
+                        dist.init_process_group(
+                            backend, store=dist.PrefixStore("default_pg", store), rank=rank,
+                            world_size=size,
+                            **dict(self._options, timeout=CONNECT_TIMEOUT if short else wait))
                     if short:  # (then its collectives wait as long as the code asked, or torch's)
                         torch_compat.set_group_timeout(wait)
                     self._formed(g)
@@ -242,17 +239,21 @@ class World:
                 reporting.send({"t": "elastic", "what": "failed", "g": g})
             reform = None
 
-    def _all_came(self, store, g, rank, size, backend):
-        """Whether every member of world `g` came to its store (False: a newer world came
-        first). Waited for here, in short tries that follow a newer world, and not inside the
-        group's making: Gloo, once it has a peer's address, waits for that peer's connection
-        for the group's timeout five times over (its retries: 2.5 hours by default), and a
-        member lost just then (the second of two slots killed a moment apart) would hold the
-        others there with nothing to cut. Once all came, the group is made at once, in tries
-        of `CONNECT_TIMEOUT`."""
+    def _all_came(self, store, reform, rank, backend):
+        """Whether every member of world `reform` came to its store (False: a newer world
+        came first). Waited for here, in short tries that follow a newer world, and not inside
+        the group's making: Gloo, once it has a peer's address, waits for that peer's
+        connection for the group's timeout five times over (its retries: 2.5 hours by
+        default), and a member lost just then (the second of two slots killed a moment apart)
+        would hold the others there with nothing to cut. Once all came, the group is made at
+        once, in tries of `CONNECT_TIMEOUT`. A member that never comes (alive but frozen: the
+        driver ends it, `hvd_magic.driver.frozen`) is waited for at most the group's timeout
+        or `wait_limit`, whichever is shorter, and named."""
+        g, size = reform["g"], len(reform["slots"])
         store.set(f"{ARRIVED}/{rank}", "1")
         came = [f"{ARRIVED}/{r}" for r in range(size)]
-        deadline = time.monotonic() + _timeout(self._options, backend).total_seconds()
+        limit = min(_timeout(self._options, backend).total_seconds(), self.wait_limit)
+        deadline = time.monotonic() + limit
         while True:
             try:
                 store.wait(came, timedelta(seconds=STORE_TRY))
@@ -263,7 +264,11 @@ class World:
                                               STORE_TRY / 10):
                         return False
                 if time.monotonic() > deadline:
-                    raise
+                    missing = [s for r, s in enumerate(reform["slots"])
+                               if not store.check([came[r]])]
+                    raise TimeoutError(
+                        f"hvd_magic: world {g}'s members in slots {missing} did not come to "
+                        f"its store within {limit:g} s") from None
 
     def _store(self, reform, rank, size, port=0):
         """The store of world `reform` (rank 0 makes it: on `port`, already announced, or on a
@@ -315,17 +320,6 @@ def _timeout(options, backend):
     return options.get("timeout") or torch_compat.default_timeout(backend)
 
 
-def _horovod_ready():
-    for name in ("horovod.torch", "horovod.tensorflow", "horovod.keras"):
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "is_initialized"):
-            try:
-                return bool(module.is_initialized())
-            except Exception:  # noqa: BLE001
-                return False
-    return False
-
-
 def _announce(g, port):
     reporting.send({"t": "elastic", "what": "store", "g": g, "port": port,
                     "addr": os.environ.get(ADDRESS, "127.0.0.1")})
@@ -349,8 +343,11 @@ def world():
     """This rank's `World` (None outside an elastic run): made at the rank's start, before the
     code opens any socket."""
     global _world
-    if _world is None and (active() or horovod_elastic()):
+    if _world is None and active():
         _world = World(int(os.environ.get(SLOT, "0")))
+    elif _world is None and horovod_elastic():
+        _world = horovod_ring.Ring()
+        _world.install()
     return _world
 
 

@@ -1,10 +1,14 @@
 """Every thread's Python stack of this rank, when its task asks (``Run.stacks()``).
 
 Two ways, because a rank can be stuck in two ways:
-- a helper thread blocks reading the task's request pipe (``HVD_MAGIC_PROBE_FD``) and answers
-  each request with `snapshot()` (``sys._current_frames()``: every thread, with the user's frames'
-  locals) as a ``stacks`` event. It needs the GIL, which a rank waiting in Horovod's, Gloo's or
-  torch's collectives has released;
+- a helper thread blocks reading the task's request pipe (``HVD_MAGIC_PROBE_FD``); a second one
+  answers each request with `snapshot()` (``sys._current_frames()``: every thread, with the
+  user's frames' locals, each a ``repr`` the user's class may make slow) as a ``stacks`` event.
+  They need the GIL, which a rank waiting in Horovod's, Gloo's or torch's collectives has
+  released. The same pipe carries the driver's word on an elastic run's members
+  (`hvd_magic.rank.elastic_world`) and on a peer held in pdb: the reading thread hands those on
+  at once, never behind a snapshot (a slow ``__repr__`` during a stall's report would delay the
+  ``lost`` that ends a collective's wait);
 - a rank that holds the GIL for good (a C extension that spins) cannot run that thread, so the
   task falls back to `STACK_SIGNAL`: faulthandler, registered here, writes every thread's frames
   (no locals) from the signal handler itself, GIL or not, into a regular file the task reads
@@ -15,6 +19,7 @@ Which frames are the user's is decided on the rank, where the paths are the rank
 """
 
 import os
+import queue
 import signal
 import sys
 import threading
@@ -25,17 +30,18 @@ from .frames import bounded_locals, frame_record
 
 STACK_SIGNAL = signal.SIGRTMIN + 4
 THREAD_NAME = "hvd-magic-stacks"
+SNAPSHOT_THREAD = "hvd-magic-snapshots"
 MAX_FRAMES = 200         # per thread: the outermost 20 (where the user's code is) and the innermost
 LOCALS_PER_FRAME = 20
 
-def snapshot(skip=None):
-    """Every thread's stack but `skip`'s: [{"name", "main", "frames": [outermost..innermost],
-    "locals": {index: {name: repr}} for the user's frames}]."""
+def snapshot(skip=()):
+    """Every thread's stack but those of `skip` (thread idents): [{"name", "main", "frames":
+    [outermost..innermost], "locals": {index: {name: repr}} for the user's frames}]."""
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
     threads = []
     for ident, frame in sys._current_frames().items():
-        if ident == skip:
+        if ident in skip:
             continue
         chain = []
         while frame is not None:
@@ -75,13 +81,16 @@ def collectives():
 
 
 def _serve(fd):
-    """The helper thread: one request id per line; each answered with a snapshot."""
-    me = threading.get_ident()
+    """The reading thread: one request per line. The driver's words are handed on here; a
+    stacks request id goes to the snapshot thread (`_answer`, started by the first: a rank
+    never asked has no more threads in a crash's dump)."""
+    asked, answering = queue.SimpleQueue(), None
     with os.fdopen(fd, "rb", buffering=0) as pipe:
         buffer = b""
         while True:
             chunk = pipe.read(256)
             if not chunk:  # the task went away
+                asked.put(None)
                 return
             buffer += chunk
             *requests, buffer = buffer.split(b"\n")
@@ -92,15 +101,30 @@ def _serve(fd):
                 if request in (b"hold", b"release"):  # a peer is held in pdb, or no longer
                     debugger.hold_others(request == b"hold")
                     continue
-                try:
-                    threads = snapshot(skip=me)
-                except Exception as exc:  # a frame's locals that cannot be read, say
-                    threads, error = [], f"{type(exc).__name__}: {exc}"
-                else:
-                    error = None
-                reporting.send({"t": "stacks", "id": request.decode(errors="replace"),
-                                "how": "python", "threads": threads, "error": error,
-                                "collectives": collectives()})
+                asked.put(request)
+                if answering is None:
+                    answering = threading.Thread(target=_answer, name=SNAPSHOT_THREAD,
+                                                 args=(asked, threading.get_ident()), daemon=True)
+                    answering.start()
+
+
+def _answer(asked, reader):
+    """The snapshot thread: each stacks request answered with every thread's stack but the
+    probe's own two."""
+    skip = (reader, threading.get_ident())
+    while True:
+        request = asked.get()
+        if request is None:
+            return
+        try:
+            threads = snapshot(skip=skip)
+        except Exception as exc:  # a frame's locals that cannot be read, say
+            threads, error = [], f"{type(exc).__name__}: {exc}"
+        else:
+            error = None
+        reporting.send({"t": "stacks", "id": request.decode(errors="replace"),
+                        "how": "python", "threads": threads, "error": error,
+                        "collectives": collectives()})
 
 
 def install(environ=None):

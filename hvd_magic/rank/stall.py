@@ -14,6 +14,10 @@ seconds and ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`)
 
 Each module is patched right after it is imported (`hooks`): nothing is imported here.
 
+An exception that leaves one of those waits is marked as a collective's (`from_collective`):
+what a rank failed of is told by cause, not by its words (`code_error`: the code's own socket
+that broke as a peer was lost or the run was stopped is the code's error, not a bystander's).
+
 While a peer of a warm session is held in pdb (`hvd_magic.rank.debugger`), a collective waits
 before it starts (Horovod's enqueue, ``join``, ``barrier``; torch.distributed's and
 tf.distribute's calls above): on our channel, not inside the framework, whose timeouts would
@@ -55,17 +59,46 @@ def _blocking(fn, op, hold=True):
             else:
                 inner = False
                 _waiting.update(since=time.monotonic(), op=op, reported=False)
-        if inner:
+        try:  # (here, not in a helper: a stack's innermost call is read past `wrapper`)
             return fn(*args, **kwargs)
-        try:
-            return fn(*args, **kwargs)
+        except BaseException as exc:
+            _mark(exc, op)
+            raise
         finally:
-            with _lock:
-                reported = _waiting["reported"]
-                _waiting.update(since=None, op=None, reported=False)
-            if reported:
-                reporting.send({"t": "unblocked"})
+            if not inner:
+                with _lock:
+                    reported = _waiting["reported"]
+                    _waiting.update(since=None, op=None, reported=False)
+                if reported:
+                    reporting.send({"t": "unblocked"})
     return wrapper
+
+
+def _mark(exc, op):
+    try:
+        exc.hvd_magic_collective = op  # (read by `from_collective`)
+    except AttributeError:  # (an exception type without a __dict__: not a collective's)
+        pass
+
+
+def from_collective(exc):
+    """The collective `exc` (or an exception it was raised from or during) left, or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        op = getattr(exc, "hvd_magic_collective", None)
+        if op is not None:
+            return op
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def code_error(exc):
+    """Whether `exc` is the code's own: an OSError (a socket's: ``BrokenPipeError``,
+    ``ConnectionResetError``...) that no collective raised. Horovod, Gloo and torch.distributed
+    raise their transport's errors as RuntimeError (or their own types), never as OSError, so
+    words such as "Broken pipe" in one are the code's own connection's."""
+    return isinstance(exc, OSError) and from_collective(exc) is None
 
 
 def _held_first(fn):

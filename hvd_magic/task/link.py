@@ -5,6 +5,7 @@ import base64
 import codecs
 import json
 import os
+import signal
 import threading
 import time
 
@@ -139,6 +140,19 @@ class DriverLink:
                 self.probe.tell(json.dumps(msg))
         elif kind in ("worker", "stop_worker", "slots_done") and self.on_order is not None:
             self.on_order(msg)
+        elif kind == "frozen" and msg.get("slot") == self.forward.rank:
+            self.kill_frozen(msg.get("pid"))
+
+    def kill_frozen(self, pid):
+        """The driver gave up this elastic rank as frozen (`hvd_magic.driver.frozen`): its
+        process group killed (SIGKILL ends a stopped process too), which ends it as a loss, not
+        as a stop (the signal is not the stop's: `signalled`)."""
+        proc = self.proc
+        if proc is not None and proc.pid == pid and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def stop_rank(self):
         """Stop the rank (now, or as soon as it is started) and every wait of this task."""

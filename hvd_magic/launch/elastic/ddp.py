@@ -12,8 +12,8 @@ elastic driver decides there, `TorchMembership._drive` decides here:
   `START_GRACE` seconds; a worker that started is waited for up to `JOIN_WAIT`). It is told to
   them as ``reform``; its rank 0 makes the store and says where (``store``), which is told to
   all as ``world``; each then makes its process group;
-- a worker that dies is a loss: every worker is told ``lost`` at once (its sockets to the old
-  group are cut, so no collective waits on the dead peer), and the survivors get a new world
+- a worker that dies is a loss: every worker is told ``lost`` at once (the sockets its group
+  made are cut, so no collective waits on the dead peer; the code's own stay open), and the survivors get a new world
   without it, made on a new store (as are the same members when one says it could not make its
   world's group: ``failed``, its store or a peer gone meanwhile). The lost slot gets a new
   worker (a new attempt) where it has room, which joins the world at the others' next commit (a
@@ -35,7 +35,7 @@ import threading
 import time
 import types
 
-from ...rank.elastic_world import ADDRESS, ELASTIC, SLOT
+from ...rank.elastic_world import ADDRESS, ELASTIC, SLOT, WAIT
 from .launcher import SLOT_KEY, ElasticLauncher, ElasticLocalLauncher, how_lost
 from .spark import ElasticSparkLauncher, _SlotEvents
 
@@ -116,7 +116,8 @@ class TorchMembership:
         return {ELASTIC: "torch", SLOT: slot, "LOCAL_RANK": self._local_rank(slot),
                 "LOCAL_WORLD_SIZE": self.max_np, "GROUP_WORLD_SIZE": 1,
                 "ROLE_NAME": "default", "TORCHELASTIC_RUN_ID": self._settings.run_id,
-                "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_USE_AGENT_STORE": "False"}
+                "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_USE_AGENT_STORE": "False",
+                WAIT: self.elastic_timeout or DEFAULT_TIMEOUT}  # (its waits' bound, and more)
 
     def _local_rank(self, slot):
         return slot

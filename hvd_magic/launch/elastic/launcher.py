@@ -263,7 +263,7 @@ class ElasticLauncher(Launcher):
                 self._dead.add(slot_info.hostname)
                 self._waiting.add(slot)
                 self._lost.append((slot, slot_info.hostname, how_lost(outcome[2]), time.time()))
-        if lost and self._server is not None:  # survivors cut their sockets: rank/elastic_world.py
+        if lost and self._server is not None:  # survivors cut their rings': rank/horovod_ring.py
             self._server.broadcast({"t": "lost", "slot_lost": slot})
         return (0 if outcome[1] == "ok" else 1), time.time()
 
