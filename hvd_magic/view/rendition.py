@@ -78,13 +78,16 @@ class Snapshot:
     """The output under a live dashboard that keeps its state as HTML (see the module's text)."""
 
     def __init__(self, view, run):
+        from IPython import get_ipython
         from IPython.display import display
 
         self.view = view
         self._sent = None
         self._due = 0.0
         self.every = SNAPSHOT_EVERY
-        self.handle = display(self._bundle(run), raw=True, display_id=True)
+        self.handle = None  # (no kernel, no page: a widget drawn elsewhere has nothing to keep)
+        if getattr(get_ipython(), "kernel", None) is not None:
+            self.handle = display(self._bundle(run), raw=True, display_id=True)
 
     def refresh(self, run):
         """Sent again when due and changed (at most a twentieth of the time goes to it)."""
