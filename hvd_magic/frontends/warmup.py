@@ -119,14 +119,17 @@ def start(user_ns, magics, environ=os.environ):
         if prestart.current() is not None:
             started.append(f"Spark ({prestart.describe()}) for %%horovod --np N")
     if kernel_template and begin(hold or []) is not None:
-        held = f", importing {', '.join(hold)}" if hold else ""
+        held = f" (importing {', '.join(hold)})" if hold else ""
         started.append(f"the ranks' template{held} for --np -N")
     if not started:
         return said  # (pyspark broken: why Spark was not started)
-    why = "this notebook's cells use it" if plan.known else "the notebook is not known"
+    first, *more = started
+    first = first.replace(" for ", " in the background for ", 1)
+    why = ("this notebook's cells use it" if plan.known else
+           "the notebook's cells are not known here")
     spark_words = "; a SparkSession your code builds stops Spark first" if spark_np else ""
-    return (f"hvd_magic: starting {' and '.join(started)} in the background ({why})"
-            f"{spark_words}. {prestart.ENV}=0 turns this off.")
+    return (f"hvd_magic: starting {', and '.join([first, *more])} ({why}){spark_words}. "
+            f"{prestart.ENV}=0 turns this off.")
 
 
 def begin(modules):
