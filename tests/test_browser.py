@@ -748,22 +748,13 @@ def test_every_ranks_timeline_in_jupyterlab_offline_and_saved(tmp_path, chromium
         cell.screenshot(path=os.path.join(ARTIFACTS, "timeline-ranks-reopened.png"))
 
 
-RESTART_CELL = """\
-%%horovod --np -2 --name trainer
-import time, hvd_magic
-for step in range(1, 10_000):
-    hvd_magic.report(step=step, total=10_000)
-    print('step', step, flush=True)
-    time.sleep(0.1)
-"""
-
-
 def test_a_kernel_restarted_mid_run_leaves_its_last_state_in_chromium(tmp_path, chromium):
     """Kernel > Restart while a named run goes on: the frozen dashboard says its kernel went
     (not "running" for ever); saved and reopened (untrusted), the cell shows the run's last state
     (its name, every rank's row) where the widget reads "model not found"; the new kernel's
     %load_ext names the run, how far each rank got and its logs' folder."""
     from playwright.sync_api import expect
+    from test_kernel_restart import RESTART_CELL
 
     path = tmp_path / "restart.ipynb"
     live_notebook(path, RESTART_CELL)

@@ -7,7 +7,10 @@ rank's log tail in an accordion, and at the end links to the full logs and the t
 was recorded. The run's notices (the stall watchdog's) have their own line under the header, so
 that the Cancel button beside it keeps its label and place.
 
-When the run ends, the dashboard's display is replaced by its static rendition: the same header,
+While it runs, its state is also kept as HTML under it, hidden while the widget is drawn
+(`hvd_magic.view.rendition.Snapshot`), for a kernel that goes before the run ends: nothing the
+old kernel sends reaches the page once a restart is asked for. When the run ends, the
+dashboard's display is replaced by its static rendition: the same header,
 table, charts (as images) and links, each rank's log tail in a ``<details>``, as plain HTML and
 text. A saved notebook opened later, without the kernel that held the widgets (a colleague's,
 nbviewer, GitHub), shows that rather than "Error displaying widget: model not found". So does a
@@ -62,6 +65,7 @@ UPDATES_PER_SECOND = 10    # widget messages per second, for the whole dashboard
 TAIL_LINES = 200           # lines of each rank's log kept for its panel
 TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dashboard at once
 CHART_INTERVAL = 0.5       # seconds between two drawings of the charts, per 256 ranks
+LIVE_ONLY = "(hvd_magic's live dashboard: drawn only while its kernel runs)"
 
 
 _SHOWN = weakref.WeakSet()  # the dashboards shown in this kernel (`shown_here`)
@@ -247,9 +251,8 @@ class Dashboard:
         self.subshell_id = route_to_subshell([self.cancel_button, self.stacks.button, *clicked])
         if self.subshell_id is not None and foreground:
             self._let_go.append(hold(self.subshell_id))  # the kernel stays "busy" meanwhile
-        self.handle = self.opening.replace_with(self.box)
-        if self.handle is None:
-            self.handle = display(self.box, display_id=True)
+        shown = _live_bundle(self.box)
+        self.handle = self.opening.replace_with(shown) or display(shown, raw=True, display_id=True)
         self.snapshot = Snapshot(self, run)  # (hidden while the widget is drawn)
         self.shown_as = (run.id, _cell_count())
         _SHOWN.add(self)
@@ -328,6 +331,12 @@ class Dashboard:
 
     def _log_html(self, run, rank):
         return log_html(run, rank, self._tails[rank], self.verbose)
+
+
+def _live_bundle(box):
+    """The widget's display; its text, where it cannot be drawn, a sentence (not a VBox's repr:
+    a notebook saved after its kernel went, untrusted, shows that text)."""
+    return {**box._repr_mimebundle_(), "text/plain": LIVE_ONLY}
 
 
 def _finish_fast(view, run):
