@@ -799,3 +799,37 @@ def test_a_kernel_restarted_mid_run_leaves_its_last_state_in_chromium(tmp_path, 
         said = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea-output")
         expect(said).to_contain_text(re.compile(
             r"run \S+ \(trainer\), 2 ranks, .*rank 0 at step \d+/10000.*logs in hvd_runs/"))
+
+
+def test_a_background_run_from_python_has_its_dashboard_in_chromium(tmp_path, chromium):
+    """hvd_magic.run(..., background=True, name=...) left as a cell's value draws its dashboard
+    (its name in the header, a row per rank), not a "<Run … running>" line; at its end the cell
+    keeps the static rendition, and so does the notebook saved and reopened untrusted."""
+    from playwright.sync_api import expect
+    from test_run_display import TRAIN
+
+    path = tmp_path / "api.ipynb"
+    live_notebook(path, TRAIN + "run = hvd_magic.run(train, np=-2, background=True, "
+                  "name='trainer')\nrun", "print('ended:', run.wait(120))")
+
+    def shows_its_end(page):
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        expect(cell.locator("table tr", has_text="done")).to_have_count(2)
+        expect(cell).to_contain_text(re.compile(r"hvd_magic run trainer \S+ · 2 ranks"))
+        expect(cell.locator("table tr", has_text="step 30")).to_have_count(2)
+        assert "<Run " not in cell.locator(".jp-OutputArea").inner_text()
+        return cell
+
+    with notebook_page(tmp_path, chromium, "api.ipynb", "browser-api-failed.png") as page:
+        run_all_cells(page)
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        expect(cell.get_by_role("button", name="Cancel")).to_be_visible()  # live
+        expect(page.get_by_text("ended: ['trained', 'trained']")).to_be_visible()
+        shows_its_end(page)
+        save(page, path)
+    (tmp_path / ".jupyter-home" / "data" / "nbsignatures.db").unlink(missing_ok=True)
+    with notebook_page(tmp_path, chromium, "api.ipynb", "browser-api-reopened-failed.png") as page:
+        cell = shows_its_end(page)
+        assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+        cell.scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, "browser-api-reopened.png"))
