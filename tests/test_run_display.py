@@ -89,3 +89,15 @@ def test_a_background_cells_value_is_one_line_beside_its_dashboard(kernel):
     lines = [d["text/plain"] for d in _displays(messages + waited).values()
              if d.get("text/plain", "").startswith("<Run ")]
     assert len(lines) == 1 and lines[0].endswith(" done>"), lines
+
+
+def test_a_run_shown_as_text_by_choice_stays_text(kernel):
+    """--text asked for no dashboard: its value is the one line (put right at the end)."""
+    reply, messages = kernel.execute(
+        "%%horovod --np -2 --background --text\nimport time\ntime.sleep(1)\n")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    reply, waited = kernel.execute("hvd_magic.last_run().wait(120)")
+    assert not Widgets(messages + waited).of("VBoxModel")
+    lines = [d["text/plain"] for d in _displays(messages + waited).values()
+             if d.get("text/plain", "").startswith("<Run ")]
+    assert len(lines) == 1 and lines[0].endswith(" done>"), lines

@@ -3,8 +3,8 @@ for. A run started from Python (``hvd_magic.run(fn, np=2, background=True)``) ha
 own; displayed while it runs, it gets a live dashboard (added beside whatever view it has: the
 driver loop feeds both), its lines so far read back from its run folder; displayed after its end,
 the dashboard's static rendition. A run whose dashboard this very cell shows already (a
-``%%horovod --background`` cell's value) is said in one line instead, as it is where there are no
-widgets (`hvd_magic.driver.shown`: a line put right when the run ends, never a stale "running").
+``%%horovod --background`` cell's value), or shown as text by choice (``--text``), is said in one
+line instead, as it is where there are no widgets (`hvd_magic.driver.shown`: a line put right when the run ends, never a stale "running").
 
 Registered for `Run` by ``%load_ext`` (IPython's display formatter), so the driver knows nothing
 of views. Not for: the dashboard itself (`hvd_magic.view.dashboard`).
@@ -22,7 +22,7 @@ def show_run(run):
     from . import widgets_available
     from .dashboard import shown_here
 
-    if not widgets_available() or shown_here(run):
+    if not widgets_available() or shown_here(run) or _text_by_choice(run):
         run._ipython_display_()
         return
     view = _late_dashboard(run)
@@ -34,6 +34,17 @@ def show_run(run):
         return
     view._show(run)
     _Attached.add(run, view)
+
+
+def _text_by_choice(run):
+    """Whether the run is shown as text by its caller's choice (``--text``, ``--quiet``, a view
+    passed to `hvd_magic.run`): then its one line, not a dashboard."""
+    from .dashboard import Dashboard
+    view = run.view
+    while view is not None and not isinstance(view, (Dashboard, _Attached)) and \
+            hasattr(view, "view"):  # (the wrappers: MLflow's tracker, the timeline's note)
+        view = view.view
+    return view is not None and not isinstance(view, (Dashboard, _Attached))
 
 
 def _began(run):
