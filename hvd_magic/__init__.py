@@ -48,18 +48,30 @@ def __getattr__(name):
 
 def load_ipython_extension(ip):
     """`%load_ext hvd_magic`: register `%%horovod` and `%horovod_timeline`."""
+    from .frontends import ended_runs, warmup
     from .frontends.magics import HorovodMagics
-    from .launch import prestart
     magics = HorovodMagics(shell=ip)
     ip.register_magics(magics)
-    from .frontends import warmup
-    held = warmup.to_hold(ip.user_ns)  # what the ranks' templates import from the start
-    said = prestart.begin(ip.user_ns, magics.np, magics.spark_conf, magics.run_root, held)
-    if said:  # (wrapped: a notebook does not wrap printed text, a long line runs off its edge)
-        import textwrap
-        print("\n".join(textwrap.fill(line, 96, subsequent_indent="  ")
-                        for line in said.splitlines()))
-    warmup.begin(held)  # the --np -N ranks' template
+    # display(run), and a run left as a cell's value: its dashboard
+    ip.display_formatter.ipython_display_formatter.for_type_by_name(
+        "hvd_magic.driver.run", "Run", _show_run)
+    for said in (ended_runs.said(magics.run_root), warmup.start(ip.user_ns, magics)):
+        if said:  # (the runs the kernel before this one left; what starts in the background)
+            _say(said)
+
+
+def _say(text):
+    """Print `text` wrapped: a notebook does not wrap printed text, a long line runs off its
+    edge."""
+    import textwrap
+
+    print("\n".join(textwrap.fill(line, 96, subsequent_indent="  ")
+                    for line in text.splitlines()))
+
+
+def _show_run(run):
+    from .view.run_display import show_run
+    show_run(run)
 
 
 def unload_ipython_extension(ip):
@@ -67,6 +79,7 @@ def unload_ipython_extension(ip):
     from .frontends.magics import HorovodMagics
     from .launch import prestart
     prestart.release("unloading hvd_magic")
+    ip.display_formatter.ipython_display_formatter.pop("hvd_magic.driver.run.Run", None)
     for kind in ("line", "cell"):
         for name, fn in list(ip.magics_manager.magics[kind].items()):
             owner = getattr(fn, "__self__", None)

@@ -232,7 +232,10 @@ INTERNAL_MODULES = ("tensorflow.python", "tensorflow.tsl", "tensorflow.core", "k
                     "tf_keras.src")
 # Private names that are no library's internals: Python's documented sys functions, os._exit,
 # and a Scala tuple's fields read through py4j.
-NOT_PRIVATE = {"_getframe", "_current_frames", "_exit", "_1", "_2"}
+# Public names with a leading underscore: the standard library's, and IPython's display
+# protocol (``_repr_mimebundle_``, which every displayable object, ipywidgets' too, offers).
+NOT_PRIVATE = {"_getframe", "_current_frames", "_exit", "_1", "_2", "_repr_mimebundle_",
+               "_repr_html_", "_ipython_display_"}
 
 
 def _own_private_names():

@@ -746,3 +746,90 @@ def test_every_ranks_timeline_in_jupyterlab_offline_and_saved(tmp_path, chromium
         assert "rank 0, step" not in cell.locator(".jp-OutputArea-output").first.inner_text()
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=os.path.join(ARTIFACTS, "timeline-ranks-reopened.png"))
+
+
+def test_a_kernel_restarted_mid_run_leaves_its_last_state_in_chromium(tmp_path, chromium):
+    """Kernel > Restart while a named run goes on: the frozen dashboard says its kernel went
+    (not "running" for ever); saved and reopened (untrusted), the cell shows the run's last state
+    (its name, every rank's row) where the widget reads "model not found"; the new kernel's
+    %load_ext names the run, how far each rank got and its logs' folder."""
+    from playwright.sync_api import expect
+    from test_kernel_restart import RESTART_CELL
+
+    path = tmp_path / "restart.ipynb"
+    live_notebook(path, RESTART_CELL)
+    with notebook_page(tmp_path, chromium, "restart.ipynb", "browser-restart-failed.png") as page:
+        run_all_cells(page)
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        expect(cell.locator("tr[data-rank][data-state='running']")).to_have_count(2)
+        # one dashboard in the page: the snapshot under it is hidden while the widget is drawn
+        snapshot = cell.locator(".hvd-magic-snapshot")
+        expect(snapshot).to_have_count(1)
+        expect(snapshot).to_be_hidden()
+        expect(cell.get_by_text("no word from its kernel")).to_be_hidden()
+        page.wait_for_timeout(4000)  # (a snapshot with the ranks' steps in: every 3 s)
+        page.get_by_role("menuitem", name="Kernel", exact=True).click()
+        page.get_by_role("menuitem", name=re.compile(r"^Restart Kernel…")).click()
+        page.locator(".jp-Dialog-button.jp-mod-accept").click()  # (its "Restart")
+        expect(page.locator(".jp-StatusBar-Widget")).to_contain_text(
+            re.compile(r"Python 3.* \| Idle"))
+        expect(cell.get_by_text("no word from its kernel")).to_be_visible(timeout=30_000)
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=os.path.join(ARTIFACTS, "restart-frozen.png"))
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 60
+        while "hvd-magic-snapshot" not in path.read_text():
+            assert time.monotonic() < deadline, "not saved"
+            page.wait_for_timeout(250)
+    (tmp_path / ".jupyter-home" / "data" / "nbsignatures.db").unlink(missing_ok=True)
+    with notebook_page(tmp_path, chromium, "restart.ipynb",
+                       "browser-restart-reopened-failed.png") as page:
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        kept = cell.locator(".jp-OutputArea-output", has_text="last seen")
+        expect(kept).to_have_count(1)
+        expect(kept).to_contain_text(re.compile(r"hvd_magic run trainer \S+ · 2 ranks"))
+        expect(kept).to_contain_text("the kernel went before the run ended")
+        expect(kept.locator("table tr", has_text="running")).to_have_count(2)
+        kept.scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, "browser-restart-reopened.png"))
+        # The new kernel loads hvd_magic (the first cell alone) and says what became of the run.
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.keyboard.press("Shift+Enter")
+        said = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea-output")
+        expect(said).to_contain_text(re.compile(
+            r"run \S+ \(trainer\), 2 ranks, .*rank 0 at step \d+/10000.*logs in hvd_runs/"))
+
+
+def test_a_background_run_from_python_has_its_dashboard_in_chromium(tmp_path, chromium):
+    """hvd_magic.run(..., background=True, name=...) left as a cell's value draws its dashboard
+    (its name in the header, a row per rank), not a "<Run … running>" line; at its end the cell
+    keeps the static rendition, and so does the notebook saved and reopened untrusted."""
+    from playwright.sync_api import expect
+    from test_run_display import TRAIN
+
+    path = tmp_path / "api.ipynb"
+    live_notebook(path, TRAIN + "run = hvd_magic.run(train, np=-2, background=True, "
+                  "name='trainer')\nrun", "print('ended:', run.wait(120))")
+
+    def shows_its_end(page):
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        expect(cell.locator("table tr", has_text="done")).to_have_count(2)
+        expect(cell).to_contain_text(re.compile(r"hvd_magic run trainer \S+ · 2 ranks"))
+        expect(cell.locator("table tr", has_text="step 30")).to_have_count(2)
+        assert "<Run " not in cell.locator(".jp-OutputArea").inner_text()
+        return cell
+
+    with notebook_page(tmp_path, chromium, "api.ipynb", "browser-api-failed.png") as page:
+        run_all_cells(page)
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        expect(cell.get_by_role("button", name="Cancel")).to_be_visible()  # live
+        expect(page.get_by_text("ended: ['trained', 'trained']")).to_be_visible()
+        shows_its_end(page)
+        save(page, path)
+    (tmp_path / ".jupyter-home" / "data" / "nbsignatures.db").unlink(missing_ok=True)
+    with notebook_page(tmp_path, chromium, "api.ipynb", "browser-api-reopened-failed.png") as page:
+        cell = shows_its_end(page)
+        assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+        cell.scroll_into_view_if_needed()
+        page.screenshot(path=os.path.join(ARTIFACTS, "browser-api-reopened.png"))

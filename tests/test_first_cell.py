@@ -162,7 +162,8 @@ def test_spark_starts_when_the_extension_loads_and_the_first_cell_finds_it(tmp_p
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic"),
                       nbformat.v4.new_code_cell("%%horovod --np -2\nimport os\nif True:\n"
-                                                "    %time import torch\nos.getppid()")]
+                                                "    %time import torch\nos.getppid()"),
+                      nbformat.v4.new_code_cell("%%horovod --np 2\n1")]  # (one on Spark)
     nbformat.write(notebook, str(tmp_path / "first.ipynb"))
     kernel = prestarted_kernel(tmp_path, JPY_SESSION_NAME=str(tmp_path / "first.ipynb"))
     try:

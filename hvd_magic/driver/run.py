@@ -15,6 +15,7 @@ import os
 import pickle
 import secrets
 import signal
+import sys
 import threading
 import time
 
@@ -377,4 +378,16 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
             "shards": self.shards, "membership": self.membership,
             # what the Spark JVM that this run started printed, if it started one
             "spark_log": getattr(self.launcher, "log_path", None),
+            # which notebook's kernel drives it: the next kernel of that notebook says which of
+            # its runs ended with this one (hvd_magic.frontends.ended_runs)
+            "notebook": os.environ.get("JPY_SESSION_NAME"), "kernel": _kernel(),
             "ranks": [r.as_dict() for r in self.ranks]})
+
+
+def _kernel():
+    """{"pid": this process, "ending": whether its kernel was told to shut down (a restart)}."""
+    shell = None
+    if "IPython" in sys.modules:  # (never imported: no kernel, nothing ending)
+        from IPython import get_ipython
+        shell = get_ipython()
+    return {"pid": os.getpid(), "ending": bool(getattr(shell, "exit_now", False))}

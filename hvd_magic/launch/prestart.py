@@ -107,6 +107,13 @@ class Prestart:
         self._done.wait(timeout)
         return self.session if self._done.is_set() else None
 
+    def give_up(self):
+        """`cancel`, without waiting for a JVM still being launched: once up, that JVM sees the
+        cancel and ends itself, touching nothing another start uses (so a bigger session can be
+        started at once)."""
+        if not self.start.cancel():
+            self.cancel()
+
     def cancel(self):
         """End the start, or the started session and its JVM: nothing of it is left running."""
         self.start.cancel()
@@ -129,9 +136,10 @@ def _holding(modules):
 
 
 def begin(user_ns=None, np=2, conf=None, log_dir="hvd_runs", hold=None):
-    """Start the embedded session in the background unless `why_not` (and with it the
-    executor's rank template, holding the modules `hold`, where given); the line to say, or
-    None."""
+    """Start the embedded session, with room for `np` ranks, in the background unless `why_not`
+    (and with it the executor's rank template, holding the modules `hold`, where given); a line
+    to say where it cannot be started for a reason the user should know (pyspark broken), else
+    None (`current` and `describe` say what was started)."""
     global _current
     if _current is not None or why_not(user_ns) is not None:
         return None
@@ -141,13 +149,16 @@ def begin(user_ns=None, np=2, conf=None, log_dir="hvd_runs", hold=None):
         return (f"hvd_magic: Spark cannot be started early: pyspark fails to import "
                 f"({type(exc).__name__}: {exc}). --np -N cells run without it; a --np N cell "
                 f"says what to do.")
+    return None
+
+
+def describe():
+    """The background start's master, and its slots where they outnumber the cores."""
     from .sparkstart import local_slots
     slots, cores = local_slots(_current.master), os.cpu_count() or 1
     shared = (f": {slots} task slots, sharing this machine's {plural(cores, 'CPU core')}"
               if slots and slots > cores else "")
-    return (f"hvd_magic: starting Spark ({_current.master}{shared}) in the background for "
-            f"%%horovod --np N; a SparkSession your code builds stops it first. "
-            f"{ENV}=0 turns this off.")
+    return f"{_current.master}{shared}"
 
 
 def current():

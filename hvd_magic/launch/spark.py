@@ -112,8 +112,7 @@ class SparkLauncher(Launcher):
     def __init__(self, session=None, master=None, conf=None, slot_wait=30.0, log_dir="hvd_runs",
                  verbose=False):
         super().__init__()
-        self.session = session
-        self.master = master
+        self.session, self.master = session, master
         self.conf = conf or {}
         self.slot_wait = slot_wait
         self.log_dir = log_dir        # where a JVM we start writes its log (spark-<time>.log)
@@ -124,6 +123,7 @@ class SparkLauncher(Launcher):
         self._starting = None         # the SparkStart under way, while prepare() waits on it
         self._started_here = False    # this launcher started the session (in another thread)
         self._conf = None             # the session's SparkConf, read once (each read is a JVM copy)
+        self._too_small = ""          # why the session begun at load was not used, said once
 
     # -- before launch ----------------------------------------------------------------------
     def prepare(self, np):
@@ -178,6 +178,11 @@ class SparkLauncher(Launcher):
         if self.master is not None or start.conf != dict(self.conf):
             start.cancel()  # not the session this run asks for
             return
+        slots = local_slots(start.master)
+        if slots is not None and slots // int(self.conf.get("spark.task.cpus") or 1) < np:
+            start.give_up()  # at once (a JVM on its way up ends itself); said once, in the phase
+            self._too_small = f"; the {start.master} begun when hvd_magic loaded is too small"
+            return
         self._note_shared_cores(start.master, np)
         if start.wait(0) is None:
             self._set_phase(f"starting Spark ({start.master}), begun when hvd_magic loaded")
@@ -203,7 +208,7 @@ class SparkLauncher(Launcher):
         slots = local_slots(settings["spark.master"])
         self._note_shared_cores(settings["spark.master"], np)  # before the wait, not after
         room = f": room for {slots} ranks" if slots is not None else ""
-        self._set_phase(f"starting Spark ({settings['spark.master']}{room})")
+        self._set_phase(f"starting Spark ({settings['spark.master']}{room}){self._too_small}")
         self._started_here = True
         try:
             return _quiet(self._starting.session())

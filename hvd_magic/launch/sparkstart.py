@@ -114,6 +114,7 @@ class SparkStart:
         self._cancelled = False
         self._gateway = None         # the gateway this start launched, while it may be undone
         self._launched = None        # the gateway this start launched, for good (`end_jvm`)
+        self._own_jvm = None         # whether it launches a JVM of its own (once it knows)
 
     def session(self):
         """The started SparkSession; `RunCancelled` if `cancel` was called meanwhile."""
@@ -128,7 +129,8 @@ class SparkStart:
         for key, value in self.settings.items():
             conf.set(key, str(value))
         gateway = None
-        if pyspark_compat.launched_gateway() is None:  # no JVM in this process yet: ours to launch
+        self._own_jvm = pyspark_compat.launched_gateway() is None
+        if self._own_jvm:  # no JVM in this process yet: ours to launch
             # (without our mark: the JVM keeps its launch settings for every later session in
             # it, and a user's session made there once ours is stopped is not ours)
             launch = SparkConf(loadDefaults=False).setAll(
@@ -156,17 +158,23 @@ class SparkStart:
         return SparkSession.builder.getOrCreate()
 
     def cancel(self):
-        """Stop starting: the JVM this start launched is ended now (the waiting call then fails)."""
+        """Stop starting: the JVM this start launched is ended now (the waiting call then fails).
+        True where its JVM is still being launched: the start then ends it itself, once up,
+        before it is made PySpark's (nothing shared is touched: another start may go on)."""
         with self._lock:
             self._cancelled = True
             gateway = self._gateway
+            launching = self._own_jvm is True and self._launched is None
         if gateway is not None:
             _end_process(gateway.proc)
+        return launching
 
     # -- the JVM ----------------------------------------------------------------------------------
     def _launch_jvm(self, conf):
         from pyspark.java_gateway import launch_gateway
 
+        if self._cancelled:  # (cancelled before its JVM was launched: none is)
+            raise self.cancelled_error()
         os.makedirs(self.log_dir, exist_ok=True)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.log_path = os.path.abspath(os.path.join(self.log_dir, f"spark-{stamp}.log"))

@@ -7,7 +7,10 @@ rank's log tail in an accordion, and at the end links to the full logs and the t
 was recorded. The run's notices (the stall watchdog's) have their own line under the header, so
 that the Cancel button beside it keeps its label and place.
 
-When the run ends, the dashboard's display is replaced by its static rendition: the same header,
+While it runs, its state is also kept as HTML under it, hidden while the widget is drawn
+(`hvd_magic.view.rendition.Snapshot`), for a kernel that goes before the run ends: nothing the
+old kernel sends reaches the page once a restart is asked for. When the run ends, the
+dashboard's display is replaced by its static rendition: the same header,
 table, charts (as images) and links, each rank's log tail in a ``<details>``, as plain HTML and
 text. A saved notebook opened later, without the kernel that held the widgets (a colleague's,
 nbviewer, GitHub), shows that rather than "Error displaying widget: model not found". So does a
@@ -43,28 +46,41 @@ tasks; a click only calls `run.cancel()`.
 import collections
 import html
 import itertools
-import os
 import time
+import weakref
 
 from .summary import RankPicker, band_charts, is_large, summary_html
 from .subshell import busy_after_control, hold, route_to_subshell
-from .charts import chart_svgs, charts_box, picture_svg
+from .charts import picture_svg
 from .opening import Opening
 from .pacing import ChartRedraw, Pace
 from .stacks_panel import StacksPanel, button_layout
-from .table import (TABLE_HEAD, footer_html, link_html, log_html, row_html, state_html,
-                    table_html)
-from .text import TextView, summary_text
+from .rendition import (Snapshot, clock_html, final_html, live_marks, notices_html,
+                        timeline_html, timeline_note)
+from .table import TABLE_HEAD, footer_html, log_html, row_html, state_html, table_html
+from .text import TextView
 
 SHOW_AFTER = 1.5           # seconds before the dashboard appears (ipyparallel's --progress-after)
 UPDATES_PER_SECOND = 10    # widget messages per second, for the whole dashboard
 TAIL_LINES = 200           # lines of each rank's log kept for its panel
 TEXT_LINES_MAX = 2000      # a run printing more before SHOW_AFTER gets the dashboard at once
 CHART_INTERVAL = 0.5       # seconds between two drawings of the charts, per 256 ranks
-STATIC_LOG_LINES = 50      # lines of each rank's log kept in the finished run's rendition
+LIVE_ONLY = "(hvd_magic's live dashboard: drawn only while its kernel runs)"
 
 
-_NOTICE_COLOURS = {"ring": "#1565c0", "joined": "#2e7d32", "note": "#e65100"}
+_SHOWN = weakref.WeakSet()  # the dashboards shown in this kernel (`shown_here`)
+
+
+def shown_here(run):
+    """Whether a dashboard of `run` was shown by the cell that runs now (a ``%%horovod
+    --background`` cell, whose value is the run)."""
+    cell = _cell_count()
+    return any(d.shown_as == (run.id, cell) for d in list(_SHOWN))
+
+
+def _cell_count():
+    from IPython import get_ipython
+    return getattr(get_ipython(), "execution_count", None)
 
 
 class Dashboard:
@@ -77,6 +93,8 @@ class Dashboard:
         self._ended_at = None        # when the view saw the run end (the cell's wall time)
         self._let_go = []            # what keeps the kernel "busy" to the front end, undone
         self.box = None              # the displayed VBox, once shown
+        self.snapshot = None         # its state as HTML, for a kernel that goes first
+        self.shown_as = None         # (run id, the cell that showed it), once shown
         self.handle = None           # its display, which the static rendition replaces at the end
         self.header = self.table = self.logs = self.footer = self.cancel_button = None
         self.notices = None          # the stall watchdog's and others' messages, under the header
@@ -101,7 +119,7 @@ class Dashboard:
         self._started = None         # when the ranks were launched, as this view saw it
         self._tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(run.np)]
         if self.opening.handle is not None:
-            self.opening.update(self._header_html(run) + _notices_html(self._notices))
+            self.opening.update(self._header_html(run) + notices_html(self._notices))
         if getattr(run, "background", False):
             # The launching cell ends at once, and output sent after a cell ended is lost in
             # JupyterLab, so a background run is shown now (widget updates reach it later).
@@ -135,9 +153,10 @@ class Dashboard:
         if self.box is None:
             if not self._due(run):
                 if self.opening.handle is not None:  # (sent only when it changed)
-                    self.opening.update(self._header_html(run) + _notices_html(self._notices))
+                    self.opening.update(self._header_html(run) + notices_html(self._notices))
                 return
             self._show(run)
+        self.snapshot.refresh(run)
         now = time.monotonic()
         room = self._pace.room(now)
         for widgets, render in self._candidates(run) if room else ():
@@ -180,7 +199,7 @@ class Dashboard:
         if self.handle is None:
             self.charts.value = ""  # the static picture below the dashboard took its place
         self.header.value = self._header_html(run)
-        self.notices.value = _notices_html(self._notices)
+        self.notices.value = notices_html(self._notices)
         self.table.value = self._table_html(run)
         if self.picker is not None:
             self.picker.panel.value = self.picker.render()
@@ -190,9 +209,10 @@ class Dashboard:
         self._log_dirty.clear()
         self.cancel_button.disabled = True
         self.cancel_button.layout.display = "none"  # nothing left to cancel
-        self.footer.value = footer_html(run) + _timeline_html(run)
+        self.footer.value = footer_html(run) + timeline_html(run)
         if self.handle is not None:
-            self.handle.update(_rendition(self, run), raw=True)
+            self.handle.update(final_html(self, run), raw=True)
+        self.snapshot.clear()
 
     # -- showing -----------------------------------------------------------------------------
     def _show(self, run):
@@ -203,12 +223,12 @@ class Dashboard:
         if foreground:  # before the first widget: the front end's answer to it can come at once
             self._let_go.append(busy_after_control())
         # The buttons keep their size and label whatever the header says; notices go below.
-        self.header = w.HTML(self._header_html(run),
+        self.header = w.HTML(self._header_html(run) + live_marks(run),
                              layout=w.Layout(flex="0 1 auto", min_width="0"))
         self.stacks = StacksPanel(run)  # every rank's stack, grouped, on a click
         self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="warning",
                                       tooltip="Stop every rank of this run", layout=button_layout())
-        self.notices = w.HTML(_notices_html(self._notices))
+        self.notices = w.HTML(notices_html(self._notices))
         self.cancel_button.on_click(lambda _button: self._on_cancel(run))
         self.table = w.HTML(self._table_html(run))
         if is_large(run):  # a thousand rows and panels would read (and draw) badly
@@ -231,9 +251,11 @@ class Dashboard:
         self.subshell_id = route_to_subshell([self.cancel_button, self.stacks.button, *clicked])
         if self.subshell_id is not None and foreground:
             self._let_go.append(hold(self.subshell_id))  # the kernel stays "busy" meanwhile
-        self.handle = self.opening.replace_with(self.box)
-        if self.handle is None:
-            self.handle = display(self.box, display_id=True)
+        shown = _live_bundle(self.box)
+        self.handle = self.opening.replace_with(shown) or display(shown, raw=True, display_id=True)
+        self.snapshot = Snapshot(self, run)  # (hidden while the widget is drawn)
+        self.shown_as = (run.id, _cell_count())
+        _SHOWN.add(self)
 
     def _on_cancel(self, run):
         # Runs in the subshell's thread while the cell runs (the main thread is in the driver loop).
@@ -243,8 +265,8 @@ class Dashboard:
     def _candidates(self, run):
         """(widget, render) pairs that may need a message, least recently sent first."""
         # The table and the charts go together, so that the charts never lag the table.
-        items = [((self.header, self.notices), lambda: (self._header_html(run),
-                                                        _notices_html(self._notices))),
+        items = [((self.header, self.notices), lambda: (self._header_html(run) + live_marks(run),
+                                                        notices_html(self._notices))),
                  ((self.table, self.charts),
                   lambda: (self._table_html(run), self._charts_html(run)))]
         if self.picker is not None:  # its one panel shows the picked rank, kept fresh
@@ -280,7 +302,8 @@ class Dashboard:
         return self._log_html(run, rank)
 
     # -- rendering ------------------------------------------------------------------------------
-    def _header_html(self, run):
+    def _header_html(self, run, seen=None):
+        """The header's words; `seen`: a snapshot's time (`Snapshot`), said with the clock."""
         state = run.state
         if self._cancel_clicked and state in ("running", "preparing"):
             state = "cancelling"
@@ -291,8 +314,12 @@ class Dashboard:
         phase = (f"<span data-phase>{_e(waiting[0])}…</span>" if waiting is not None
                  else state_html(state))
         where = f" on <code>{_e(run.where)}</code>" if run.where else ""
-        return (f"<b>hvd_magic</b> run <code>{_e(run.id)}</code> · {run.np} ranks{where} · "
-                f"{phase} · {_clock(run, self.opening.began, self._ended_at)}{notices}")
+        name = f" <b data-name>{_e(run.name)}</b>" if getattr(run, "name", None) else ""
+        clock = clock_html(run, self.opening.began, self._ended_at)
+        if seen is not None:
+            phase, clock = f"last seen {phase} at {seen}", f"{clock} in"
+        return (f"<b>hvd_magic</b> run{name} <code>{_e(run.id)}</code> · {run.np} ranks{where} "
+                f"· {phase} · {clock}{notices}")
 
     def _table_html(self, run):
         if is_large(run):
@@ -306,6 +333,12 @@ class Dashboard:
         return log_html(run, rank, self._tails[rank], self.verbose)
 
 
+def _live_bundle(box):
+    """The widget's display; its text, where it cannot be drawn, a sentence (not a VBox's repr:
+    a notebook saved after its kernel went, untrusted, shows that text)."""
+    return {**box._repr_mimebundle_(), "text/plain": LIVE_ONLY}
+
+
 def _finish_fast(view, run):
     """A run that ended before its dashboard showed: its header, notices and links stay in the
     cell's first output; its lines follow as plain text, as the text view prints them."""
@@ -313,74 +346,14 @@ def _finish_fast(view, run):
         view.opening.clear()  # (never started: its error says why)
     else:
         view.opening.settle(f"<div>{view._header_html(run)}</div>"
-                            f"{_notices_html(view._notices)}{footer_html(run)}")
+                            f"{notices_html(view._notices)}{footer_html(run)}")
     text = TextView(summary=False, verbose=view.verbose)
     for rank, event in view._early:
         if rank is not None or run.started is None:  # (notices: in the header's output)
             text.event(run, rank, event)
     view._early = []
     if getattr(run, "timeline_path", None):
-        text.stdout.write(_timeline_note(run))
-
-
-def _clock(run, began, ended_at):
-    """The cell's time so far, in whole seconds (so it never goes back); at the end, its wall
-    time, and the ranks' own time beside it when that is much less."""
-    if ended_at is None:
-        return f"<span data-elapsed>{int(time.monotonic() - began)} s</span>"
-    wall = ended_at - began
-    ranks = (run.ended - run.started) if run.started and run.ended else None
-    beside = f" (ranks {ranks:.1f} s)" if ranks is not None and wall - ranks >= 1.0 else ""
-    return f"<span data-elapsed>{wall:.1f} s</span>{beside}"
-
-
-def _rendition(view, run):
-    """A finished run's dashboard as HTML (and text), put in its place: the header, the table,
-    the charts, each rank's log tail, the links. A saved notebook keeps it where a widget
-    would read "model not found" once the kernel is gone; only HTML that a viewer keeps in an
-    untrusted notebook (no inline SVG, no scripts, no data- attributes needed)."""
-    large = view.picker is not None
-    since = view.opening.began_at()
-    charts = band_charts(run.ranks, since) if large else chart_svgs(run.ranks, since)
-    if large:  # the picked rank's row and log
-        logs = (f"<details><summary>rank {view.picker.rank}</summary>"
-                f"{view.picker.render()}</details>")
-    else:
-        logs = "".join(
-            f"<details><summary>rank {rank} log</summary>"
-            f"{log_html(run, rank, view._tails[rank], view.verbose, STATIC_LOG_LINES)}"
-            "</details>" for rank in range(run.np))
-    markup = (f"<div class='hvd-magic-run' data-run='{_e(run.id)}'>"
-              f"<div>{view._header_html(run)}</div>{_notices_html(view._notices)}"
-              f"{view._table_html(run)}{charts_box(charts, static=True)}{logs}"
-              f"{view.footer.value}</div>")
-    return {"text/html": markup, "text/plain": summary_text(run, per_rank=not large)}
-
-
-def _notices_html(notices):
-    """The run's notices: a stall or a lost rank in red; a launcher's note (more ranks than
-    cores) in orange; an elastic run's new ring or replacement is news, not harm."""
-    return "".join(f"<div style='color:{_NOTICE_COLOURS.get(t, '#c62828')};"
-                   f"white-space:pre-wrap' data-notice='{_e(t)}'>{_e(n)}</div>"
-                   for n, t in notices)
-
-
-def _timeline_note(run):
-    try:
-        from ..timelines.show import timeline_note
-        return timeline_note(run)
-    except Exception:  # (not there yet, or the file went away) the path is enough
-        return f"timeline: {os.path.relpath(run.timeline_path)}\n"
-
-
-def _timeline_html(run):
-    if not getattr(run, "timeline_path", None):
-        return ""
-    try:
-        from ..timelines.show import timeline_html
-        return timeline_html(run)
-    except Exception as exc:  # a broken timeline must not hide the run's result
-        return f"<div>Timeline: {link_html(run.timeline_path)} (not drawn: {_e(str(exc))})</div>"
+        text.stdout.write(timeline_note(run))
 
 
 def _e(text):

@@ -53,13 +53,13 @@ class Opening:
             self._shown = html
             self.handle.update(_bundle(html), raw=True)
 
-    def replace_with(self, widget):
-        """The dashboard takes the line's place: the display's handle, which is the dashboard's
-        now (it replaces itself with its static rendition at the end); None where there is no
-        line to replace."""
+    def replace_with(self, bundle):
+        """The dashboard (its display's mime bundle) takes the line's place: the display's
+        handle, which is the dashboard's now (it replaces itself with its static rendition at
+        the end); None where there is no line to replace."""
         handle, self.handle = self.handle, None
         if handle is not None:
-            handle.update(widget)
+            handle.update(bundle, raw=True)
         return handle
 
     def settle(self, html):
