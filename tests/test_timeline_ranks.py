@@ -263,3 +263,39 @@ def test_a_lightning_cells_steps_are_its_optimizer_steps(ip):
     assert sorted((r["step"], r["rank"]) for r in timeline.table()) == [(2, 0), (2, 1), (3, 0),
                                                                         (3, 1)]
     assert "all_reduce" in timeline.verdict()  # DDP's gradients, inside Lightning's step
+
+
+# A cell that steps no optimizer: the window waits for steps that never come.
+NO_STEP_CELL = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+t.item()
+"""
+
+# A loop without an optimizer: its `hvd_magic.report(step=...)` calls are its steps.
+REPORTED_CELL = """\
+import torch, torch.distributed as dist, hvd_magic
+dist.init_process_group("gloo")
+for step in range(4):
+    t = torch.ones(64)
+    dist.all_reduce(t)
+    hvd_magic.report(step=step + 1)
+dist.get_rank()
+"""
+
+
+def test_a_timeline_that_records_no_step_says_so(ip, capsys):
+    ip.run_cell_magic("horovod", "--np -2 --timeline", NO_STEP_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.timeline_path is None, run.error
+    out = capsys.readouterr().out
+    assert "--timeline recorded nothing" in out and "optimizer's `step()`" in out, out
+    with pytest.raises(UsageError, match="recorded nothing: its window is steps 4 to 8"):
+        ip.run_line_magic("horovod_timeline", run.id)
+    ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 2:3", REPORTED_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.timeline_path, run.error
+    steps = ranks.RanksTimeline.load(run.timeline_path).steps
+    assert [len(steps[r]) for r in (0, 1)] == [2, 2], steps

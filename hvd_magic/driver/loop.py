@@ -251,6 +251,9 @@ class Driver:
         self._apply_late_events()
         run.folder.close()
         run.timeline_path = _timeline_of(run)
+        if run.profile and run.timeline_path is None and run.view is not None:
+            from ..timelines.ranks import nothing_recorded
+            run.view.event(run, None, {"t": "note", "message": nothing_recorded(run.profile)})
         outcomes = run.launcher.outcomes or []
         results, exports, infos, retried = collect(outcomes, run.np, run.cell is not None)
         ok_ranks = {rank for rank, status, _ in outcomes if status == "ok"}

@@ -43,6 +43,7 @@ class _Window:
         self.recorder = None
         self.done = False
         self.keras = False       # a Keras batch was counted: a report is no step then
+        self.optimizer = False   # so was a torch optimizer's step
         self._lock = threading.RLock()  # (the SIGTERM handler may come inside `stepped`)
 
     def stepped(self, *_):
@@ -63,9 +64,14 @@ class _Window:
         self.stepped()
 
     def reported(self):
-        """``hvd_magic.report(step=...)``: a step of a TensorFlow loop without Keras' fit."""
-        if self.framework == "tensorflow" and not self.keras:
+        """``hvd_magic.report(step=...)``: a step of a loop without Keras' fit, or of a torch
+        loop that steps no torch optimizer (an optimizer's step counts, once one was seen)."""
+        if not self.keras and not self.optimizer:
             self.stepped()
+
+    def optimizer_stepped(self, *_):
+        self.optimizer = True
+        self.stepped()
 
     def _start(self):
         folder = os.path.dirname(self.path)
@@ -171,7 +177,7 @@ def install():
 
 
 def _hook(module):
-    module.register_optimizer_step_post_hook(_window.stepped)
+    module.register_optimizer_step_post_hook(_window.optimizer_stepped)
 
 
 def reported():
