@@ -3,7 +3,7 @@ PY := .venv/bin/python
 SETUP_INPUTS := pyproject.toml requirements/lock.txt scripts/setup.sh scripts/build_horovod.sh scripts/install_tensorflow.sh \
 	hvd_magic/horovod_build/build.sh $(wildcard hvd_magic/horovod_build/patches/*.patch)
 
-.PHONY: setup demo test bench clean lock
+.PHONY: setup demo test bench matrix clean lock
 
 setup: .venv/.setup-done
 
@@ -24,6 +24,11 @@ lock:
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# The support matrix (docs/install.md): each Python, torch, pyspark and ipykernel we claim, in a
+# fresh venv from the wheel, a slice of the suite in each; needs pyenv's Pythons and the network.
+matrix:
+	python3 scripts/matrix.py $(MATRIX_ARGS)
 
 clean:
 	rm -rf .venv hvd_runs .pytest_cache

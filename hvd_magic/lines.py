@@ -46,7 +46,12 @@ _CXX_INFO = re.compile(
 _CXX_FIRST = "ID[0123456789 \t"  # (what such a line starts with: the others are not matched)
 # torch's profiler (Kineto) says when it starts and stops, whatever KINETO_LOG_LEVEL says:
 # "USDT:2026-11-29 22:56:12 123:123 SyncActivityProfilerHandler.cpp:59] profiler_stop"
-_KINETO = re.compile(r"(?:USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\]")
+# A CUDA build of torch on a machine without a GPU (pip's torch, on a CPU host) adds, as the
+# profiler starts, "ERROR:<time> <pid>:<tid> DeviceProperties.cpp:56] gpuGetDeviceCount failed
+# with code 35": its probe for the GPUs that are not there; the CPU trace is whole.
+_KINETO = re.compile(r"(?:USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\]"
+                     r"|ERROR:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\] "
+                     r"gpuGetDeviceCount failed")
 # Gloo's own notes on stdout as its full mesh connects (JAX's CPU collectives print them on every
 # rank, after the cell's own lines): "[Gloo] Rank 1 is connected to 1 peer ranks. Expected
 # number of connected peer ranks is : 1"
@@ -79,7 +84,7 @@ def is_chatter(line):
     """True for the C++ libraries' start-up chatter: INFO lines and TensorFlow's start-up notes.
     Kept in the rank's raw log; shown only with --verbose."""
     return bool(line[:1] in _CXX_FIRST and _CXX_INFO.match(line)
-                or line[:1] in "US" and _KINETO.match(line)
+                or line[:1] in "USE" and _KINETO.match(line)
                 or line[:1] == "[" and _GLOO.match(line)
                 or ("absl" in line or "oneDNN" in line or "TensorFlow" in line)
                 and _STARTUP.search(line))

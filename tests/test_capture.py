@@ -213,7 +213,7 @@ def test_a_failing_cell_names_its_prompt_and_the_editors_line(ip):
             "    return 1 / x\n"
             "\n"
             "step(0)\n")
-    result = ip.run_cell(cell)
+    result = ip.run_cell(cell, store_history=True)  # (a prompt number: IPython 8 gives none else)
     text = "\n".join(result.error_in_exec._render_traceback_())
     n = result.execution_count
     assert f"Cell In[{n}], line 5\n" in text + "\n", text   # step(0), the cell's own frame

@@ -9,6 +9,7 @@ rendezvous with no word of why.
 
 import os
 import sys
+import types
 
 import cloudpickle
 import pytest
@@ -16,7 +17,7 @@ from IPython.core.error import UsageError
 
 import hvd_magic
 from hvd_magic import elastic
-from hvd_magic.capture.reading import read_job
+from hvd_magic.capture.reading import read_job, source_of
 from hvd_magic.view import TextView
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this module
@@ -123,3 +124,27 @@ def test_ours_in_horovods_elastic_world_says_so(monkeypatch):
     monkeypatch.delenv("HVD_MAGIC_ELASTIC", raising=False)
     with pytest.raises(elastic.WrongElasticWorld, match="this rank is in Horovod's elastic run"):
         elastic.run(lambda state: None)(elastic.ObjectState())
+
+
+# Code whose source is nowhere (compiled from a string): its bytecode is all there is. Two
+# locals loaded one after the other are one fused instruction from Python 3.13
+# (LOAD_FAST_LOAD_FAST, its argument the pair of names), then `.elastic.run` on the second.
+NO_SOURCE = """\
+def train(model, hvd):
+    return wrap(model, hvd.elastic.run)
+"""
+
+
+def test_bytecode_without_source_is_read_by_opcode_family_on_every_python():
+    namespace = {}
+    exec(compile(NO_SOURCE, "<no source>", "exec"), namespace)
+    train = namespace["train"]
+    assert source_of(train.__code__) is None  # (so the bytecode is read)
+    reading = read_job(train, {"model": 1, "hvd": types.ModuleType("horovod.torch")})
+    assert "horovod.torch.elastic.run" in reading.names and reading.horovod_elastic, \
+        sorted(reading.names)
+
+
+def test_a_functions_def_is_read_from_its_source():
+    node = source_of(horovod_elastic_train.__code__)
+    assert node.name == "horovod_elastic_train" and node.lineno > 1

@@ -277,6 +277,10 @@ def test_one_of_a_thing_is_singular():
     ("STAGE:2026-11-29 22:59:54 31777:31777 SyncActivityProfilerHandler.cpp:51] Completed "
      "Stage: Warm Up", True),
     ("I0501 10:00:00.123456 123 cuda_dnn.cc:12] TensorFlow's note", True),
+    # (torch's CUDA build on a CPU machine, as the profiler starts: torch 2.14.1 from PyPI)
+    ("ERROR:2026-12-07 14:39:01 12391:12391 DeviceProperties.cpp:56] gpuGetDeviceCount failed "
+     "with code 35", True),
+    ("ERROR:2026-12-07 14:39:01 12391:12391 train.cpp:56] a rank's own error", False),
     ("USDT: a user's own line about USDT", False),
     # Gloo's own note as its mesh connects (JAX's CPU collectives print it after the cell's lines)
     ("[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",

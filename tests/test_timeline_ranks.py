@@ -332,3 +332,41 @@ def test_the_trace_is_written_off_the_step_that_ends_the_window(tmp_path):
     finishing.join(60)
     with open(tmp_path / "trace.json") as f:
         assert json.load(f)["events"] == [{"ph": "X", "name": "op", "ts": 1.0, "dur": 1.0}]
+
+
+# A cell that steps no optimizer: the window waits for steps that never come.
+NO_STEP_CELL = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+t.item()
+"""
+
+# A loop without an optimizer: its `hvd_magic.report(step=...)` calls are its steps.
+REPORTED_CELL = """\
+import torch, torch.distributed as dist, hvd_magic
+dist.init_process_group("gloo")
+for step in range(4):
+    t = torch.ones(64)
+    dist.all_reduce(t)
+    hvd_magic.report(step=step + 1)
+dist.get_rank()
+"""
+
+
+def test_a_timeline_that_records_no_step_says_so(ip, capsys):
+    ip.run_cell_magic("horovod", "--np -2 --timeline", NO_STEP_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.timeline_path is None, run.error
+    out = capsys.readouterr().out
+    assert "--timeline recorded nothing" in out and "optimizer's `step()`" in out, out
+    with pytest.raises(UsageError, match="recorded nothing: its window is steps 4 to 8"):
+        ip.run_line_magic("horovod_timeline", run.id)
+    ip.run_cell_magic("horovod", "--np -2 --timeline-steps 2:3", REPORTED_CELL)
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.timeline_path, run.error
+    # (torch's CUDA build on a CPU machine: its profiler's probe for GPUs is not the rank's line)
+    assert "gpuGetDeviceCount" not in capsys.readouterr().out
+    steps = ranks.RanksTimeline.load(run.timeline_path).steps
+    assert [len(steps[r]) for r in (0, 1)] == [2, 2], steps

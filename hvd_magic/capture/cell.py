@@ -369,8 +369,15 @@ def capture_cell(cell, namespace, *, cell_id="0", first_line=1, export=(), hidde
     exec(compile(module, filename, "exec"), namespace_for_fn)
     fn = namespace_for_fn[CELL_FUNCTION]
     # Its frame reads as a plain cell's does, in tracebacks and debuggers: ``<module>``.
-    fn.__code__ = fn.__code__.replace(co_name="<module>", co_qualname="<module>") \
-        if sys.version_info >= (3, 11) else fn.__code__.replace(co_name="<module>")
+    fn.__code__ = renamed(fn.__code__, "<module>")
     fn.__qualname__ = fn.__name__ = "cell"
     return CellFunction(fn=fn, filename=filename, source=source, values=values, imports=imports,
                         export=tuple(export), quiet=semicolon_at_end(cell))
+
+
+def renamed(code, name):
+    """`code` named `name` where tracebacks and debuggers read it: its ``co_name`` and, from
+    Python 3.11, its ``co_qualname`` (which 3.10's ``code.replace`` does not take)."""
+    if hasattr(code, "co_qualname"):
+        return code.replace(co_name=name, co_qualname=name)
+    return code.replace(co_name=name)

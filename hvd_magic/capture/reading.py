@@ -2,11 +2,16 @@
 uses, read once, for every decision a launch makes (the elastic kind, what needs Horovod, what
 the ranks' template holds).
 
-It reads code, never text: a function's code objects (a cell is one: its imports are in its
-body), a script's and the shipped modules' sources compiled, the values a cell or a call passes
-(a function among them is read too, and the notebook's functions it calls), and the globals a
-pickle names. Comments, docstrings and string constants say nothing here: a helper module whose
-docstring mentions horovod, or a function holding the string ``"horovod"``, uses no Horovod.
+It reads code, never text: a function's source parsed (a cell's, a script's and the shipped
+modules' always have one; a function's is the ``def`` in its file), its bytecode only where no
+source is found; the values a cell or a call passes (a function among them is read too, and the
+notebook's functions it calls), and the globals a pickle names. Comments, docstrings and string
+constants say nothing here: a helper module whose docstring mentions horovod, or a function
+holding the string ``"horovod"``, uses no Horovod.
+
+The bytecode is read by opcode family (`dis.haslocal`, `dis.hasfree`, `dis.hasname`), never by
+opcode name: each Python renames and fuses them (3.12's ``LOAD_FAST_CHECK``, 3.13's
+``LOAD_FAST_LOAD_FAST`` whose argument is a pair of names, 3.14's ``LOAD_FAST_BORROW``).
 
 A name is what the code reaches: ``hvd.elastic.run`` where ``hvd`` is ``horovod.torch`` reads as
 ``horovod.torch.elastic.run``; ``from hvd_magic import elastic`` as ``hvd_magic.elastic``.
@@ -15,18 +20,20 @@ Not for: which of the notebook's modules travel (`capture.modules`, which reads 
 a name too many there costs a look-up).
 """
 
+import ast
 import builtins
 import dis
+import linecache
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass
 
 from .modules import _installed_roots, _is_under, scan_pickle
 
-_LOADS = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST", "LOAD_CLASSDEREF")
-_STORES = ("STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF")
-_ATTRS = ("LOAD_ATTR", "LOAD_METHOD")
+_VARIABLES = frozenset(dis.haslocal) | frozenset(dis.hasfree)
+_VERB = re.compile(r"(?:^|_)(LOAD|STORE|DELETE)_")
 
 
 @dataclass(frozen=True)
@@ -78,9 +85,10 @@ def read_job(code=None, values=None, sources=None, pickles=()):
         reader.value(value)
     for filename, source in (sources or {}).items():
         try:
-            reader.code(compile(source, filename, "exec"), {})
+            tree = ast.parse(source, filename)
         except (SyntaxError, ValueError):  # not Python after all (a data file): nothing to read
-            pass
+            continue
+        reader.tree(tree, {})
     for data in pickles:
         found = scan_pickle(getattr(data, "head", data)).globals
         reader.names.update(found)
@@ -94,6 +102,7 @@ class _Reader:
         self.names, self.modules = set(), set()
         self._seen = set()
         self._installed = _installed_roots()  # (once a reading, not once a function)
+        self._trees = {}  # a file's parsed source, once a reading
 
     def value(self, value):
         """What a value passed to the job brings: a module's name, a function's code, a class's
@@ -124,7 +133,55 @@ class _Reader:
                 known[name] = cell.cell_contents
             except ValueError:  # an empty cell
                 pass
-        self.code(code, known)
+        node = source_of(code, self._trees)
+        if node is not None:
+            self.tree(node, known)
+        else:
+            self.code(code, known)
+
+    def tree(self, node, known):
+        """Read the source `node` (a module's, or a function's ``def``) and what it nests: its
+        imports, and the dotted names its names and attribute chains reach from what `known`
+        or its imports bind (anywhere in it: one namespace for the whole of it)."""
+        bound = {}
+        imports = [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        for statement in imports:
+            if isinstance(statement, ast.ImportFrom):
+                if statement.level:  # (a package's own relative import: nothing of ours)
+                    continue
+                module = statement.module
+                self._imported(module)
+                for alias in statement.names:
+                    if alias.name != "*":
+                        self._imported(f"{module}.{alias.name}")
+                        bound[alias.asname or alias.name] = f"{module}.{alias.name}"
+                continue
+            for alias in statement.names:
+                self._imported(alias.name)
+                bound[alias.asname or alias.name.split(".")[0]] = \
+                    alias.name if alias.asname else alias.name.split(".")[0]
+        chained = set()  # the inner attributes of a chain, read with its outermost
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Attribute) and id(sub) not in chained:
+                attrs, base = [], sub
+                while isinstance(base, ast.Attribute):
+                    chained.add(id(base))
+                    attrs.append(base.attr)
+                    base = base.value
+                if isinstance(base, ast.Name):
+                    chained.add(id(base))
+                    root = self._root(base.id, bound, known)
+                    if root is not None:
+                        self.names.add(".".join([root, *reversed(attrs)]))
+            elif isinstance(sub, ast.Name) and id(sub) not in chained and \
+                    isinstance(sub.ctx, ast.Load):
+                root = self._root(sub.id, bound, known)
+                if root is not None:
+                    self.names.add(root)
+
+    def _imported(self, module):
+        self.names.add(module)
+        self.modules.add(module)
 
     def code(self, code, known, outer=None):
         """Read `code` and the code nested in it: its imports, and the dotted names its loads
@@ -134,11 +191,11 @@ class _Reader:
         for i, ins in enumerate(instructions):
             if ins.opname == "IMPORT_NAME":
                 self._import(instructions, i, bound)
-            elif ins.opname in _LOADS:
-                root = self._root(ins.argval, bound, known)
+            elif _variables(ins, "LOAD"):
+                root = self._root(_variables(ins, "LOAD")[-1], bound, known)  # (the last: on top)
                 if root is not None:
                     j, chain = i + 1, root
-                    while j < len(instructions) and instructions[j].opname in _ATTRS:
+                    while j < len(instructions) and _attribute(instructions[j]):
                         chain += "." + instructions[j].argval
                         j += 1
                     self.names.add(chain)
@@ -160,8 +217,8 @@ class _Reader:
                 current = f"{module}.{ins.argval}" if from_list else module
                 self.names.add(current)
                 self.modules.add(current)
-            elif ins.opname in _STORES:
-                bound[ins.argval] = current or module.split(".")[0]
+            elif _variables(ins, "STORE"):
+                bound[_variables(ins, "STORE")[0]] = current or module.split(".")[0]
                 current = None
                 if not from_list:
                     return
@@ -193,3 +250,51 @@ class _Reader:
             return f"{module}.{getattr(value, '__qualname__', name)}" if module else None
         return None
 
+
+def _variables(ins, verb):
+    """The variables instruction `ins` loads (`verb` "LOAD") or stores ("STORE"), in order: a
+    local's, a cell's, a global's or a name's, one or a fused pair (``STORE_FAST_LOAD_FAST``)."""
+    if "CLOSURE" in ins.opname or ins.opcode not in _VARIABLES and not (
+            ins.opcode in dis.hasname and ("GLOBAL" in ins.opname or "NAME" in ins.opname)
+            and "IMPORT" not in ins.opname and "ATTR" not in ins.opname):
+        return ()
+    verbs = _VERB.findall(ins.opname)
+    names = ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+    if len(names) != len(verbs):
+        return ()
+    return tuple(n for v, n in zip(verbs, names) if v == verb and isinstance(n, str))
+
+
+def _attribute(ins):
+    """Whether `ins` reads an attribute of what is on top (``LOAD_ATTR``, ``LOAD_METHOD``)."""
+    return ins.opcode in dis.hasname and ins.opname.startswith("LOAD_") and \
+        ("ATTR" in ins.opname or "METHOD" in ins.opname) and "SUPER" not in ins.opname
+
+
+def source_of(code, trees=None):
+    """The source of `code`, parsed, where its file's lines are known (`linecache`: a cell's,
+    a script's, a module's on disk): the whole of it for a module's (or a cell's) code, the
+    ``def`` or ``lambda`` that made a function's. None where none is found. `trees`: the files
+    parsed so far ({filename: tree or None}), filled in."""
+    trees = {} if trees is None else trees
+    if code.co_filename not in trees:
+        try:
+            trees[code.co_filename] = ast.parse("".join(linecache.getlines(code.co_filename)),
+                                                code.co_filename)
+        except (SyntaxError, ValueError):
+            trees[code.co_filename] = None
+    tree = trees[code.co_filename]
+    if tree is None or not tree.body:
+        return None
+    if code.co_name == "<module>":
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.name == code.co_name and \
+                min([node.lineno] + [d.lineno for d in node.decorator_list]) == \
+                code.co_firstlineno:
+            return node
+        if isinstance(node, ast.Lambda) and code.co_name == "<lambda>" and \
+                node.lineno == code.co_firstlineno:
+            return node
+    return None

@@ -16,6 +16,7 @@ import collections
 import linecache
 import types
 
+from ..capture.cell import renamed
 from ..errors import debugger_filename
 from .rank_locals import standin
 
@@ -31,7 +32,7 @@ class _Here(Exception):
 def _stub_frame(filename, lineno, name, scope):
     """A real frame named like the rank's, stopped at `lineno`, whose locals are `scope`."""
     code = compile("\n" * (max(int(lineno), 1) - 1) + f"raise {_HERE}()", filename, "exec")
-    code = code.replace(co_name=str(name), co_qualname=str(name))
+    code = renamed(code, str(name))
     namespace = {"__name__": "__main__", "__builtins__": builtins, _HERE: _Here}
     try:
         exec(code, namespace, scope)

@@ -376,6 +376,7 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
             "id": self.id, "np": self.np, "state": self.state, "where": self.where,
             "started": self.started, "ended": self.ended, "name": self.name,
             "shards": self.shards, "membership": self.membership,
+            "profile": self.profile,  # --timeline without Horovod (what %horovod_timeline says)
             # what the Spark JVM that this run started printed, if it started one
             "spark_log": getattr(self.launcher, "log_path", None),
             # which notebook's kernel drives it: the next kernel of that notebook says which of

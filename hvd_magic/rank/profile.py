@@ -53,10 +53,12 @@ class _Window:
         self.stepped_now = set()  # the optimizers that stepped in the current training step
         self.writer = None       # the thread that writes the trace, once the window ended
         self.failed = None       # what stopped it, said at the rank's end
+        self.optimizer = False   # so was a torch optimizer's step
         self._lock = threading.RLock()  # (the SIGTERM handler may come inside `stepped`)
 
     def optimizer_stepped(self, optimizer, *_):
         """torch's post-step hook: a training step begins where an optimizer steps again."""
+        self.optimizer = True
         with self._lock:
             if id(optimizer) in self.stepped_now:
                 self.stepped_now.clear()
@@ -82,8 +84,9 @@ class _Window:
         self.stepped()
 
     def reported(self):
-        """``hvd_magic.report(step=...)``: a step of a TensorFlow loop without Keras' fit."""
-        if self.framework == "tensorflow" and not self.keras:
+        """``hvd_magic.report(step=...)``: a step of a loop without Keras' fit, or of a torch
+        loop that steps no torch optimizer (an optimizer's step counts, once one was seen)."""
+        if not self.keras and not self.optimizer:
             self.stepped()
 
     def _start(self):

@@ -134,7 +134,7 @@ def report(step=None, total=None, **metrics):
     if _channel.event_fd() < 0:
         return
     if step is not None:
-        profile.reported()  # (a step of a TensorFlow loop that --timeline profiles)
+        profile.reported()  # (a step of a loop that --timeline profiles)
     clean = {}
     for key, value in metrics.items():
         if hasattr(value, "item"):  # torch/numpy scalars

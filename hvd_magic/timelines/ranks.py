@@ -121,6 +121,20 @@ def _is_profile(record):
         and all(isinstance(s, number) for s in record["steps"])
 
 
+def nothing_recorded(plan):
+    """What a ``--timeline`` run of `plan` (`hvd_magic.api.profile_plan`) whose ranks recorded
+    nothing says: the steps its window waited for, and what counts as a step."""
+    first, last = plan["skip"] + 1, plan["skip"] + plan["steps"]
+    counted = ("a Keras training batch, or a `hvd_magic.report(step=...)` call"
+               if plan["framework"] == "tensorflow" else
+               "an optimizer's `step()` (DDP, Lightning and accelerate call one), or in a loop "
+               "without one a `hvd_magic.report(step=...)` call")
+    return (f"--timeline recorded nothing: its window is steps {first} to {last} and no rank "
+            f"reached step {first}. A step is {counted}; a shorter run needs an earlier "
+            f"window (--timeline-steps 1:2). Horovod code records its whole run, or a window "
+            f"with `with hvd_magic.timeline():`.")
+
+
 def merge(run_dir, clocks, hosts=None):
     """The ranks' profiles under `run_dir`/profile as one trace file; its path (None if no rank
     sent one). `clocks`: each rank's (offset, uncertainty) in seconds, or None; `hosts`: each

@@ -138,6 +138,7 @@ class RunRecord(NamedTuple):
     started: Optional[float]
     np: Optional[int]
     state: str
+    profile: Optional[dict] = None  # --timeline without Horovod: the window asked for
 
 
 def known_runs(run_root="hvd_runs"):
@@ -161,10 +162,10 @@ def known_runs(run_root="hvd_runs"):
         records[str(meta.get("id") or os.path.basename(run_dir))] = RunRecord(
             str(meta.get("id") or os.path.basename(run_dir)), run_dir,
             path if os.path.exists(path) else None, meta.get("started"), meta.get("np"),
-            str(meta.get("state", "?")))
+            str(meta.get("state", "?")), meta.get("profile"))
     for run in ours.values():  # this kernel's own runs know best (a running one has no file yet)
         records[run.id] = RunRecord(run.id, run.run_dir, run.timeline_path, run.started, run.np,
-                                    run.state)
+                                    run.state, run.profile)
     return sorted(records.values(), key=lambda r: (r.started or 0, r.id))
 
 
@@ -183,8 +184,8 @@ def _pick(runs, run_id):
     if not run.timeline_path:
         if run.state in ("pending", "running"):
             raise _usage(f"run {run.id} is still running; its timeline comes back when it ends.")
-        raise _usage(f"run {run.id} has no timeline. {HOW_TO_RECORD} "
-                     f"Runs with a timeline: {available}.")
+        how = ranks.nothing_recorded(run.profile) if run.profile else HOW_TO_RECORD
+        raise _usage(f"run {run.id} has no timeline. {how} Runs with a timeline: {available}.")
     return run
 
 
