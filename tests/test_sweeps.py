@@ -187,3 +187,28 @@ def test_the_magic_refuses_what_cannot_sweep(ip, fresh_ns):
         ip.run_cell_magic("horovod", "--np -2 --trials-at-once 2", SWEEP_CELL)
     with pytest.raises(UsageError, match="not name=value"):
         ip.run_cell_magic("horovod", '--np -2 --sweep "lr"', SWEEP_CELL)
+
+
+# -- on Spark: the trials are barrier stages of one session, sharing its task slots ------------
+
+def test_spark_trials_share_the_task_slots_and_see_their_values():
+    from conftest import spark_session
+    spark_session(4)
+    sweep = hvd_magic.sweep(train, np=2, params={"lr": [0.1, 0.2, 0.3]},
+                            kwargs={"pause": 0.3})
+    assert (sweep.slots.total, sweep.slots.what) == (4, "Spark task slots")
+    assert [[(r["lr"], r["rank"]) for r in t.run.results] for t in sweep.trials] == [
+        [(lr, 0), (lr, 1)] for lr in (0.1, 0.2, 0.3)]
+    first, second, third = (t.run for t in sweep.trials)
+    assert first.started < second.ended and second.started < first.ended
+    assert third.started >= min(first.ended, second.ended)
+
+
+def test_spark_a_stopped_trial_leaves_on_every_rank_at_the_same_step():
+    from conftest import spark_session
+    spark_session(4)
+    sweep = hvd_magic.sweep(lockstep, np=2, params={"lr": [1.0, 2.0, 10.0]},
+                            trials_at_once=2, early_stop="median:3")
+    stopped = sweep.trials[2]
+    assert [t.state for t in sweep.trials] == ["done", "done", "stopped"]
+    assert [last_step(f"steps-10.0-{r}.txt") for r in range(2)] == [stopped.stopped_at] * 2
