@@ -125,9 +125,12 @@ class Trial:
     def finished(self, run):
         """Its run ended: the trial's state from the run's."""
         self.ended = time.time()
-        if self.stopping is not None and self.stopping.reason != "cancelled" and \
-                run.state in ("done", "cancelled"):
-            self.state, self.stopped_at = "stopped", self.stopping.step
+        # stopped: its ranks left at the agreed step (they said so), or were ended past the
+        # deadline; a run that ended on its own before the step was agreed is done
+        if self.stopping is not None and self.stopping.reason != "cancelled" and (
+                self.stopped_at is not None or run.state == "cancelled"):
+            self.state = "stopped"
+            self.stopped_at = self.stopping.step if self.stopped_at is None else self.stopped_at
         elif self.stopping is not None:
             self.state = "cancelled"
         elif run.state == "done":
