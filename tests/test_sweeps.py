@@ -212,3 +212,32 @@ def test_spark_a_stopped_trial_leaves_on_every_rank_at_the_same_step():
     stopped = sweep.trials[2]
     assert [t.state for t in sweep.trials] == ["done", "done", "stopped"]
     assert [last_step(f"steps-10.0-{r}.txt") for r in range(2)] == [stopped.stopped_at] * 2
+
+
+def imports_optuna(lr, steps=30):
+    """`lockstep`'s loop without torch; says whether this rank has Optuna loaded."""
+    import sys
+    import time
+
+    import hvd_magic
+    for step in range(1, steps + 1):
+        time.sleep(0.03)
+        hvd_magic.report(step=step, loss=lr)
+    return "optuna" in sys.modules
+
+
+def test_an_optuna_study_asks_the_values_and_its_pruner_stops_a_trial():
+    optuna = pytest.importorskip("optuna")
+    study = optuna.create_study(pruner=optuna.pruners.MedianPruner(n_startup_trials=2,
+                                                                   n_warmup_steps=3))
+    for lr in (1.0, 2.0, 10.0):  # (asked in this order: a test needs to know the bad one)
+        study.enqueue_trial({"lr": lr})
+    sweep = hvd_magic.sweep(imports_optuna, np=-2, params={"lr": [1.0, 2.0, 10.0]},
+                            search=study, trials=3, trials_at_once=1, slots=2)
+    assert [t.values for t in sweep.trials] == [{"lr": 1.0}, {"lr": 2.0}, {"lr": 10.0}]
+    assert [t.state for t in sweep.trials] == ["done", "done", "stopped"]
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "PRUNED"]
+    assert [t.value for t in study.trials[:2]] == [1.0, 2.0]
+    assert sweep.trials[0].run.results == [False, False]  # the ranks never imported Optuna
+    with pytest.raises(UsageError, match="mode='min'"):
+        hvd_magic.sweep(imports_optuna, np=-2, params={"lr": [1.0]}, search=study, mode="max")

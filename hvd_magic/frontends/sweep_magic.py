@@ -23,8 +23,9 @@ def sweep_arguments(magic):
             "machine's cores or GPUs, Spark's task slots), each with all of its ranks; the "
             "others wait. The sweep's view compares them; hvd_magic.last_sweep() is the "
             "Sweep (table(), best, best.rerun(np=...))."))),
-        ("--search", dict(type=str, default="grid", metavar="grid|random:N", help=(
-            "With --sweep: every combination (grid, the default), or N random ones."))),
+        ("--search", dict(type=str, default="grid", metavar="grid|random:N|optuna:N", help=(
+            "With --sweep: every combination (grid, the default), N random ones, or N asked "
+            "of an Optuna study made in the notebook (the ranks never import Optuna)."))),
         ("--trials-at-once", dict(type=int, metavar="K", help=(
             "With --sweep: at most K trials run together (default: as many as the slots "
             "hold)."))),

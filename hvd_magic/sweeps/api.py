@@ -38,13 +38,14 @@ def _slots(placement, sweep_options):
 
 
 def sweep(fn, np=2, params=None, *, search="grid", trials_at_once=None, metric="loss",
-          mode="min", early_stop=None, fail_fast=False, slots=None, seed=None, kwargs=None,
-          view=None, background=False, **run_options):
+          mode="min", early_stop=None, fail_fast=False, slots=None, seed=None, trials=None,
+          kwargs=None, view=None, background=False, **run_options):
     """Run `fn(**values)` once per trial of `params` on `np` ranks, the trials as gangs sharing
     the slots; return the `Sweep` (finished, unless `background`).
 
-    `params`: {name: [values]} (or the ``--sweep`` text); `search`: "grid" (every combination)
-    or "random:N"; `trials_at_once`: at most this many together (None: what the slots hold);
+    `params`: {name: [values]} (or the ``--sweep`` text); `search`: "grid" (every combination),
+    "random:N", "optuna:N", or an Optuna study or sampler (`trials` of them: its pruner stops
+    trials early); `trials_at_once`: at most this many together (None: what the slots hold);
     `metric`/`mode`: what ranks the trials (``hvd_magic.report(step=..., loss=...)`` on rank 0);
     `early_stop`: "median" or "asha" (every rank of a stopped trial leaves at the same step);
     `fail_fast`: a failing trial cancels the rest; `slots`: ranks that may run at once (default:
@@ -63,7 +64,7 @@ def sweep(fn, np=2, params=None, *, search="grid", trials_at_once=None, metric="
     if not callable(fn):
         raise UsageError(f"fn must be callable, not {type(fn).__name__}.")
     sweep_options = SweepOptions(params, search, trials_at_once, metric, mode, early_stop,
-                                 fail_fast, slots, seed)
+                                 fail_fast, slots, seed, trials)
     placement, options = split(np, **run_options)
     extra = dict(kwargs or {})
     from .. import api
@@ -109,15 +110,12 @@ def start_sweep(launch, placement, options, sweep_options, *, view=None, backgro
     """Make the `Sweep`, start it, and (unless `background`) show it until it ends; an
     interrupt cancels it (every trial's ranks ended) and is raised again."""
     slots = _slots(placement, sweep_options)
-    if sweep_options.optuna:
-        raise UsageError("An Optuna search is not available yet: use search='grid' or "
-                         "'random:N' (docs/sweeps.md).")
-    points, pruner = sweep_options.points(), None
+    points, search = sweep_options.points(), sweep_options.searcher()
     run = Sweep(launch, points, placement.ranks, slots,
                 trials_at_once=sweep_options.trials_at_once, metric=sweep_options.metric,
                 mode=sweep_options.mode, rule=sweep_options.rule,
                 fail_fast=sweep_options.fail_fast, run_root=options.run_root,
-                name=options.name, params=list(sweep_options.params), pruner=pruner)
+                name=options.name, params=list(sweep_options.params), search=search)
     _sweeps.append(run)
     run.start()
     if view is not None:

@@ -33,14 +33,14 @@ class Sweep:
 
     def __init__(self, launch, points, ranks, slots, *, trials_at_once=None, metric="loss",
                  mode="min", rule=None, fail_fast=False, run_root="hvd_runs", name=None,
-                 params=(), pruner=None):
+                 params=(), search=None):
         self.id = new_sweep_id()
         self.name = name
         self._launch = launch
         self.ranks, self.slots = ranks, slots
         self.trials_at_once = trials_at_once
         self.metric, self.mode, self.rule, self.fail_fast = metric, mode, rule, fail_fast
-        self.pruner = pruner          # an Optuna search's (hvd_magic.sweeps.optuna_search)
+        self.search = search          # an Optuna search (hvd_magic.sweeps.optuna_search)
         self.params = list(params) or sorted({k for p in points for k in p})
         self.folder = os.path.abspath(os.path.join(run_root, self.id))
         self.trials = [Trial(i, p, metric) for i, p in enumerate(points)]
@@ -77,6 +77,8 @@ class Sweep:
         for trial in self.running():
             if trial.ended_state:
                 self.slots.give_back(trial.number)
+                if self.search is not None:
+                    self.search.tell(trial)
                 if trial.state == "failed" and self.fail_fast and not self._cancelled:
                     self.error = trial.error
                     self._cancel_all()
@@ -104,6 +106,8 @@ class Sweep:
 
     def _start_trial(self, trial, held):
         trial.state, trial.waiting_for, trial.started = "running", None, time.time()
+        if self.search is not None:  # (asked now: the study knows the trials that ended)
+            trial.values = self.search.ask(trial)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(held)} if isinstance(held, list) else {}
         view = TrialView(trial, self.inner_views.get(trial.number))
         try:
@@ -123,7 +127,7 @@ class Sweep:
         if trial.state != "running" or not trial.new_points:
             return
         trial.new_points = False
-        if self.pruner is not None and self.pruner(trial):
+        if self.search is not None and self.search.should_stop(trial):
             trial.stop_early()
         elif self.rule is not None and self.rule.should_stop(
                 trial.number, {t.number: t.curve for t in self.trials}, self.mode):

@@ -107,16 +107,21 @@ def random_points(space, n, seed=None, log=()):
 
 
 def parse_search(text):
-    """``"grid"`` or ``"random:N"`` -> ("grid", None) or ("random", N)."""
+    """``"grid"``, ``"random:N"`` or ``"optuna:N"`` -> ("grid", None), ("random", N) or
+    ("optuna", N)."""
     kind, _, count = str(text or "grid").partition(":")
     if kind == "grid" and not count:
         return "grid", None
-    if kind == "random" and count.isdigit() and int(count) > 0:
-        return "random", int(count)
-    raise UsageError(f"--search takes grid (every combination, the default) or random:N "
-                     f"(N points drawn from the values), not {text!r}.")
+    if kind in ("random", "optuna") and count.isdigit() and int(count) > 0:
+        return kind, int(count)
+    raise UsageError(f"--search takes grid (every combination, the default), random:N (N points "
+                     f"drawn from the values) or optuna:N (N trials asked of an Optuna study "
+                     f"made here), not {text!r}.")
 
 
 def points_of(space, search="grid", seed=None):
+    """The trials' values; an Optuna search's are asked as each trial starts: {} each."""
     kind, count = parse_search(search)
+    if kind == "optuna":
+        return [{} for _ in range(count)]
     return grid(space) if kind == "grid" else random_points(space, count, seed)
