@@ -241,3 +241,24 @@ def test_an_optuna_study_asks_the_values_and_its_pruner_stops_a_trial():
     assert sweep.trials[0].run.results == [False, False]  # the ranks never imported Optuna
     with pytest.raises(UsageError, match="mode='min'"):
         hvd_magic.sweep(imports_optuna, np=-2, params={"lr": [1.0]}, search=study, mode="max")
+
+
+def test_a_tracked_sweep_is_a_parent_run_with_a_nested_run_per_trial(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        sweep = hvd_magic.sweep(train, np=-2, params={"lr": [0.1, 0.2]}, slots=4,
+                                mlflow="sweeps", name="lr sweep")
+        client = mlflow.MlflowClient()
+        experiment = client.get_experiment_by_name("sweeps")
+        runs = client.search_runs([experiment.experiment_id])
+        [parent] = [r for r in runs if r.info.run_name == "lr sweep"]
+        children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        assert sorted(r.info.run_name for r in children) == ["trial 0", "trial 1"]
+        assert parent.info.status == "FINISHED"
+        assert parent.data.params["space.lr"] == "[0.1, 0.2]"
+        assert parent.data.metrics["best loss"] == pytest.approx(0.2)
+        assert [t.state for t in sweep.trials] == ["done", "done"]
+    finally:
+        mlflow.set_tracking_uri(before)

@@ -18,6 +18,7 @@ from ..config import split
 from .options import SweepOptions
 from .runner import Sweep
 from .slots import Slots, count_slots
+from .tracking import sweep_tracking
 
 _sweeps = []  # this kernel's sweeps, oldest first (`last_sweep`)
 
@@ -111,11 +112,13 @@ def start_sweep(launch, placement, options, sweep_options, *, view=None, backgro
     interrupt cancels it (every trial's ranks ended) and is raised again."""
     slots = _slots(placement, sweep_options)
     points, search = sweep_options.points(), sweep_options.searcher()
+    tracking = sweep_tracking(options.mlflow, options.name)
     run = Sweep(launch, points, placement.ranks, slots,
                 trials_at_once=sweep_options.trials_at_once, metric=sweep_options.metric,
                 mode=sweep_options.mode, rule=sweep_options.rule,
                 fail_fast=sweep_options.fail_fast, run_root=options.run_root,
-                name=options.name, params=list(sweep_options.params), search=search)
+                name=options.name, params=list(sweep_options.params), search=search,
+                space=sweep_options.params, tracking=tracking)
     _sweeps.append(run)
     run.start()
     if view is not None:

@@ -33,7 +33,7 @@ class Sweep:
 
     def __init__(self, launch, points, ranks, slots, *, trials_at_once=None, metric="loss",
                  mode="min", rule=None, fail_fast=False, run_root="hvd_runs", name=None,
-                 params=(), search=None):
+                 params=(), search=None, space=None, tracking=None):
         self.id = new_sweep_id()
         self.name = name
         self._launch = launch
@@ -41,6 +41,8 @@ class Sweep:
         self.trials_at_once = trials_at_once
         self.metric, self.mode, self.rule, self.fail_fast = metric, mode, rule, fail_fast
         self.search = search          # an Optuna search (hvd_magic.sweeps.optuna_search)
+        self.space = dict(space or {})
+        self.tracking = tracking      # MLflow's parent run (hvd_magic.sweeps.tracking)
         self.params = list(params) or sorted({k for p in points for k in p})
         self.folder = os.path.abspath(os.path.join(run_root, self.id))
         self.trials = [Trial(i, p, metric) for i, p in enumerate(points)]
@@ -63,6 +65,8 @@ class Sweep:
 
     def _schedule(self):
         try:
+            if self.tracking is not None:
+                self.tracking.begin(self)
             while not self._tick():
                 time.sleep(TICK)
         except BaseException as exc:  # a bug of ours: every trial cancelled, the sweep failed
@@ -110,9 +114,11 @@ class Sweep:
             trial.values = self.search.ask(trial)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(held)} if isinstance(held, list) else {}
         view = TrialView(trial, self.inner_views.get(trial.number))
+        more = self.tracking.trial_options(trial) if self.tracking is not None else {}
         try:
             trial.run = self._launch(trial.values, view=view, env=env,
-                                     run_dir=os.path.join(self.folder, f"trial-{trial.number}"))
+                                     run_dir=os.path.join(self.folder, f"trial-{trial.number}"),
+                                     **more)
         except BaseException as exc:  # refused before its ranks started (its own UsageError)
             trial.error = trial.error or exc
             if not trial.ended_state:
@@ -145,6 +151,8 @@ class Sweep:
                       "cancelled" if self._cancelled else "done")
         try:
             self.write_table()
+            if self.tracking is not None:
+                self.tracking.end(self)
         finally:
             self._done.set()
 
