@@ -262,3 +262,48 @@ def test_a_tracked_sweep_is_a_parent_run_with_a_nested_run_per_trial(tmp_path):
         assert [t.state for t in sweep.trials] == ["done", "done"]
     finally:
         mlflow.set_tracking_uri(before)
+
+
+def test_an_interrupt_cancels_the_sweep_and_leaves_no_process():
+    import signal
+    import threading
+
+    pids, before = [], hvd_magic.last_sweep()
+
+    def interrupt_once_running():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            sweep = hvd_magic.last_sweep()
+            running = [t for t in (sweep.trials if sweep is not before else ())
+                       if t.run is not None]
+            if running and all(r.pid for r in running[0].run.ranks):
+                pids.extend(r.pid for r in running[0].run.ranks)
+                break
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)  # the kernel's interrupt
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        hvd_magic.sweep(train, np=-2, params={"lr": [0.1, 0.2]}, slots=2,
+                        kwargs={"steps": 1000})
+    sweep = hvd_magic.last_sweep()
+    assert [t.state for t in sweep.trials] == ["cancelled", "cancelled"]
+    assert sweep.trials[1].run is None  # the waiting trial never started
+    time.sleep(0.5)
+    assert pids and [p for p in pids if _alive(p)] == []
+
+
+def test_the_widget_view_shows_every_trial_and_stops_the_sweep():
+    from hvd_magic.sweeps.view import WidgetSweepView
+    view = WidgetSweepView(background=True)
+    sweep = hvd_magic.sweep(train, np=-2, params={"lr": [0.1, 0.2, 0.3]}, slots=2,
+                            background=True, view=view, kwargs={"steps": 1000})
+    assert [label for label, _ in view.picker.options] == ["0: lr=0.1", "1: lr=0.2", "2: lr=0.3"]
+    deadline = time.monotonic() + 60
+    while "<td>running</td>" not in view.page.value and time.monotonic() < deadline:
+        time.sleep(0.1)  # (redrawn by the scheduler thread, twice a second at most)
+    assert view.page.value.count("waiting (2 cores, 0 free)") == 2
+    view.stop_all.click()
+    assert sweep.ended_within(60)
+    assert [t.state for t in sweep.trials] == ["cancelled"] * 3
+    assert view.page.value.count("<td>cancelled</td>") == 3  # the finished view

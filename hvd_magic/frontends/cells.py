@@ -112,7 +112,8 @@ def run_in_session(magics, session, args, cell, opening=None):
                                           ("--timeline-steps", args.timeline_steps),
                                           ("--timeline-detail", args.timeline_detail),
                                           ("--tensorboard", args.tensorboard),
-                                          ("--min-np", args.min_np is not None)) if given]
+                                          ("--min-np", args.min_np is not None),
+                                          ("--sweep", args.sweep)) if given]
     if placement:
         raise UsageError(
             f"{' and '.join(placement)} cannot change where a cell runs while session "

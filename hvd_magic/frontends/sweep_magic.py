@@ -90,7 +90,8 @@ def run_sweep_cell(magics, args, cell, chosen, placement, options, where):
         return capture_cell(cell, {**shell.user_ns, **values}, export=names(args.export),
                             hidden=hidden, **where)
 
-    view = make_sweep_view(widgets=False if args.text else None, quiet=args.quiet)
+    view = make_sweep_view(widgets=False if args.text else None, quiet=args.quiet,
+                           background=args.background)
     return sweep_cell(capture, placement, options, chosen, view=view,
                       background=args.background)
 

@@ -120,11 +120,12 @@ def start_sweep(launch, placement, options, sweep_options, *, view=None, backgro
                 name=options.name, params=list(sweep_options.params), search=search,
                 space=sweep_options.params, tracking=tracking)
     _sweeps.append(run)
-    run.start()
     if view is not None:
         view.start(run)
-    if background:
-        return run
+    if background:  # the scheduler thread keeps the view up to date, and finishes it
+        run.view = view
+        return run.start()
+    run.start()
     try:
         while not run.ended_within(0.2):
             if view is not None:

@@ -49,7 +49,7 @@ class Sweep:
         self.state = "pending"
         self.started = self.ended = None
         self.error = None             # fail_fast's trial error, or an internal one
-        self.inner_views = {}         # trial number -> a view of its ranks, when opened
+        self.view = None              # a background sweep's view, ticked by the scheduler
         self._cancelled = False
         self._done = threading.Event()
         self._thread = None
@@ -68,6 +68,8 @@ class Sweep:
             if self.tracking is not None:
                 self.tracking.begin(self)
             while not self._tick():
+                if self.view is not None:
+                    self.view.tick(self)
                 time.sleep(TICK)
         except BaseException as exc:  # a bug of ours: every trial cancelled, the sweep failed
             self.error = exc
@@ -113,7 +115,7 @@ class Sweep:
         if self.search is not None:  # (asked now: the study knows the trials that ended)
             trial.values = self.search.ask(trial)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(held)} if isinstance(held, list) else {}
-        view = TrialView(trial, self.inner_views.get(trial.number))
+        view = TrialView(trial)
         more = self.tracking.trial_options(trial) if self.tracking is not None else {}
         try:
             trial.run = self._launch(trial.values, view=view, env=env,
@@ -155,6 +157,8 @@ class Sweep:
                 self.tracking.end(self)
         finally:
             self._done.set()
+            if self.view is not None:
+                self.view.finish(self)
 
     # -- the user's handle --------------------------------------------------------------------
     def wait(self, timeout=None):

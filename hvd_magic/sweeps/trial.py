@@ -193,26 +193,20 @@ class _Cancelled:
 
 
 class TrialView:
-    """The view of a trial's run: its events to the trial (and to `inner`, a view of the
-    trial's own ranks, when one is open)."""
+    """The view of a trial's run: its events to the trial. (A trial's ranks are shown by its
+    run itself, opened from the sweep's view.)"""
 
-    def __init__(self, trial, inner=None):
-        self.trial, self.inner = trial, inner
+    def __init__(self, trial):
+        self.trial = trial
 
     def start(self, run):
-        if self.inner is not None:
-            self.inner.start(run)
+        pass
 
     def event(self, run, rank, event):
         self.trial.took(rank, event)
-        if self.inner is not None:
-            self.inner.event(run, rank, event)
 
     def tick(self, run):
-        if self.inner is not None:
-            self.inner.tick(run)
+        pass
 
     def finish(self, run):
         self.trial.finished(run)
-        if self.inner is not None:
-            self.inner.finish(run)

@@ -19,12 +19,12 @@ from ..view.charts import chart_svg
 REDRAW_EVERY = 0.5     # seconds between two redraws of the widget view
 
 
-def make_sweep_view(widgets=None, quiet=False):
+def make_sweep_view(widgets=None, quiet=False, background=False):
     if quiet:
         return None
     if widgets is None:
         widgets = widgets_available()
-    return WidgetSweepView() if widgets else TextSweepView()
+    return WidgetSweepView(background) if widgets else TextSweepView()
 
 
 def _values(trial):
@@ -128,11 +128,15 @@ def table_html(sweep):
 
 class WidgetSweepView:
     """ipywidgets: the table and chart (an HTML widget), Stop per trial and for the sweep, a
-    trial's own dashboard opened below; at the end the static HTML."""
+    trial's own dashboard opened below; at the end the static HTML. While a foreground sweep's
+    cell runs, the clicks go to a subshell of ours (`hvd_magic.view.subshell`, as the run's
+    dashboard does), the kernel still busy to the front end."""
 
-    def __init__(self):
+    def __init__(self, background=False):
         import ipywidgets as widgets
         self.w = widgets
+        self.background = background
+        self._let_go = []            # what keeps the kernel "busy" to the front end, undone
         self.page = widgets.HTML()
         self.stop_all = widgets.Button(description="Stop sweep", button_style="danger")
         self.picker = widgets.Dropdown(description="trial", options=[])
@@ -146,10 +150,18 @@ class WidgetSweepView:
 
     def start(self, sweep):
         from IPython.display import display
+
+        from ..view.subshell import busy_after_control, hold, route_to_subshell
+        if not self.background:  # before the first widget: the front end answers it at once
+            self._let_go.append(busy_after_control())
         self.picker.options = [(f"{t.number}: {_values(t)}", t.number) for t in sweep.trials]
+        self.picker.value = 0 if sweep.trials else None
         self.stop_all.on_click(lambda _: sweep.cancel())
         self.stop_one.on_click(lambda _: sweep.stop_trial(self.picker.value))
         self.open_one.on_click(lambda _: self._open(sweep, self.picker.value))
+        subshell = route_to_subshell([self.stop_all, self.stop_one, self.open_one, self.picker])
+        if subshell is not None and not self.background:
+            self._let_go.append(hold(subshell))
         self.handle = display(self.box, display_id=True)
         self.tick(sweep, force=True)
 
@@ -171,6 +183,8 @@ class WidgetSweepView:
 
     def finish(self, sweep):
         from IPython.display import HTML
+        while self._let_go:
+            self._let_go.pop()()
         page = table_html(sweep)
         self.page.value = page
         if self.handle is not None:  # (what a saved notebook keeps)
