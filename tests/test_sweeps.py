@@ -307,3 +307,24 @@ def test_the_widget_view_shows_every_trial_and_stops_the_sweep():
     assert sweep.ended_within(60)
     assert [t.state for t in sweep.trials] == ["cancelled"] * 3
     assert view.page.value.count("<td>cancelled</td>") == 3  # the finished view
+
+
+def gpus_seen(lr):
+    import os
+    import time
+    time.sleep(0.5)
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_each_trials_ranks_get_gpus_of_their_own(monkeypatch):
+    # This machine has no GPU: the driver's CUDA_VISIBLE_DEVICES names four (ids only: the
+    # ranks never touch CUDA), as on a 4-GPU machine.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    sweep = hvd_magic.sweep(gpus_seen, np=-2, params={"lr": [1, 2, 3]})
+    assert (sweep.slots.total, sweep.slots.what) == (4, "GPUs")
+    seen = [t.run.results for t in sweep.trials]
+    assert seen[0] == [seen[0][0]] * 2 and seen[1] == [seen[1][0]] * 2
+    assert {seen[0][0], seen[1][0]} == {"0,1", "2,3"}  # side by side, on GPUs of their own
+    first, second, third = (t.run for t in sweep.trials)
+    assert first.started < second.ended and second.started < first.ended
+    assert seen[2][0] in ("0,1", "2,3")  # after one ended, on the GPUs it gave back
