@@ -138,10 +138,10 @@ def _alive(pid):
         return False
 
 
-def test_a_cancelled_sweep_leaves_no_process():
-    sweep = hvd_magic.sweep(train, np=-2, params={"lr": [0.1, 0.2, 0.3]}, slots=4,
-                            background=True, kwargs={"steps": 1000, "pause": 0.05})
-    deadline = time.monotonic() + 60
+def cancel_once_two_run(sweep, wait=120):
+    """Cancel a background sweep of three trials once the first two's ranks all started;
+    check that every trial ended cancelled, the third never started, no rank process is left."""
+    deadline = time.monotonic() + wait
     while not all(t.run is not None and all(r.pid for r in t.run.ranks)
                   for t in sweep.trials[:2]) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -152,6 +152,12 @@ def test_a_cancelled_sweep_leaves_no_process():
     assert sweep.trials[2].run is None
     time.sleep(0.5)
     assert [p for p in pids if _alive(p)] == []
+
+
+def test_a_cancelled_sweep_leaves_no_process():
+    cancel_once_two_run(hvd_magic.sweep(
+        train, np=-2, params={"lr": [0.1, 0.2, 0.3]}, slots=4, background=True,
+        kwargs={"steps": 1000, "pause": 0.05}))
 
 
 def test_the_best_trial_reruns_at_another_size():
@@ -328,3 +334,13 @@ def test_each_trials_ranks_get_gpus_of_their_own(monkeypatch):
     first, second, third = (t.run for t in sweep.trials)
     assert first.started < second.ended and second.started < first.ended
     assert seen[2][0] in ("0,1", "2,3")  # after one ended, on the GPUs it gave back
+
+
+def test_spark_a_failing_trial_beside_others_and_a_cancel_that_leaves_nothing():
+    from conftest import spark_session
+    spark_session(4)
+    sweep = hvd_magic.sweep(train, np=2, params={"lr": [0.1, 0.2]}, kwargs={"fail_at": 0.2})
+    assert [t.state for t in sweep.trials] == ["done", "failed"]
+    assert "lr 0.2 diverged" in sweep.table().loc[1, "error"]
+    cancel_once_two_run(hvd_magic.sweep(train, np=2, params={"lr": [0.1, 0.2, 0.3]},
+                                        background=True, kwargs={"steps": 1000}))
