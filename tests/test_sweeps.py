@@ -71,6 +71,22 @@ def test_the_sweep_text_reads_as_a_grid():
             parse_space(bad)
 
 
+def test_the_stopping_rules_stop_the_trial_that_falls_behind():
+    from hvd_magic.sweeps.stopping import ASHA, MedianStopping, make_rule
+    curves = {0: [(s, 1.0) for s in range(1, 10)], 1: [(s, 2.0) for s in range(1, 10)],
+              2: [(s, 5.0) for s in range(1, 4)]}
+    median = MedianStopping(grace=3)
+    assert median.should_stop(2, curves, "min") and not median.should_stop(0, curves, "min")
+    assert not median.should_stop(2, curves, "max")  # the largest is the best there
+    assert not MedianStopping(grace=5).should_stop(2, curves, "min")  # too early
+    asha = ASHA(grace=1, eta=3)  # rungs at steps 1, 3, 9: the top third goes on
+    # (at step 9 only two trials so far: too few to cut; at step 3 trial 2 is the worst of 3)
+    assert [asha.should_stop(n, curves, "min") for n in (0, 1, 2)] == [False, False, True]
+    assert isinstance(make_rule("asha:2"), ASHA) and make_rule(None) is None
+    with pytest.raises(UsageError, match="median or asha"):
+        make_rule("hyperband")
+
+
 def test_each_trials_ranks_see_its_values_and_gangs_overlap():
     sweep = hvd_magic.sweep(train, np=-2, params={"lr": [0.1, 0.2], "width": [64, 128]},
                             slots=4, kwargs={"pause": 0.2})

@@ -61,23 +61,22 @@ class ASHA:
         self.grace, self.eta = grace, eta
         self.rungs = {}  # rung step -> {trial number: value}
 
-    def _rung(self, step):
-        rung = None
-        r = self.grace
+    def _rungs(self, step):
+        """Every rung at or below `step`, lowest first."""
+        rungs, r = [], self.grace
         while r <= step:
-            rung, r = r, r * self.eta
-        return rung
+            rungs.append(r)
+            r *= self.eta
+        return rungs
 
     def should_stop(self, number, curves, mode):
         curve = curves.get(number) or []
-        if not curve:
+        rungs = self._rungs(curve[-1][0]) if curve else []
+        if not rungs:
             return False
-        rung = self._rung(curve[-1][0])
-        if rung is None:
-            return False
-        at = self.rungs.setdefault(rung, {})
-        if number not in at:
-            at[number] = _best_until(curve, rung, mode)
+        for rung in rungs:  # (a batch of points may have passed several rungs at once)
+            self.rungs.setdefault(rung, {}).setdefault(number, _best_until(curve, rung, mode))
+        at = self.rungs[rungs[-1]]
         values = sorted(at.values(), reverse=(mode == "max"))
         if len(values) < self.eta:
             return False
