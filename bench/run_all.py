@@ -105,6 +105,8 @@ BENCHMARKS = {
                           ["--framework", "tensorflow", "--reps", "2"]),
     # the notebook's packages sent to a cluster's executors that lack them, beside installed (#65)
     "shipping": ("bench_shipping.py", ["--reps", "5"], ["--reps", "1"]),
+    # 8 trials × 2 ranks, 2 at once, against one after another and the ideal (issue #83)
+    "sweeps": ("bench_sweeps.py", ["--reps", "3"], ["--reps", "1"]),
     # the driver side at np 64-1024 simulated ranks (issue #29)
     "scale": ("bench_scale.py", ["--np", "64", "256", "1024"], ["--quick"]),
     # that dashboard's updates replayed in Chromium: frame time, DOM size (issue #29)

@@ -34,6 +34,12 @@ def __getattr__(name):
     if name in ("TorchDistributor", "MirroredStrategyRunner"):  # pyspark's, spark-tensorflow-distributor's
         from .frontends import distributors
         return getattr(distributors, name)
+    if name in ("sweep", "last_sweep"):  # several trials as gangs (hvd_magic.sweeps)
+        from .sweeps import api as sweep_api
+        return getattr(sweep_api, name)
+    if name == "TrialStopped":  # a sweep's early stop, raised by report() on a rank
+        from .rank.trial import TrialStopped
+        return TrialStopped
     if name == "timeline":  # `with hvd_magic.timeline():` on a rank
         from .timelines.record import timeline
         return timeline

@@ -354,3 +354,17 @@ def test_debugging(tmp_path):
     train_step, scale_batch = view(nb, frames).splitlines()  # (and the cell's functions)
     assert train_step.startswith("train_step: {'step': 5, 'batch': [5, 6, 7]"), train_step
     assert scale_batch.startswith("scale_batch: {'batch': [5, 6, 7], 'factor': 2"), scale_batch
+
+
+def test_sweeps(tmp_path):
+    nb = execute("sweeps.ipynb", tmp_path)
+    _, _, sweep_cell, table, best = code_cells(nb)
+    shown = view(nb, sweep_cell)
+    assert not errors(sweep_cell), shown
+    assert "stopped at step" in shown  # lr=0.001 falls behind: stopped, not failed
+    assert "best: trial 0 (lr=0.1)" in shown  # the finished view the saved notebook keeps
+    rows = view(nb, table)
+    assert "0.100" in rows and "done" in rows and "stopped" in rows
+    assert "<best trial 0: lr=0.1" in view(nb, best) and "rerun: done lr 0.1" in view(nb, best)
+    folder = next((tmp_path / "hvd_runs").glob("sweep-*"))
+    assert {"trial-0", "trial-1", "trial-2", "trials.csv"} <= set(os.listdir(folder))

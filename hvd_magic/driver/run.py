@@ -250,6 +250,11 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
         stopped, the run ends 'timeout' with `RunTimeout`), at a moment the caller chose."""
         self._driver.request_stop("timeout")
 
+    def announce(self, message):
+        """Send `message` to every task of the run, now or later (`hvd_magic.sweeps.trial`)."""
+        if self._server is not None:
+            self._server.announce(message)
+
     def unended(self):
         """Ranks that started and did not report their end."""
         return [r for r in self.ranks if r.pid is not None and r.exit is None]

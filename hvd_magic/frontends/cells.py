@@ -12,6 +12,7 @@ from ..capture.session import capture_session_cell
 from ..config import Placement, RunOptions, check_together, is_dataframe
 from ..errors import cell_filename
 from .options import elastic_kwargs, env_option, names
+from .sweep_magic import run_sweep_cell, sweep_options
 from ..timelines.show import TimelineNote
 from ..view import TextView, make_view
 
@@ -26,6 +27,11 @@ def run_cell(magics, args, cell, opening=None):
     shell = magics.shell
     data = data_option(shell.user_ns, args.data)
     placement, options, view = run_options(magics, args, data, opening)
+    chosen = sweep_options(args)
+    if chosen is not None:  # one cell, many trials (hvd_magic.sweep)
+        sweep = run_sweep_cell(magics, args, cell, chosen, placement, options,
+                               where_in_notebook(shell))
+        return sweep if args.background else None
     cell_fn = capture_cell(cell, shell.user_ns, export=export, hidden=set(shell.user_ns_hidden),
                            **where_in_notebook(shell))
     run = api.run_cell(cell_fn, placement, options, view=view, background=args.background)
@@ -105,7 +111,8 @@ def run_in_session(magics, session, args, cell, opening=None):
                                           ("--timeline-steps", args.timeline_steps),
                                           ("--timeline-detail", args.timeline_detail),
                                           ("--tensorboard", args.tensorboard),
-                                          ("--min-np", args.min_np is not None)) if given]
+                                          ("--min-np", args.min_np is not None),
+                                          ("--sweep", args.sweep)) if given]
     if placement:
         raise UsageError(
             f"{' and '.join(placement)} cannot change where a cell runs while session "

@@ -11,6 +11,7 @@ from IPython.utils.process import arg_split
 from traitlets import Bool, Dict, Float, Int, Unicode
 
 from .options import elastic_arguments, mlflow_before_script, timeline_arguments
+from .sweep_magic import sweep_arguments
 from .options import summary_first as _summary_first
 from .data_magic import horovod_data
 from .debug_magic import horovod_debug
@@ -102,6 +103,7 @@ class HorovodMagics(Magics):
     @argument("--on-stall", choices=("warn", "fail"), default="warn",
               help="What a stall does: warn (report and keep waiting) or fail (stop the run).")
     @timeline_arguments
+    @sweep_arguments
     @argument("--tensorboard", type=str, default=None, metavar="DIR",
               help="Where each rank's TensorBoard logs (what it wrote to "
                    "hvd_magic.tensorboard_dir()) come back, as DIR/rank-<k>/ (default: "

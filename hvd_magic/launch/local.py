@@ -27,11 +27,12 @@ class LocalCoordinator(Coordinator):
         return self._gpus
 
 
-def visible_gpus():
+def visible_gpus(env=None):
     """GPUs of this machine, as CUDA_VISIBLE_DEVICES would name them (empty without a GPU):
     counted by the driver's NVML, as the resource sampler reads them, not by importing torch in
-    the notebook (4.3 s of a kernel's first --np -N cell, and ~300 MB it then keeps)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    the notebook (4.3 s of a kernel's first --np -N cell, and ~300 MB it then keeps). A run's
+    own CUDA_VISIBLE_DEVICES (`env`: its --env, a sweep trial's GPUs) comes first."""
+    visible = (env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     if visible is not None:
         return [g.strip() for g in visible.split(",") if g.strip()]
     from ..task.nvml import Nvml
@@ -50,7 +51,7 @@ class LocalLauncher(Launcher):
         self._note_cores(np, "on the driver")
 
     def start(self, settings, np):
-        gpus = visible_gpus()
+        gpus = visible_gpus(settings.extra_env)
         self._outcomes = [None] * np
         for index in range(np):
             # Ranks get GPUs by local rank, as on a single multi-GPU machine.

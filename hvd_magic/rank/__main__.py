@@ -21,7 +21,7 @@ import traceback
 from .. import payload
 from ..errors import name_cells, name_cells_in_warnings
 from . import (elastic_world, gpus, keras_alias, profile, reporting, script, stacks, stall,
-               stream, torch_store, trainers)
+               stream, torch_store, trainers, trial)
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -199,6 +199,9 @@ def main(workdir):
         if job.get("cell"):
             value, scope = value
             value = (value, _exports(scope, job.get("export", ())))
+    except trial.TrialStopped as stopped:  # a sweep stopped this trial: a clean end, no value
+        reporting.send({"t": "trial_stopped", "step": stopped.step})
+        value = (None, {}) if job.get("cell") else None
     except BaseException as exc:  # the user's code may raise anything, SystemExit included
         sys.stdout.flush()
         sys.stderr.flush()

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from . import hooks, profile
+from . import hooks, profile, trial
 
 MIN_INTERVAL = 0.1
 MAX_POINTS = 10_000     # metric points that make an event go at once (a tight loop's points)
@@ -144,6 +144,17 @@ def report(step=None, total=None, **metrics):
                 value = str(value)
         clean[key] = value
     _channel.progress({"t": "progress", "step": step, "total": total, "metrics": clean})
+    if step is not None:  # a sweep's early stop: every rank of the trial leaves at one step
+        try:
+            trial.at_step(step, _flushed_send)
+        except trial.TrialStopped:
+            flush()
+            raise
+
+
+def _flushed_send(event):
+    flush()  # (the points before the step go first)
+    send(event)
 
 
 def flush():

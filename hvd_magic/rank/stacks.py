@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 
-from . import debugger, elastic_world, reporting
+from . import debugger, elastic_world, reporting, trial
 from ..compat import torch as torch_compat
 from .frames import bounded_locals, frame_record
 
@@ -95,8 +95,12 @@ def _serve(fd):
             buffer += chunk
             *requests, buffer = buffer.split(b"\n")
             for request in requests:
-                if request.startswith(b"{"):  # the driver's word on an elastic world
-                    elastic_world.heard(request)
+                if request.startswith(b"{"):  # the driver's word on an elastic world, a trial
+                    message = json.loads(request)
+                    if message.get("t") == "trial":  # (a sweep's early stop: rank/trial.py)
+                        trial.heard(message)
+                    else:
+                        elastic_world.heard(request)
                     continue
                 if request in (b"hold", b"release"):  # a peer is held in pdb, or no longer
                     debugger.hold_others(request == b"hold")

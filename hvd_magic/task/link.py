@@ -135,6 +135,8 @@ class DriverLink:
         elif kind == "clock":  # the driver's clock against this host's (timelines/ranks.py)
             self.forward.send({"t": "clock", "id": msg.get("id"), "sent": msg.get("sent"),
                                "here": time.time()})
+        elif kind == "trial" and self.probe is not None:  # a sweep's early stop (rank/trial.py)
+            self.probe.tell(json.dumps(msg))
         elif kind in ("lost", "reform", "world", "leave") and self.probe is not None:
             if msg.get("slot") in (None, self.forward.rank):  # an elastic world (rank/elastic_world.py)
                 self.probe.tell(json.dumps(msg))

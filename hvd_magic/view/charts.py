@@ -160,8 +160,8 @@ def chart_open(name, axes, **data):
             f'{scale}</text>']
 
 
-def _legend(ranks, axes):
-    """ "rank k" in its colour for the first LEGEND_RANKS ranks, right-aligned above the plot."""
+def _legend(ranks, axes, label="rank"):
+    """ "rank k" (`label` k) in its colour for the first LEGEND_RANKS ranks, right-aligned above the plot."""
     shown = ranks[:LEGEND_RANKS]
     more = f"+{len(ranks) - len(shown)} more" if len(ranks) > len(shown) else ""
     parts, x = [], axes.width - RIGHT - 7 * len(more)
@@ -170,17 +170,18 @@ def _legend(ranks, axes):
                      f'{more}</text>')
         x -= 8
     for rank in reversed(shown):
-        label = f"rank {rank}"
-        x -= 7 * len(label) + 16
+        text = f"{label} {rank}"
+        x -= 7 * len(text) + 16
         colour = COLOURS[rank % len(COLOURS)]
         parts.append(f'<g data-legend="{rank}"><line x1="{x}" x2="{x + 12}" y1="24" y2="24" '
-                     f'stroke="{colour}" stroke-width="2.5"/><text x="{x + 15}" y="28">{label}'
+                     f'stroke="{colour}" stroke-width="2.5"/><text x="{x + 15}" y="28">{text}'
                      f'</text></g>')
     return parts
 
 
-def chart_svg(name, lines):
-    """One metric: `lines` is {rank: [(step, value), ...]}."""
+def chart_svg(name, lines, label="rank"):
+    """One metric: `lines` is {rank: [(step, value), ...]} (`label`: what a line is, a sweep's
+    "trial")."""
     points = [p for line in lines.values() for p in line]
     axes = Axes(min(p[0] for p in points), max(p[0] for p in points),
                 min(p[1] for p in points), max(p[1] for p in points))
@@ -188,12 +189,12 @@ def chart_svg(name, lines):
     parts = chart_open(name, axes) + axes.svg(last_step)
     drawn = {rank: " ".join(f"{axes.x(s):.1f},{axes.y(v):.1f}" for s, v in _thin(lines[rank]))
              for rank in sorted(lines)}
-    parts += _polylines(drawn) + _legend(sorted(lines), axes)
+    parts += _polylines(drawn, label) + _legend(sorted(lines), axes, label)
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _polylines(drawn):
+def _polylines(drawn, label="rank"):
     """A line per rank of `drawn` ({rank: "x,y x,y ..."}), in its colour."""
     parts, same = [], {}  # the ranks whose lines are drawn on the same pixels (averaged metrics)
     for rank, coords in drawn.items():
@@ -207,7 +208,7 @@ def _polylines(drawn):
         if k:
             dash = (f' stroke-dasharray="{_DASH} {_DASH * (len(group) - 1)}"'
                     f' stroke-dashoffset="{-_DASH * k}"')
-        title = f"rank {rank}" + (f" (same as rank {', '.join(map(str, group[:k] + group[k + 1:]))})"
+        title = f"{label} {rank}" + (f" (same as {label} {', '.join(map(str, group[:k] + group[k + 1:]))})"
                                   if len(group) > 1 else "")
         parts.append(f'<polyline data-rank="{rank}" points="{coords}" fill="none" '
                      f'stroke="{colour}" stroke-width="1.8"{dash}><title>{title}</title>'
