@@ -96,3 +96,18 @@ def test_a_warm_sessions_second_initialize_is_harmless(ip, fresh_ns):
         assert_jax_world(hvd_magic.last_run().results)
     finally:
         ip.run_line_magic("horovod_session", "stop")
+
+
+@pytest.mark.parametrize("imports, words", [("import jax", "uses JAX"),
+                                            ("import torch, deepspeed", "uses DeepSpeed")])
+def test_an_elastic_run_of_jax_or_deepspeed_is_refused_with_what_to_do(ip, imports, words):
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="Drop --min-np") as info:
+        ip.run_cell_magic("horovod", "--np -2 --min-np 1 --quiet", imports + "\n1\n")
+    assert words in str(info.value)
+
+
+def test_a_jax_timeline_is_refused_plainly(ip):
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="does not record JAX yet.*jax.profiler.trace"):
+        ip.run_cell_magic("horovod", "--np -2 --timeline --quiet", "import jax\n1\n")
