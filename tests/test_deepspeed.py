@@ -149,3 +149,43 @@ def test_a_build_lock_left_by_a_dead_builder_is_cleared_and_said(tmp_path):
         holder.wait()
     assert deepspeed_setup.clear_stale_lock(str(build), "deepspeed_shm_comm") == "cleared"
     assert not (build / "lock").exists()
+
+
+def test_the_first_build_says_what_it_compiles_and_a_built_op_says_nothing(tmp_path, monkeypatch,
+                                                                            capfd):
+    """torch's load of an op not yet in the host's folder is announced (what, why it waits, how
+    to prebuild); of one built already, silent; a dead builder's lock is cleared first."""
+    from hvd_magic.rank import deepspeed_setup
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    build = tmp_path / "deepspeed_shm_comm"
+    build.mkdir()
+    (build / "lock").write_text("")  # no process holds it open: a dead builder's
+    seen = []
+    load = deepspeed_setup._announcing(lambda name, **kw: seen.append((name, (build / "lock").exists())))
+    load("deepspeed_shm_comm", sources=[])
+    err = capfd.readouterr().err
+    assert "removed the build lock of DeepSpeed's op deepspeed_shm_comm" in err, err
+    assert "compiling its C++ op deepspeed_shm_comm" in err and "hvd_magic.prebuild" in err, err
+    assert seen == [("deepspeed_shm_comm", False)]  # torch's build then finds no lock
+    (build / "deepspeed_shm_comm.so").write_bytes(b"")
+    load("deepspeed_shm_comm", sources=[])
+    assert capfd.readouterr().err == ""
+
+
+def test_deepspeed_torch_distributor_gives_a_function_its_config(ip):
+    """pyspark's drops deepspeedConfig for a function; ours gives it to an initialize called
+    without one."""
+    def train():
+        import torch, deepspeed
+        model = torch.nn.Linear(4, 1)
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        return engine.train_micro_batch_size_per_gpu(), engine.zero_optimization_stage()
+
+    config = {"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 1},
+              "zero_allow_untested_optimizer": True}
+    value = hvd_magic.DeepspeedTorchDistributor(numGpus=2, useGpu=False, deepspeedConfig=config,
+                                                quiet=True).run(train)
+    assert value == (3, 1)
+    assert hvd_magic.last_run().results == [(3, 1), (3, 1)]
