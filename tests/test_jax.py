@@ -33,11 +33,11 @@ platform = jax.devices()[0].platform
 RESULT = "(counts, gathered.tolist(), summed.tolist(), platform)\n"
 
 
-def assert_jax_world(results):
-    reference = sum(np.arange(4, dtype=np.float32) + 100 * r for r in range(2))
+def assert_jax_world(results, n=2):
+    reference = sum(np.arange(4, dtype=np.float32) + 100 * r for r in range(n))
     for rank, (counts, gathered, summed, platform) in enumerate(results):
-        assert counts == (2, rank, 2, 1)  # one CPU device per process, the process id its rank
-        assert np.asarray(gathered).ravel().tolist() == [1, 11]  # in process order
+        assert counts == (n, rank, n, 1)  # one CPU device per process, the process id its rank
+        assert np.asarray(gathered).ravel().tolist() == [10 * r + 1 for r in range(n)]  # in order
         assert summed == reference.tolist()
         assert platform == "cpu"
 
@@ -111,3 +111,17 @@ def test_a_jax_timeline_is_refused_plainly(ip):
     from IPython.core.error import UsageError
     with pytest.raises(UsageError, match="does not record JAX yet.*jax.profiler.trace"):
         ip.run_cell_magic("horovod", "--np -2 --timeline --quiet", "import jax\n1\n")
+
+
+def test_jax_across_a_standalone_clusters_two_workers(ip, standalone):
+    """Four ranks on two workers' executors (127.0.0.1 and 127.0.0.2): the coordinator on task
+    0's host, reached from the other's."""
+    session = standalone.session()
+    try:
+        ip.run_cell_magic("horovod", "--np 4 --quiet", JAX_CELL + RESULT)
+        run = hvd_magic.last_run()
+        assert run.where == standalone.url
+        assert len({r.executor for r in run.ranks}) == 2
+        assert_jax_world(run.results, n=4)
+    finally:
+        session.stop()
