@@ -22,6 +22,7 @@ Not a test: timings live here only.
 
 import argparse
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import statistics
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from bench_ddp import hvd_magic_call, interleaved, show
+from bench_ddp import hvd_magic_call, interleaved, show, torchrun_rate
 from bench_launch import base_env, clean_up, descendants, spark_then
 from rows import row, rows_against, write
 
@@ -96,20 +97,11 @@ def extensions_env():
     """torchrun's workers see the op folder hvd_magic's ranks use, warm, and the CPU accelerator."""
     from hvd_magic.rank.deepspeed_setup import extensions_dir
     env = base_env()
-    env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(importlib.metadata.version("torch"),
-                                                          importlib.metadata.version("deepspeed")))
+    folder = os.path.dirname(importlib.util.find_spec("deepspeed").origin)
+    env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir(
+        importlib.metadata.version("torch"), importlib.metadata.version("deepspeed"), folder))
     env.setdefault("DS_ACCELERATOR", "cpu")
     return env
-
-
-def torchrun_rate(np, steps):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone",
-           f"--nproc_per_node={np}", HERE, "--ds-child", str(steps)]
-    out = subprocess.run(cmd, env=extensions_env(), capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"torchrun exited with {out.returncode}: {out.stderr[-500:]}")
-    return float(next(line.split()[1] for line in out.stdout.splitlines()
-                      if line.startswith("RATE ")))
 
 
 def by_hand_psum(np):
@@ -146,7 +138,8 @@ def init_distributed():
 
 
 def first_run(run_root, cold):
-    """Seconds of a --np -2 call running deepspeed.init_distributed(), its op folder empty or warm."""
+    """Seconds of a --np -2 call running deepspeed.init_distributed(), its op folder empty or
+    warm."""
     import hvd_magic
     from hvd_magic.view import TextView
     env = {"TORCH_EXTENSIONS_DIR": tempfile.mkdtemp(dir=run_root)} if cold else {}
@@ -178,8 +171,10 @@ def main():
     loads = [os.getloadavg()]
     try:
         rates = interleaved({
-            "torchrun": lambda np: torchrun_rate(np, args.steps),
-            "hvd_magic-driver": lambda np: hvd_magic_call(ds_train, -np, run_root, (args.steps,))[1],
+            "torchrun": lambda np: torchrun_rate(np, args.steps, HERE, "--ds-child",
+                                                 extensions_env()),
+            "hvd_magic-driver":
+                lambda np: hvd_magic_call(ds_train, -np, run_root, (args.steps,))[1],
             "hvd_magic-spark": spark_then(
                 lambda np: hvd_magic_call(ds_train, np, run_root, (args.steps,))[1], max_np),
         }, args.np, args.reps, "deepspeed", lambda v: f"{v:8.1f} steps/s")

@@ -171,6 +171,11 @@ def test_the_first_build_says_what_it_compiles_and_a_built_op_says_nothing(tmp_p
     (build / "deepspeed_shm_comm.so").write_bytes(b"")
     load("deepspeed_shm_comm", sources=[])
     assert capfd.readouterr().err == ""
+    # beside a built op too: torch takes the lock to check the build, and would wait on it
+    (build / "lock").write_text("")
+    load("deepspeed_shm_comm", sources=[])
+    assert "removed the build lock" in capfd.readouterr().err
+    assert seen[-1] == ("deepspeed_shm_comm", False)
 
 
 def test_deepspeed_torch_distributor_gives_a_function_its_config(ip):

@@ -5,9 +5,10 @@ a cell, and its C++ ops built once per host, in words, never waited on in silenc
   else DeepSpeed guesses and says so on every rank. torchrun's variables (``LOCAL_RANK``
   included: without it DeepSpeed looks for mpi4py) come from `hvd_magic.frameworks.torch`.
 - DeepSpeed compiles its ops with ninja the first time they are used (on CPU ranks
-  ``init_distributed`` builds ``deepspeed_shm_comm``: 163 s here, cold). They go to one folder per
-  host and Python, torch and DeepSpeed release (``TORCH_EXTENSIONS_DIR``, `extensions_dir`), where
-  a later run, or ``python -m hvd_magic.prebuild deepspeed``, finds them.
+  ``init_distributed`` builds ``deepspeed_shm_comm``: 163 s here, cold). They go to one folder
+  per host, environment, Python, torch and DeepSpeed release (``TORCH_EXTENSIONS_DIR``,
+  `extensions_dir`), where a later run, or ``python -m hvd_magic.prebuild deepspeed``, finds
+  them.
 - Before a build, the host's rank that builds says what it compiles, why it waits and how to
   prebuild. torch's build lock (a ``lock`` file in the op's folder, held open by its builder) left
   by a process that died building would keep every later build waiting forever at 0% CPU: a lock
@@ -26,6 +27,7 @@ the rank's working directory) or anything of torch.distributed's (`torch_store`,
 """
 
 import functools
+import hashlib
 import os
 import shutil
 import sys
@@ -43,11 +45,16 @@ def say(text):
     print(f"hvd_magic: {text}", file=sys.stderr, flush=True)
 
 
-def extensions_dir(torch_version, deepspeed_version):
-    """This host's folder of DeepSpeed's built ops for this Python, torch and DeepSpeed."""
+def extensions_dir(torch_version, deepspeed_version, deepspeed_folder):
+    """This host's folder of DeepSpeed's built ops for this Python, torch and DeepSpeed, and the
+    folder DeepSpeed is imported from as this Python names it: torch rebuilds an op whose build
+    commands changed, and they name DeepSpeed's sources by that path, so two environments (or one
+    reached through a symbolic link and by its own path) sharing a folder would rebuild at every
+    turn; each gets its own."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    where = hashlib.sha256(os.path.abspath(deepspeed_folder).encode()).hexdigest()[:8]
     tag = (f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch_version}"
-           f"-ds{deepspeed_version}")
+           f"-ds{deepspeed_version}-{where}")
     return os.path.join(root, "hvd_magic", "torch_extensions", tag)
 
 
@@ -110,8 +117,9 @@ def _announcing(load):
     def load_announced(name, *args, **kwargs):
         build_dir = kwargs.get("build_directory") or os.path.join(
             os.environ.get(EXTENSIONS, ""), name)
+        # (a lock is looked at even beside a built op: torch takes it to check the build too)
+        state = clear_stale_lock(build_dir, name)
         if os.environ.get(EXTENSIONS) and not _built(build_dir, name):
-            state = clear_stale_lock(build_dir, name)
             if state != "held" and os.environ.get("LOCAL_RANK", "0") == "0":
                 say(f"DeepSpeed is compiling its C++ op {name} for this host, once (a few "
                     f"minutes: nothing else is said meanwhile); later runs find it in "
@@ -151,7 +159,8 @@ def compiler():
 def _on_import(deepspeed):
     import torch
     import torch.utils.cpp_extension as cpp_extension
-    os.environ.setdefault(EXTENSIONS, extensions_dir(torch.__version__, deepspeed.__version__))
+    os.environ.setdefault(EXTENSIONS, extensions_dir(torch.__version__, deepspeed.__version__,
+                                                     os.path.dirname(deepspeed.__file__)))
     cpp_extension.load = _announcing(cpp_extension.load)
     deepspeed.initialize = _configured(deepspeed.initialize)
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -165,7 +174,8 @@ def _on_import(deepspeed):
 
 
 def install():
-    """DeepSpeed's accelerator now; its ops' folder and builds hooked for when the cell imports it."""
+    """DeepSpeed's accelerator now; its ops' folder and builds hooked for when the cell imports
+    it."""
     if not os.environ.get(OWN):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     hooks.when_imported("deepspeed", _on_import)
