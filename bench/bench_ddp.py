@@ -78,10 +78,13 @@ def child(steps):
     os._exit(0)  # as hvd_magic's rank ends: no interpreter teardown with torch loaded
 
 
-def torchrun_rate(np, steps):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone",
-           f"--nproc_per_node={np}", HERE, "--child", str(steps)]
-    out = subprocess.run(cmd, env=base_env(), capture_output=True, text=True, timeout=600)
+def torchrun_rate(np, steps, script=HERE, flag="--child", env=None):
+    """Rank 0's rate printed by `script` run with `flag STEPS` under torchrun (also
+    bench_jaxds.py's, for DeepSpeed)."""
+    # (torchrun's module under this very Python: its script's own names a venv by another path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={np}", script, flag, str(steps)]
+    out = subprocess.run(cmd, env=env or base_env(), capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"torchrun exited with {out.returncode}: {out.stderr[-500:]}")
     return float(next(line.split()[1] for line in out.stdout.splitlines()

@@ -51,6 +51,10 @@ TITLES = {
                "`%horovod script.py` launch beside the same code in a cell",
     "elastic": "Elastic recovery: kill → first step after it, steps redone (np 3, --min-np 2)",
     "ddp-train": "DDP training throughput (torch.distributed, Gloo): rank 0's steps/s",
+    "deepspeed-train": "DeepSpeed ZeRO-2 training throughput (CPU, Gloo): rank 0's steps/s",
+    "jax-psum": "JAX: a 4 MiB all-reduce across two processes (Gloo), rank 0's ms per call",
+    "deepspeed-first-run": "The first DeepSpeed run (`init_distributed()` on --np -2): wall "
+                           "seconds with an empty op folder (compiling) and the host's, warm",
     "ddp-launch": "Launch of a trivial DDP cell (`init_process_group` + one all_reduce), wall "
                   "seconds of the call",
     "elastic-cost": "Elastic cost when nothing fails: rank 0's steps/s (np -3, and np 3 on Spark)",
@@ -70,6 +74,9 @@ REFERENCES = {
     "payload": "the 8-byte value", "session": "`%%px`", "sweeps": "the ideal",
     "elastic": "`horovodrun --min-np` with a discovery script, same loop and kill",
     "ddp-train": "`torchrun --nproc_per_node N` on the same step",
+    "deepspeed-train": "`torchrun --nproc_per_node N` on the same steps (same op folder, warm)",
+    "jax-psum": "two processes started by hand, `initialize(address, 2, rank)`",
+    "deepspeed-first-run": "the same call with the host's op folder, warm",
     "ddp-launch": "the floor (N bare processes running the trivial Horovod cell)",
     "elastic-cost": "a barrier run of the same step in a plain loop, in the same place",
 }
@@ -271,6 +278,15 @@ def targets(record):
                  f"{r['ideal_over_sweep']:.2f}× ({r['median']:.2f} s; the same trials one "
                  f"after another take {1 / r['over_serial']:.2f}× as long)",
                  r["ideal_over_sweep"] >= 0.9)
+    for bench, target, ok in (("deepspeed-train", "DeepSpeed ZeRO-2 steps/s ≥ 0.95× torchrun",
+                               lambda ratio: ratio >= 0.95),
+                              ("jax-psum", "JAX psum rate ≥ 0.95× two processes by hand (ms ≤ "
+                               "1.05×)", lambda ratio: ratio <= 1 / 0.95)):
+        mine = [r for r in _rows(record, bench) if r["name"].startswith("hvd_magic")
+                and r.get("ratio") is not None]
+        if mine:
+            line(target, ", ".join(f"{r['name']} np={r['np']}: {r['ratio']:.2f}×" for r in mine),
+                 all(ok(r["ratio"]) for r in mine))
     for r in _rows(record, "session"):
         if r["name"].startswith("%%horovod"):
             line(f"{r['name']} round trip vs `%%px`",

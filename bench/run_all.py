@@ -107,6 +107,9 @@ BENCHMARKS = {
     "shipping": ("bench_shipping.py", ["--reps", "5"], ["--reps", "1"]),
     # 8 trials × 2 ranks, 2 at once, against one after another and the ideal (issue #83)
     "sweeps": ("bench_sweeps.py", ["--reps", "3"], ["--reps", "1"]),
+    # DeepSpeed ZeRO-2 beside torchrun, JAX's psum beside processes started by hand, the first
+    # DeepSpeed run's wait with an empty and a warm op folder (#82)
+    "jaxds": ("bench_jaxds.py", ["--reps", "3"], ["--reps", "1", "--steps", "100"]),
     # the driver side at np 64-1024 simulated ranks (issue #29)
     "scale": ("bench_scale.py", ["--np", "64", "256", "1024"], ["--quick"]),
     # that dashboard's updates replayed in Chromium: frame time, DOM size (issue #29)

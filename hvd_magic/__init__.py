@@ -31,7 +31,7 @@ def __getattr__(name):
     if name == "HorovodRunner":  # Databricks' sparkdl.HorovodRunner API
         from .frontends.horovod_runner import HorovodRunner
         return HorovodRunner
-    if name in ("TorchDistributor", "MirroredStrategyRunner"):  # pyspark's, spark-tensorflow-distributor's
+    if name in ("TorchDistributor", "DeepspeedTorchDistributor", "MirroredStrategyRunner"):  # pyspark's, spark-tensorflow-distributor's
         from .frontends import distributors
         return getattr(distributors, name)
     if name in ("sweep", "last_sweep"):  # several trials as gangs (hvd_magic.sweeps)
@@ -96,5 +96,9 @@ def unload_ipython_extension(ip):
                 del ip.magics_manager.magics[kind][name]
 
 
-__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches", "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session", "HorovodRunner", "TorchDistributor", "MirroredStrategyRunner", "report", "timeline", "breakpoint", "RankError", "ResultError",
-           "LaunchError", "RunCancelled", "RunStalled", "RunTimeout", "InternalError", "HorovodMagicError"]
+__all__ = ["shard", "batch_count", "torch_batches", "tf_dataset", "numpy_batches",
+           "tensorboard_dir", "run", "run_script", "last_run", "runs", "Run", "spark_session",
+           "sweep", "last_sweep", "HorovodRunner", "TorchDistributor",
+           "DeepspeedTorchDistributor", "MirroredStrategyRunner", "report", "timeline",
+           "breakpoint", "RankError", "ResultError", "LaunchError", "RunCancelled", "RunStalled",
+           "RunTimeout", "TrialStopped", "InternalError", "HorovodMagicError"]

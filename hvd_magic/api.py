@@ -184,6 +184,14 @@ def elastic_kind(reading, job):
             f"one run can re-form only one kind of world. Keep hvd_magic.elastic for "
             f"torch.distributed (docs/elastic_ddp.md), or Horovod's for Horovod's collectives "
             f"(docs/elastic.md).")
+    if not reading.horovod_elastic and (reading.uses("jax") or reading.uses("deepspeed")):
+        raise UsageError(
+            f"--min-np makes an elastic run, and this {what} uses "
+            f"{'JAX' if reading.uses('jax') else 'DeepSpeed'}, whose world cannot change within "
+            f"a run here (JAX's distributed runtime is made once per process; DeepSpeed's engine "
+            f"holds its ZeRO partitions for one world). Drop --min-np: a lost rank then ends the "
+            f"run with its error, and you rerun it from your last checkpoint "
+            f"(DeepSpeed: engine.save_checkpoint / load_checkpoint).")
     if reading.ours_elastic:
         return "torch"
     if reading.horovod:
@@ -218,8 +226,13 @@ def profile_plan(reading, job, options):
         return None
     roots = {name.split(".")[0] for name in reading.imports}
     framework = next((f for f, names in PROFILED.items() if roots & set(names)), None)
+    what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
+    if framework is None and "jax" in roots:
+        raise UsageError(
+            f"--timeline does not record JAX yet: drop it, and trace in the {what} with "
+            f"jax.profiler.trace(folder) (one trace per rank, read with TensorBoard or "
+            f"Perfetto); a job that also imports torch gets torch's timeline.")
     if framework is None:
-        what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
         raise UsageError(
             f"--timeline records Horovod's timeline (code that uses Horovod), torch's profiler "
             f"(code that imports torch, Lightning or accelerate) or TensorFlow's (code that "

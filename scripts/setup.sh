@@ -81,3 +81,8 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$key" ]]; then
     echo "$key" > "$stamp"
 fi
 bash "$here/scripts/build_horovod.sh" "$venv"
+# DeepSpeed's C++ op that its CPU ranks need (deepspeed_shm_comm, 3-5 minutes to compile cold),
+# built once per host into ~/.cache/hvd_magic/torch_extensions, where the suite's first DeepSpeed
+# test and every later run find it: ~6 s (an import) when it is there already.
+"$py" -m hvd_magic.prebuild deepspeed ||
+    echo "setup: DeepSpeed's op not prebuilt: the first DeepSpeed run compiles it" >&2

@@ -313,13 +313,13 @@ def test_elastic(tmp_path):
 
 
 def test_beyond_horovod(tmp_path):
-    """What the text promises of each of the three cells: the same dashboard (each rank done,
+    """What the text promises of each of the five cells: the same dashboard (each rank done,
     its 60 steps as progress, a loss chart: `hvd_magic.report`'s, Lightning's `self.log`) and
-    the same test accuracy."""
+    the same test accuracy (Horovod, DDP, Lightning, DeepSpeed, JAX)."""
     nb = execute("beyond_horovod.ipynb", tmp_path, dashboard_at_once=True)
     define, *ways = code_cells(nb)
-    assert not errors(define) and len(ways) == 3  # Horovod, DDP, Lightning
-    assert "all three reach a test accuracy of 0.970" in nb.cells[0].source
+    assert not errors(define) and len(ways) == 5  # Horovod, DDP, Lightning, DeepSpeed, JAX
+    assert "all five reach a test accuracy of 0.970" in nb.cells[0].source
     assert "with the same dashboard" in nb.cells[0].source
     for cell in ways:
         shown = view(nb, cell)

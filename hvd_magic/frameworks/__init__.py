@@ -1,20 +1,21 @@
 """Where a rank's environment and rendezvous are made, one module per framework behind one
 contract (`base.Framework`): Horovod (`horovod`), torch.distributed (`torch`), tf.distribute
-(`tensorflow`). Every rank gets every framework's variables, so a cell may use any of them;
+(`tensorflow`), JAX (`jax`). Every rank gets every framework's variables, so a cell may use any of them;
 none is imported here.
 
-The task code asks this package, never a framework's module by name: the next framework
-(JAX, DeepSpeed) is one new module and one entry in `FRAMEWORKS`.
+The task code asks this package, never a framework's module by name: the next framework is
+one new module and one entry in `FRAMEWORKS`.
 
 Not for: IPython, pyspark, the launchers (this runs in Spark tasks and on the rank side).
 """
 
 from .base import Framework, Served, World
 from .horovod import Horovod
+from .jax import JaxDistributed
 from .tensorflow import TensorFlowDistributed
 from .torch import TorchDistributed
 
-FRAMEWORKS = (Horovod(), TorchDistributed(), TensorFlowDistributed())
+FRAMEWORKS = (Horovod(), TorchDistributed(), TensorFlowDistributed(), JaxDistributed())
 
 
 class Serving:

@@ -1,6 +1,6 @@
-"""Drop-ins for the launchers people move off Horovod with: pyspark's `TorchDistributor` and
-spark-tensorflow-distributor's `MirroredStrategyRunner`, with their constructors and ``run``
-meanings, on hvd_magic's launcher.
+"""Drop-ins for the launchers people move off Horovod with: pyspark's `TorchDistributor` (and
+its `DeepspeedTorchDistributor`) and spark-tensorflow-distributor's `MirroredStrategyRunner`,
+with their constructors and ``run`` meanings, on hvd_magic's launcher.
 
 What they get beside the originals: the live dashboard (``[rank k]`` lines in a script), every
 rank's full log in the run folder, the failing rank's own traceback (`hvd_magic.RankError`), the
@@ -13,15 +13,18 @@ of the run in ``run()``: as in the originals, ``run``'s arguments go to the trai
 run's options (``timeout``, ``env``, ``text``...) go to the constructor, as `HorovodRunner`'s do.
 """
 
+import json
 import os
+import tempfile
 
 from IPython.core.error import UsageError
 
 from .. import api
 from .horovod_runner import OPTIONS, check_call, shown
+from ..rank.deepspeed_setup import CONFIG as DEEPSPEED_CONFIG
 from .script import script_job
 
-__all__ = ["TorchDistributor", "MirroredStrategyRunner"]
+__all__ = ["TorchDistributor", "DeepspeedTorchDistributor", "MirroredStrategyRunner"]
 
 
 def _count(who, name, value):
@@ -162,6 +165,74 @@ class TorchDistributor:
         check_call(train_object, kwargs, args, who="TorchDistributor.run")
         return shown(self.np, self.options, lambda **options: api.run(
             train_object, self.np, args=args, kwargs=kwargs, **options)).value
+
+
+class DeepspeedTorchDistributor(TorchDistributor):
+    """pyspark's ``DeepspeedTorchDistributor`` on hvd_magic: ``numGpus * nnodes`` ranks, each
+    with torchrun's environment, for code that calls ``deepspeed.initialize``.
+
+    Parameters
+    ----------
+    numGpus : int
+        Processes per node (one GPU each with `useGpu`).
+    nnodes : int
+        Nodes: with `localMode` False, ``numGpus * nnodes`` Spark barrier tasks.
+    localMode, useGpu : bool
+        As `TorchDistributor`'s ``local_mode`` and ``use_gpu``.
+    deepspeedConfig : dict or str
+        DeepSpeed's config (a dict, or a JSON file's path). A script gets it as pyspark gives
+        it, ``--deepspeed --deepspeed_config PATH`` after its own arguments; a function (where
+        pyspark drops it) gets it too: its ``deepspeed.initialize`` called without a config
+        takes this one (`hvd_magic.rank.deepspeed_setup`).
+    **options
+        The run's options, as `TorchDistributor`'s.
+
+    Examples
+    --------
+    ::
+
+        def train():
+            import deepspeed
+            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer)
+            ...
+
+        DeepspeedTorchDistributor(numGpus=2, useGpu=False,
+                                  deepspeedConfig={"train_micro_batch_size_per_gpu": 4}).run(train)
+    """
+
+    def __init__(self, numGpus=1, nnodes=1, localMode=True, useGpu=True, deepspeedConfig=None,
+                 **options):
+        who = "DeepspeedTorchDistributor"
+        processes = _count(who, "numGpus", numGpus) * _count(who, "nnodes", nnodes)
+        super().__init__(processes, localMode, useGpu, **options)
+        self.deepspeed_config = _deepspeed_config(who, deepspeedConfig)
+        if self.deepspeed_config is not None:
+            self.options["env"] = {**self.options["env"],
+                                   DEEPSPEED_CONFIG: json.dumps(self.deepspeed_config)}
+
+    def run(self, train_object, *args, **kwargs):
+        """As `TorchDistributor.run`; a script also gets ``--deepspeed --deepspeed_config``."""
+        if isinstance(train_object, (str, os.PathLike)) and self.deepspeed_config is not None:
+            folder = tempfile.mkdtemp(prefix="hvd_magic_deepspeed_")
+            path = os.path.join(folder, "deepspeed_config.json")
+            with open(path, "w") as f:
+                json.dump(self.deepspeed_config, f)
+            args = (*args, "--deepspeed", "--deepspeed_config", path)
+        return super().run(train_object, *args, **kwargs)
+
+
+def _deepspeed_config(who, config):
+    if config is None or isinstance(config, dict):
+        return config
+    if isinstance(config, (str, os.PathLike)) and os.path.isfile(config):
+        with open(config) as f:
+            try:
+                return json.load(f)
+            except ValueError as exc:
+                raise UsageError(f"{who}: deepspeedConfig {os.fspath(config)!r} is not JSON "
+                                 f"({exc}); pass a dict or a JSON file's path.") from None
+    raise UsageError(f"{who}: deepspeedConfig must be a dict or a JSON file's path, not "
+                     f"{config!r}.")
 
 
 class MirroredStrategyRunner:

@@ -20,8 +20,8 @@ import traceback
 
 from .. import payload
 from ..errors import name_cells, name_cells_in_warnings
-from . import (elastic_world, gpus, keras_alias, profile, reporting, script, stacks, stall,
-               stream, torch_store, trainers, trial)
+from . import (deepspeed_setup, elastic_world, gpus, jax_setup, keras_alias, profile, reporting,
+               script, stacks, stall, stream, torch_store, trainers, trial)
 
 # Exit codes the task reads: a user exception (error.json written), a result that cannot travel.
 EXIT_USER_ERROR = 1
@@ -173,6 +173,8 @@ def main(workdir):
     torch_store.install()
     trainers.install()
     gpus.install()  # the rank's own GPU, where the cell never pins one
+    jax_setup.install()  # JAX's devices; its cluster found by a bare initialize()
+    deepspeed_setup.install()  # DeepSpeed's accelerator; its ops built once per host, in words
     profile.install()  # --timeline of a torch job without Horovod: its optimizer steps counted
     keras_alias.install()  # before unpickling: the job may refer to `keras` by name
     import cloudpickle  # noqa: F401  (needed to unpickle the job)
@@ -277,6 +279,8 @@ def main_session(workdir):
     torch_store.install()
     trainers.install()
     gpus.install()  # the rank's own GPU, where the cell never pins one
+    jax_setup.install()  # JAX's devices; its cluster found by a bare initialize()
+    deepspeed_setup.install()  # DeepSpeed's accelerator; its ops built once per host, in words
     keras_alias.install()  # `import keras` as in a cell that is not a session's
     here = elastic_world.world()  # an elastic session's (None in others)
     if elastic_world.active():  # torch.distributed's: the first world's variables

@@ -133,7 +133,9 @@ def report(step=None, total=None, **metrics):
     """
     if _channel.event_fd() < 0:
         return
+    global _cell_reports_steps
     if step is not None:
+        _cell_reports_steps = True
         profile.reported()  # (a step of a loop that --timeline profiles)
     clean = {}
     for key, value in metrics.items():
@@ -155,6 +157,16 @@ def report(step=None, total=None, **metrics):
 def _flushed_send(event):
     flush()  # (the points before the step go first)
     send(event)
+
+
+_cell_reports_steps = False
+
+
+def framework_step(step):
+    """A framework's own step count as the rank's progress (DeepSpeed's ``engine.step()``),
+    until the cell reports steps itself: then its own count (and total) stand."""
+    if not _cell_reports_steps and _channel.event_fd() >= 0:
+        _channel.progress({"t": "progress", "step": step, "total": None, "metrics": {}})
 
 
 def flush():

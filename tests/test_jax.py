@@ -1,0 +1,127 @@
+"""JAX in a %%horovod cell: a bare ``jax.distributed.initialize()`` finds the launched world
+(the coordinator on a port of its own, the process count and id from the launch registered as a
+cluster JAX detects), and cross-process collectives over Gloo are exact; real ranks, real JAX.
+"""
+
+import numpy as np
+import pytest
+
+import hvd_magic
+
+pytest.importorskip("jax", reason="make setup installs JAX (the jax extra)")
+
+# What a cell written for a JAX cluster does: initialize bare, gather across processes, and a
+# jit over a global mesh whose psum adds every process's rows.
+JAX_CELL = """\
+import os
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+jax.distributed.initialize()
+counts = (jax.process_count(), jax.process_index(), jax.device_count(), jax.local_device_count())
+gathered = multihost_utils.process_allgather(np.array([jax.process_index() * 10 + 1]))
+mesh = Mesh(np.array(jax.devices()), ("p",))
+local = np.arange(4, dtype=np.float32).reshape(1, 4) + 100 * jax.process_index()
+rows = jax.make_array_from_process_local_data(NamedSharding(mesh, P("p")), local)
+total = jax.jit(lambda x: jnp.sum(x, axis=0),
+                out_shardings=NamedSharding(mesh, P()))(rows)
+summed = np.asarray(multihost_utils.process_allgather(total, tiled=True))
+platform = jax.devices()[0].platform
+"""
+RESULT = "(counts, gathered.tolist(), summed.tolist(), platform)\n"
+
+
+def assert_jax_world(results, n=2):
+    reference = sum(np.arange(4, dtype=np.float32) + 100 * r for r in range(n))
+    for rank, (counts, gathered, summed, platform) in enumerate(results):
+        assert counts == (n, rank, n, 1)  # one CPU device per process, the process id its rank
+        assert np.asarray(gathered).ravel().tolist() == [10 * r + 1 for r in range(n)]  # in order
+        assert summed == reference.tolist()
+        assert platform == "cpu"
+
+
+@pytest.mark.parametrize("line", ["--np -2", "--np 2"])  # on the driver; on Spark local
+def test_a_bare_jax_distributed_initialize_finds_the_launched_world(ip, line):
+    ip.run_cell_magic("horovod", f"{line} --quiet", JAX_CELL + RESULT)
+    assert_jax_world(hvd_magic.last_run().results)
+
+
+def test_explicit_arguments_to_initialize_still_win(ip):
+    """The coordinator named in the cell is the one used (a port of the cell's own choosing),
+    the process count and id given explicitly are taken as given."""
+    cell = JAX_CELL.replace(
+        "jax.distributed.initialize()",
+        "import socket\n"
+        "coordinator = os.environ['JAX_COORDINATOR_ADDRESS'].rpartition(':')[0] + ':' + "
+        "str(int(os.environ['HVD_MAGIC_TORCH_PORTS'].split(',')[1]))\n"
+        "jax.distributed.initialize(coordinator, int(os.environ['WORLD_SIZE']), "
+        "1 - int(os.environ['RANK']))")
+    ip.run_cell_magic("horovod", "--np -2 --quiet", cell + "(jax.process_index(), os.environ['RANK'])\n")
+    assert hvd_magic.last_run().results == [(1, "0"), (0, "1")]
+
+
+def test_jax_does_not_take_torchs_port_and_both_run_in_one_cell(ip):
+    """JAX's coordinator is on a port of its own: torch's rendezvous on MASTER_PORT still works
+    (on the same port it fails with EADDRINUSE)."""
+    cell = JAX_CELL + ("import torch, torch.distributed as dist\n"
+                       "dist.init_process_group('gloo')\n"
+                       "t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)\n"
+                       "(t.item(), os.environ['JAX_COORDINATOR_ADDRESS'] != "
+                       "os.environ['MASTER_ADDR'] + ':' + os.environ['MASTER_PORT'])\n")
+    ip.run_cell_magic("horovod", "--np -2 --quiet", cell)
+    assert hvd_magic.last_run().results == [(3.0, True), (3.0, True)]
+
+
+def test_a_killed_jax_rank_is_named_at_once(ip):
+    """Rank 1 dies after initialize while rank 0 waits for it in a gather: the run names rank 1
+    and its signal, from our channel, not JAX's heartbeat timeout (100 s) later."""
+    cell = JAX_CELL.replace("gathered = ", "if jax.process_index() == 1:\n"
+                            "    os.kill(os.getpid(), 9)\ngathered = ")
+    with pytest.raises(hvd_magic.RankError) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet", cell + RESULT)
+    text = "\n".join(info.value._render_traceback_())
+    assert info.value.rank == 1 and "SIGKILL" in text, text
+    assert "heartbeat" not in text.lower(), text
+
+
+def test_a_warm_sessions_second_initialize_is_harmless(ip, fresh_ns):
+    ip.run_line_magic("horovod_session", "start --np -2")
+    try:
+        ip.run_cell_magic("horovod", "--quiet", JAX_CELL + RESULT)
+        first = hvd_magic.last_run().results
+        ip.run_cell_magic("horovod", "--quiet", JAX_CELL + RESULT)  # initialize() again
+        assert_jax_world(first)
+        assert_jax_world(hvd_magic.last_run().results)
+    finally:
+        ip.run_line_magic("horovod_session", "stop")
+
+
+@pytest.mark.parametrize("imports, words", [("import jax", "uses JAX"),
+                                            ("import torch, deepspeed", "uses DeepSpeed")])
+def test_an_elastic_run_of_jax_or_deepspeed_is_refused_with_what_to_do(ip, imports, words):
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="Drop --min-np") as info:
+        ip.run_cell_magic("horovod", "--np -2 --min-np 1 --quiet", imports + "\n1\n")
+    assert words in str(info.value)
+
+
+def test_a_jax_timeline_is_refused_plainly(ip):
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="does not record JAX yet.*jax.profiler.trace"):
+        ip.run_cell_magic("horovod", "--np -2 --timeline --quiet", "import jax\n1\n")
+
+
+def test_jax_across_a_standalone_clusters_two_workers(ip, standalone):
+    """Four ranks on two workers' executors (127.0.0.1 and 127.0.0.2): the coordinator on task
+    0's host, reached from the other's."""
+    session = standalone.session()
+    try:
+        ip.run_cell_magic("horovod", "--np 4 --quiet", JAX_CELL + RESULT)
+        run = hvd_magic.last_run()
+        assert run.where == standalone.url
+        assert len({r.executor for r in run.ranks}) == 2
+        assert_jax_world(run.results, n=4)
+    finally:
+        session.stop()
