@@ -19,25 +19,29 @@ exists: in its imports or in ``init_process_group``/``hvd.init()``):
   3-20 s, then joined again; interrupt: the run cancelled while a rank is in its framework's
   init; none.
 
-What it must show:
+Every fault is drawn with every program (freeze x elastic included: the frozen member must be
+given up and the run go on); a share of rounds (``--neighbours``) runs beside a second notebook
+(chaos_neighbour.py). What a round must show, once its fault struck (chaos_faults.py: a round
+whose fault never happened is reported apart and counts as nothing; a cut without network
+namespaces is refused):
 
-- **ends**: the run ends (a run whose hosts were cut apart for seconds: done) within a deadline
-  derived from its options (the timeout, the elastic run's recovery), or the round counts a hang;
+- **ends**: within a deadline derived from its options, or the round counts a hang; and from
+  its fault to its error (or an elastic run's world formed again) within the fault's bound;
 - **names its cause**: killed → a `RankError` naming the rank and SIGKILL; out of memory → a
   `RankError` naming the rank and "out of memory"; its task killed → a `LaunchError` naming the
   rank and its Spark task; frozen → `RunTimeout`; cancelled → `RunCancelled`; none → done. An
-  elastic run that loses a rank (killed, out of memory, its task, its worker): no error, the
-  survivors and the replacement end with equal weights (or, where the ranks lost were every
+  elastic run that loses a rank (killed, frozen, out of memory, its task, its worker): no error,
+  the survivors and the replacement end with equal weights (or, where the ranks lost were every
   rank it had, an error saying so); a lost worker → an error naming one of its ranks and their
   executor;
 - **a session stays usable or says so**: the session's next cell runs on every rank, or is
   refused with "%horovod_session restart"; then it is stopped;
-- **leaves nothing behind**: no process of the run (its ranks, and any whose command line names
-  it) is left 10 s after it ended; a killed notebook's ranks, tasks and templates are gone within
-  30 s of it, its Spark JVM (and on the cluster its executors) within 120 s (a JVM reads its
-  notebook's end only once its start-up is over: the seconds are in each round's record);
+- **leaves nothing behind** (chaos_leaks.py, a column each, found by what the round recorded):
+  processes, rank folders, value files, the shipped cache's partial folders, cgroups, Spark
+  jobs and JVMs, ports;
 - **keeps every log**: the run folder has a log for every rank (a killed notebook's: every rank
-  that had reported a step).
+  that had reported a step);
+- **leaves the other notebook alone**: its ranks live on and its run ends as its own.
 
 A failing round prints its seed: ``--seed S --only R`` replays it; ``--replay FILE`` plays again
 the rounds a soak printed there (a line of JSON a round), as they were drawn, also after the
@@ -46,8 +50,8 @@ harness has changed what a seed draws.
     .venv/bin/python bench/chaos.py [--rounds 40] [--seed 1] [--launchers driver spark]
                                     [--programs ddp elastic horovod]
                                     [--faults kill freeze cancel task oom notebook none]
-                                    [--json PATH]
-    .venv/bin/python bench/chaos.py --table A.json B.json   # the figures of earlier rounds
+                                    [--neighbours 0.25] [--out bench/soak/NAME.jsonl.gz]
+    .venv/bin/python bench/chaos.py --table [--write RELIABILITY.md]  # from bench/soak/
 
 The suite runs a short seeded slice (tests/test_chaos.py); the long soak stays here.
 """
@@ -247,9 +251,22 @@ def options(round_):
         line = f"{launcher_option(round_)} {line}"
     if round_["program"] == "elastic":
         line += f" --min-np {NP - 1}"
-    if round_["fault"] == "freeze":
-        line += f" --timeout {round_['timeout']}"
+    if round_["fault"] == "freeze" and round_["program"] == "elastic" and gives_up_frozen():
+        line += f" --frozen-timeout {FROZEN_TIMEOUT}"  # (given up, the run goes on)
+    elif round_["fault"] == "freeze":  # (an elastic run where no frozen member is given up
+        line += f" --timeout {round_['timeout']}"  # ends by its timeout: a lost run, shown)
     return line
+
+
+FROZEN_TIMEOUT = 10  # --frozen-timeout of an elastic round whose member is frozen (seconds)
+
+
+def gives_up_frozen():
+    """Whether this hvd_magic declares a frozen elastic member lost (``--frozen-timeout``: the
+    elastic branch's, #84 item 3); where not, freeze x elastic is drawn and fails, shown."""
+    import dataclasses
+    from hvd_magic import config
+    return any(f.name == "frozen_timeout" for f in dataclasses.fields(config.Placement))
 
 
 def deadline(round_):
@@ -259,6 +276,8 @@ def deadline(round_):
         base += 60.0  # a replacement's start and the world formed again
         if round_["fault"] == "worker":
             base += 60.0  # the worker started again, its executor registered
+    if round_["fault"] == "freeze" and round_["program"] == "elastic" and gives_up_frozen():
+        return base + FROZEN_TIMEOUT
     return base + {"freeze": round_["timeout"], "oom": chaos_faults.SEEN_WAIT,
                    "cut": round_.get("cut_seconds", 0) + 30}.get(round_["fault"], 0)
 
@@ -313,21 +332,21 @@ def play(ip, round_):
     unwatch = leaks.watch_values(record)
     began = time.monotonic()
     limit = began + deadline(round_)
-    try:
+    try:  # (watched until the run's end: a run prepares its values in a thread of its own)
         if round_["program"] == "session":
             ip.run_line_magic("horovod_session", f"start {launcher_option(round_)}")
         run = ip.run_cell_magic("distributed", options(round_), program(round_["program"]))
+        done = chaos_faults.strike(run, round_, told, limit, record)
+        recovery = chaos_faults.Recovery(run, done["at"]) if done.get("struck") and \
+            round_["program"] == "elastic" and done.get("at") else None
+        error = None
+        try:
+            run.wait(max(1.0, limit - time.monotonic()))
+        except Exception as exc:  # noqa: BLE001  (the run's error: checked below)
+            error = exc
+        ended = time.monotonic()
     finally:
         unwatch()
-    done = chaos_faults.strike(run, round_, told, limit, record)
-    recovery = chaos_faults.Recovery(run, done["at"]) if done.get("struck") and \
-        round_["program"] == "elastic" and done.get("at") else None
-    error = None
-    try:
-        run.wait(max(1.0, limit - time.monotonic()))
-    except Exception as exc:  # noqa: BLE001  (the run's error: checked below)
-        error = exc
-    ended = time.monotonic()
     record.ranks(r.pid for r in run.ranks)
     chaos_faults.settle(done, record)
     if run.state == "running":
@@ -476,11 +495,13 @@ def play_notebook(round_):
         first = {"run": "?", "folder": None}
     ranks = {pid for pid in (last or {}).get("pids", []) if pid}
     ours = family | ranks | _named(first["run"])
-    problems += leaks.left_behind(lambda: sorted(p for p in ours - jvms if _alive(p)),
-                                  NOTEBOOK_GONE)
+    born = {p: leaks._started(p) for p in ours}  # (a pid given again since is not ours)
+
+    def still(pids):
+        return sorted(p for p in pids if _alive(p) and leaks._started(p) == born.get(p))
+    problems += leaks.left_behind(lambda: still(ours - jvms), NOTEBOOK_GONE)
     ours_gone = round(time.monotonic() - killed, 1)
-    problems += leaks.left_behind(lambda: sorted(p for p in jvms if _alive(p)), JVM_GONE,
-                                  what="jvm")
+    problems += leaks.left_behind(lambda: still(jvms), JVM_GONE, what="jvm")
     jvm_gone = round(time.monotonic() - killed, 1) if jvms else None
     problems += leaks.files_left(first["run"], record) + leaks.ports_left(record)
     started = [k for k, step in enumerate((last or {}).get("steps", [])) if step >= 1]

@@ -53,6 +53,15 @@ def _group_of(pid):
         return None
 
 
+def _started(pid):
+    """Process `pid`'s start time (ticks since boot): with the pid, it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[-1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _named(run_id):
     """Pids of the processes whose command line names run `run_id` (a fresh id per run)."""
     found = set()
@@ -68,9 +77,12 @@ def _named(run_id):
 
 
 def _in_groups(groups):
-    """Live pids whose process group is one of `groups` (groups the run's ranks led)."""
+    """Live pids whose process group is one of `groups` ({leader pid: its start time}: groups
+    the run's ranks led). A group whose id a new process took (its leader gone, every member
+    gone, the pid given again: its start time differs) is another's: not looked in."""
+    ours = {g for g, started in groups.items() if not _alive(g) or _started(g) == started}
     return {int(n) for n in os.listdir("/proc")
-            if n.isdigit() and int(n) != os.getpid() and _group_of(int(n)) in groups}
+            if n.isdigit() and int(n) != os.getpid() and _group_of(int(n)) in ours}
 
 
 class Record:
@@ -78,7 +90,8 @@ class Record:
     ports they listened on, the notebook's value files, the cgroup of its oom fault."""
 
     def __init__(self):
-        self.pids, self.groups, self.ports, self.values = set(), set(), set(), set()
+        self.pids, self.groups = {}, {}     # pid -> its start time (a pid given again: not ours)
+        self.ports, self.values = set(), set()
         self.parts_before = set(_parts())
         self.cgroup = None
 
@@ -86,9 +99,9 @@ class Record:
         """Rank processes seen (alive now): their group if they lead one, their listening ports."""
         for pid in pids:
             if pid and pid not in self.pids and _alive(pid):
-                self.pids.add(pid)
+                self.pids[pid] = _started(pid)
                 if _group_of(pid) == pid:
-                    self.groups.add(pid)
+                    self.groups[pid] = self.pids[pid]
         self.ports |= _listening(self.pids)
 
 
@@ -96,7 +109,7 @@ def _listening(pids):
     """TCP ports that processes `pids` listen on."""
     import psutil
     ports = set()
-    for pid in pids:
+    for pid in list(pids):
         try:
             ports |= {c.laddr.port for c in psutil.Process(pid).net_connections("tcp")
                       if c.status == psutil.CONN_LISTEN}
@@ -129,10 +142,13 @@ def _parts():
 
 def leftovers(run, record):
     """Pids of the run's processes still alive: every rank process it had (a forked rank's
-    command line is its template's), members of its ranks' process groups, and any process
-    whose command line names the run."""
-    pids = {r.pid for r in run.ranks if r.pid} | record.pids | {
+    command line is its template's; one recorded with its start time: never a process that was
+    given its pid since), members of its ranks' process groups, and any process whose command
+    line names the run."""
+    pids = {r.pid for r in run.ranks if r.pid} | {
         c["pid"] for c in (run.membership or []) if isinstance(c.get("pid"), int)}
+    pids = {p for p in pids if record.pids.get(p, _started(p)) == _started(p)} | {
+        p for p, started in record.pids.items() if _started(p) == started}
     return sorted(pid for pid in pids | _in_groups(record.groups) | _named(run.id)
                   if _alive(pid))
 

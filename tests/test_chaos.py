@@ -89,7 +89,7 @@ def test_the_leak_checks_find_a_runs_folder_value_file_and_process_group(tmp_pat
         assert chaos_leaks.left_behind(lambda: chaos_leaks.leftovers(
             _Run("RUNID-no-process-names-it"), record), 0.5)[0].startswith("leak processes")
     finally:
-        for pid in chaos_leaks._in_groups({leader.pid}):
+        for pid in chaos_leaks._in_groups({leader.pid: record.groups.get(leader.pid)}):
             os.kill(pid, signal.SIGKILL)
 
 
