@@ -45,21 +45,22 @@ def _command(pid, whole=False):
         return "?"
 
 
-def _group_of(pid):
+def _stat(pid, field):
+    """Field `field` of process `pid`'s /proc stat (counted after its name), an int; None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[-1].split()[3])
+            return int(f.read().rsplit(")", 1)[-1].split()[field])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _group_of(pid):
+    return _stat(pid, 3)
 
 
 def _started(pid):
     """Process `pid`'s start time (ticks since boot): with the pid, it names one process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[-1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    return _stat(pid, 19)
 
 
 def _named(run_id):
