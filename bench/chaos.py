@@ -283,12 +283,17 @@ def deadline(round_):
 
 
 def _commit():
+    """The commit this process runs (read once, as it starts: a commit made while a soak runs
+    is not the code it runs), "-dirty" where the worktree had changes."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                              check=True).stdout.strip()
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                              capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
+
+
+COMMIT = _commit()
 
 
 def _timed(outcome, done, ended, recovery=None):
@@ -375,7 +380,7 @@ def play(ip, round_):
         problems += neighbour.finish()
     shutil.rmtree(told, ignore_errors=True)
     CLUSTER.mend()
-    outcome = dict(round_, run=run.id, commit=_commit(), seconds=round(ended - began, 2),
+    outcome = dict(round_, run=run.id, commit=COMMIT, seconds=round(ended - began, 2),
                    state=run.state, struck=done.get("struck"), unstruck=done.get("how"),
                    values=len(record.values), error=type(error).__name__ if error else None,
                    said=str(error).splitlines()[0][:300] if error else None)
@@ -511,7 +516,7 @@ def play_notebook(round_):
         if logs:
             problems.append(f"lost logs: no log of rank(s) {logs}")
     shutil.rmtree(told, ignore_errors=True)
-    outcome = dict(round_, run=first["run"], commit=_commit(), seconds=round(killed - began, 2),
+    outcome = dict(round_, run=first["run"], commit=COMMIT, seconds=round(killed - began, 2),
                    state="killed", error=None, gone=ours_gone, jvm_gone=jvm_gone,
                    jvms=len(jvms), struck=struck, values=len(record.values),
                    unstruck=None if struck else "its run had ended before the notebook's kill",
