@@ -209,18 +209,20 @@ def settle(done, record):
 
 
 class Recovery:
-    """An elastic run's world formed again after its fault: the time of its first ring after
-    `at` (a thread watches the run's membership until the run ends)."""
+    """An elastic run's world formed again after its fault: the time of the first ring formed
+    after a member was lost (a thread watches the run's membership until the run ends; a ring
+    formed before any loss, as the run began, is not its recovery)."""
 
     def __init__(self, run, at):
         self.run, self.at, self.seconds = run, at, None
-        self.rings = sum(1 for c in run.membership or () if c.get("t") == "ring")
+        self.seen = len(run.membership or ())
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self):
         while self.run.state == "running":
-            rings = sum(1 for c in self.run.membership or () if c.get("t") == "ring")
-            if rings > self.rings:
+            changes = list(self.run.membership or ())[self.seen:]
+            lost = next((k for k, c in enumerate(changes) if c.get("t") == "lost"), None)
+            if lost is not None and any(c.get("t") == "ring" for c in changes[lost:]):
                 self.seconds = round(time.monotonic() - self.at, 2)
                 return
             time.sleep(0.05)

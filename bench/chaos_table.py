@@ -91,8 +91,9 @@ def summary(outcomes):
     apart = [o for o in outcomes if not counted(o) and o["problems"]]
     return (f"{len(outcomes)} rounds (seeds {sorted({o['seed'] for o in outcomes})}, commit "
             f"{', '.join(commits)}), {sum(o['seconds'] for o in outcomes) / 60:.0f} minutes of "
-            f"runs: {len(struck)} struck, {len(outcomes) - len(struck)} unstruck (not counted); "
-            f"{len(failed)} struck rounds failed"
+            f"runs: {len(struck)} counted (their fault struck, or none), "
+            f"{len(outcomes) - len(struck)} unstruck (not counted); {len(failed)} counted "
+            f"rounds failed"
             + (f"; {len(apart)} unstruck rounds had problems (listed below)" if apart else ""))
 
 
@@ -101,7 +102,8 @@ def markdown(outcomes):
     failed = [o for o in outcomes if o["problems"]]
     listed = "\n".join(f"- seed {o['seed']}, round {o['round']} ({o['fault']}, {o['launcher']}, "
                        f"{o['program']}{', unstruck' if not counted(o) else ''}): "
-                       f"{'; '.join(p[:200] for p in o['problems'])}" for o in failed)
+                       f"{'; '.join(' '.join(p.split())[:200] for p in o['problems'])}"
+                       for o in failed)
     return (f"{summary(outcomes)}.\n\nThe checks:\n\n{checks}\n\nThe leaks looked for after "
             f"each round:\n\n{leaks}\n\nSeconds from the fault to the error (the run's end; an "
             f"elastic run: its world formed again), of struck rounds:\n\n{times}\n"
