@@ -585,7 +585,7 @@ def _misnamed(round_, run, error, lost=None, whole=False):
 
 
 
-def slice_rounds(seed, count, launchers=("driver", "spark"), timeout=8,
+def slice_rounds(seed, count, launchers=("driver", "spark"), timeout=TIMEOUT,
                  programs=("ddp", "elastic", "horovod"), faults=("kill", "freeze", "cancel",
                                                                   "interrupt", "oom", "none")):
     """The suite's seeded slice: `count` rounds of `seed`, their moments drawn in turn from

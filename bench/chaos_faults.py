@@ -145,17 +145,20 @@ def strike(run, round_, told, limit, record):
         raise RuntimeError("the cut fault needs network namespaces (tests/simhosts.py): refused")
     if fault == "none":
         return {"struck": False, "how": "no fault"}
-    if fault == "interrupt":  # the person's interrupt while a rank is in its framework's init
-        while run.state == "running" and time.monotonic() < limit and not (
-                run.ranks[victim].blocked_op == "init" or (run.ranks[victim].step or 0) >= 1):
+    if fault == "interrupt":  # the person's interrupt while a rank is in its start
+        # (its imports, its framework's init: its process runs, no step reported yet; the rank
+        # says "init" as its blocked op only once that wait is long, so that is not waited for)
+        while run.state == "running" and time.monotonic() < limit and \
+                not run.ranks[victim].pid:
             time.sleep(0.005)
-        in_init = run.ranks[victim].blocked_op == "init"
+        time.sleep(round_["extra_delay"] * 20)  # (0-1 s into its start)
+        starting = not run.ranks[victim].step
         running = run.state == "running"
         run.cancel()
         at = time.monotonic()
-        return {"struck": running, "at": at,
-                "how": None if running else f"the run was {run.state} already",
-                "in init": in_init}
+        how = None if running and starting else f"the run was {run.state} already" \
+            if not running else f"rank {victim} had begun its steps (a cancel, then)"
+        return {"struck": running and starting, "at": at, "how": how}
     if not _at_step(run, victim, round_["at_step"], limit):
         return {"struck": False, "how": f"rank {victim} never reached step {round_['at_step']} "
                                         f"(the run {run.state})"}

@@ -33,9 +33,9 @@ def test_a_round_with_a_fault_at_a_seeded_moment_strikes_ends_and_leaves_nothing
     outcome = chaos.play(ip, round_)
     replay = (f"bench/chaos.py --seed {SEED} --only {round_['round']} (moment "
               f"{round_['moment']}, at step {round_['at_step']})")
-    assert outcome["ok"], (replay, outcome)
+    assert outcome["ok"], (replay, outcome["problems"], outcome)
     if round_["fault"] != "none":
-        assert outcome["struck"], ("the fault never struck", replay, outcome)
+        assert outcome["struck"], ("the fault never struck", outcome["unstruck"], replay)
 
 
 def test_the_slice_draws_every_moment_on_the_driver_and_on_spark():
