@@ -16,8 +16,8 @@ exists: in its imports or in ``init_process_group``/``hvd.init()``):
   worker that runs the rank SIGKILLed with its executor (started again at once for an elastic
   run, after the round for the others); executor: its executor's JVM SIGKILLed (the worker
   starts another); cut: the cluster's two simulated hosts (network namespaces) cut apart for
-  3-20 s, then joined again; interrupt: the run cancelled while a rank is in its framework's
-  init; none.
+  3-20 s, then joined again; interrupt: the run cancelled in a rank's start (before its first
+  step: its imports, its framework's init); none.
 
 Every fault is drawn with every program (freeze x elastic included: the frozen member must be
 given up and the run go on); a share of rounds (``--neighbours``) runs beside a second notebook

@@ -59,9 +59,9 @@ def tables(outcomes):
     groups = collections.defaultdict(list)
     for o in outcomes:
         groups[(o["fault"], o["launcher"])].append(o)
-    checks = [_row(["fault", "launcher", "rounds struck", "unstruck (not counted)", "programs",
-                    *CHECKS]), "|---|---|---:|---:|---|" + "---:|" * len(CHECKS)]
-    leaks = [_row(["fault", "launcher", "rounds struck", *(f"leak: {c}" for c in COLUMNS)]),
+    checks = [_row(["fault", "launcher", "rounds counted (struck; none)",
+                    "unstruck (not counted)", "programs", *CHECKS]), "|---|---|---:|---:|---|" + "---:|" * len(CHECKS)]
+    leaks = [_row(["fault", "launcher", "rounds counted", *(f"leak: {c}" for c in COLUMNS)]),
              "|---|---|---:|" + "---:|" * len(COLUMNS)]
     times = [_row(["fault", "launcher", "timed", "median s", "p99 s", "max s", "bound s",
                    "over the bound"]), "|---|---|---:|---:|---:|---:|---:|---:|"]

@@ -57,7 +57,7 @@ def test_a_round_whose_fault_never_struck_counts_as_nothing():
                "struck": True, "ok": True, "problems": [], "seconds": 1.0, "to_error": 0.4,
                "bound": 10.0}]
     checks, _, times = chaos_table.tables(rounds)
-    assert "| kill | driver | 1 | 1 | ddp 1 |" in checks
+    assert "| kill | driver | 1 | 1 | ddp 1 |" in checks  # (1 counted, 1 unstruck)
     assert "| kill | driver | 1 | 0.4 | 0.4 | 0.4 | 10 | 0 |" in times
 
 
