@@ -16,28 +16,32 @@ exists: in its imports or in ``init_process_group``/``hvd.init()``):
   worker that runs the rank SIGKILLed with its executor (started again at once for an elastic
   run, after the round for the others); executor: its executor's JVM SIGKILLed (the worker
   starts another); cut: the cluster's two simulated hosts (network namespaces) cut apart for
-  3-20 s, then joined again; interrupt: the run cancelled while a rank is in its framework's
-  init; none.
+  3-20 s, then joined again; interrupt: the run cancelled in a rank's start (before its first
+  step: its imports, its framework's init); none.
 
-What it must show:
+Every fault is drawn with every program (freeze x elastic included: the frozen member must be
+given up and the run go on); a share of rounds (``--neighbours``) runs beside a second notebook
+(chaos_neighbour.py). What a round must show, once its fault struck (chaos_faults.py: a round
+whose fault never happened is reported apart and counts as nothing; a cut without network
+namespaces is refused):
 
-- **ends**: the run ends (a run whose hosts were cut apart for seconds: done) within a deadline
-  derived from its options (the timeout, the elastic run's recovery), or the round counts a hang;
+- **ends**: within a deadline derived from its options, or the round counts a hang; and from
+  its fault to its error (or an elastic run's world formed again) within the fault's bound;
 - **names its cause**: killed → a `RankError` naming the rank and SIGKILL; out of memory → a
   `RankError` naming the rank and "out of memory"; its task killed → a `LaunchError` naming the
   rank and its Spark task; frozen → `RunTimeout`; cancelled → `RunCancelled`; none → done. An
-  elastic run that loses a rank (killed, out of memory, its task, its worker): no error, the
-  survivors and the replacement end with equal weights (or, where the ranks lost were every
+  elastic run that loses a rank (killed, frozen, out of memory, its task, its worker): no error,
+  the survivors and the replacement end with equal weights (or, where the ranks lost were every
   rank it had, an error saying so); a lost worker → an error naming one of its ranks and their
   executor;
 - **a session stays usable or says so**: the session's next cell runs on every rank, or is
   refused with "%horovod_session restart"; then it is stopped;
-- **leaves nothing behind**: no process of the run (its ranks, and any whose command line names
-  it) is left 10 s after it ended; a killed notebook's ranks, tasks and templates are gone within
-  30 s of it, its Spark JVM (and on the cluster its executors) within 120 s (a JVM reads its
-  notebook's end only once its start-up is over: the seconds are in each round's record);
+- **leaves nothing behind** (chaos_leaks.py, a column each, found by what the round recorded):
+  processes, rank folders, value files, the shipped cache's partial folders, cgroups, Spark
+  jobs and JVMs, ports;
 - **keeps every log**: the run folder has a log for every rank (a killed notebook's: every rank
-  that had reported a step).
+  that had reported a step);
+- **leaves the other notebook alone**: its ranks live on and its run ends as its own.
 
 A failing round prints its seed: ``--seed S --only R`` replays it; ``--replay FILE`` plays again
 the rounds a soak printed there (a line of JSON a round), as they were drawn, also after the
@@ -46,15 +50,13 @@ harness has changed what a seed draws.
     .venv/bin/python bench/chaos.py [--rounds 40] [--seed 1] [--launchers driver spark]
                                     [--programs ddp elastic horovod]
                                     [--faults kill freeze cancel task oom notebook none]
-                                    [--json PATH]
-    .venv/bin/python bench/chaos.py --table A.json B.json   # the figures of earlier rounds
+                                    [--neighbours 0.25] [--out bench/soak/NAME.jsonl.gz]
+    .venv/bin/python bench/chaos.py --table [--write RELIABILITY.md]  # from bench/soak/
 
 The suite runs a short seeded slice (tests/test_chaos.py); the long soak stays here.
 """
 
 import argparse
-import atexit
-import collections
 import json
 import os
 import random
@@ -63,13 +65,23 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chaos_faults  # noqa: E402
+import chaos_leaks as leaks  # noqa: E402
+import chaos_table  # noqa: E402
+from chaos_cluster import CLUSTER  # noqa: E402
+from chaos_leaks import _alive, _command, _named  # noqa: E402
+from chaos_neighbour import Neighbour  # noqa: E402
 
 NP = 3
 STEPS = 60
 TIMEOUT = 20          # --timeout of a round whose rank is frozen (seconds)
-LEAK_WAIT = 10.0      # seconds after the end for the run's processes to be gone
+MOMENTS = ("init", "early", "late")  # the suite's slice: in the rank's start, steps 1-5, 40-48
+# A notebook value past the broadcast limit (4 MB): it goes to the ranks as a value file
+# (/dev/shm), which every round then looks for after its end
+BALLAST = b"\0" * (5 << 20)
 
 DDP = """\
 import time, torch, torch.distributed as dist
@@ -144,6 +156,7 @@ hvd.rank()
 # then "grow" (32 MB more every 50 ms, until its memory cgroup's limit ends it).
 OBEY = """\
 import os, time
+ballast_seen = len(ballast)  # (the notebook's value file: looked for after the round)
 def obey():
     path, blocks = f"{told}/{os.getpid()}", []
     while os.path.exists(path):
@@ -201,20 +214,20 @@ FAULTS = ("kill", "freeze", "cancel", "interrupt", "task", "executor", "oom", "n
 # worker only on the cluster (local Spark's executor is the notebook's JVM).
 NOT_ON = {"driver": {"task", "executor", "worker", "cut"},
           "spark": {"executor", "worker", "cut"}, "cluster": set()}
-OOM_LIMIT = 160 << 20   # the memory cgroup a rank is moved into for the oom fault
-SEEN_WAIT = 15.0        # seconds for the rank's sampler to see it there (it samples each second)
 NOTEBOOK_GONE = 30.0    # seconds for the ranks, tasks and templates of a killed notebook to go
 JVM_GONE = 120.0        # and for its Spark JVM (it reads its end only once its start-up is over)
 
 
-def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
+def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT, neighbours=0.0):
     """Round `number` of seed `seed`: what runs, what goes wrong, and when (`timeout`: the
-    --timeout of a round whose rank is frozen)."""
+    --timeout of a round whose rank is frozen; `neighbours`: the share of rounds played beside
+    a second notebook). Every fault with every program, freeze x elastic included (a frozen
+    member must be given up and the run go on); but a session started by a killed notebook
+    (the notebook's fault is the session's end)."""
     rng = random.Random(f"{seed}:{number}")
     program = rng.choice(programs)
     launcher = rng.choice(launchers)
-    fault = rng.choice([f for f in faults if not (program == "elastic" and f == "freeze")
-                        and not (program == "session" and f == "notebook")
+    fault = rng.choice([f for f in faults if not (program == "session" and f == "notebook")
                         and f not in NOT_ON[launcher]])
     # Lightning on the cluster: as many ranks on each of its two hosts (two each)
     np = 4 if program == "lightning" and launcher == "cluster" else NP
@@ -222,7 +235,10 @@ def draw(seed, number, launchers, programs, faults, timeout=TIMEOUT):
             "program": program, "fault": fault, "victim": rng.randrange(np),
             "at_step": rng.choice([0, rng.randint(1, 25)]),  # 0: in its start (imports, init)
             "extra_delay": round(rng.uniform(0, 0.05), 3),
-            "timeout": timeout, "cut_seconds": round(rng.uniform(3, 20), 1)}
+            "timeout": timeout, "cut_seconds": round(rng.uniform(3, 20), 1),
+            # (its own generator: the draws above are the same with and without neighbours)
+            "neighbour": fault != "notebook" and
+            random.Random(f"{seed}:{number}:beside").random() < neighbours}
 
 
 def launcher_option(round_):
@@ -235,9 +251,22 @@ def options(round_):
         line = f"{launcher_option(round_)} {line}"
     if round_["program"] == "elastic":
         line += f" --min-np {NP - 1}"
-    if round_["fault"] == "freeze":
-        line += f" --timeout {round_['timeout']}"
+    if round_["fault"] == "freeze" and round_["program"] == "elastic" and gives_up_frozen():
+        line += f" --frozen-timeout {FROZEN_TIMEOUT}"  # (given up, the run goes on)
+    elif round_["fault"] == "freeze":  # (an elastic run where no frozen member is given up
+        line += f" --timeout {round_['timeout']}"  # ends by its timeout: a lost run, shown)
     return line
+
+
+FROZEN_TIMEOUT = 10  # --frozen-timeout of an elastic round whose member is frozen (seconds)
+
+
+def gives_up_frozen():
+    """Whether this hvd_magic declares a frozen elastic member lost (``--frozen-timeout``: the
+    elastic branch's, #84 item 3); where not, freeze x elastic is drawn and fails, shown."""
+    import dataclasses
+    from hvd_magic import config
+    return any(f.name == "frozen_timeout" for f in dataclasses.fields(config.Placement))
 
 
 def deadline(round_):
@@ -247,284 +276,48 @@ def deadline(round_):
         base += 60.0  # a replacement's start and the world formed again
         if round_["fault"] == "worker":
             base += 60.0  # the worker started again, its executor registered
-    return base + {"freeze": round_["timeout"], "oom": SEEN_WAIT,
+    if round_["fault"] == "freeze" and round_["program"] == "elastic" and gives_up_frozen():
+        return base + FROZEN_TIMEOUT
+    return base + {"freeze": round_["timeout"], "oom": chaos_faults.SEEN_WAIT,
                    "cut": round_.get("cut_seconds", 0) + 30}.get(round_["fault"], 0)
 
 
-def _alive(pid):
+def _commit():
+    """The commit this process runs (read once, as it starts: a commit made while a soak runs
+    is not the code it runs), "-dirty" where the worktree had changes."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                              capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
 
 
-def _named(run_id):
-    """Pids of the processes whose command line names run `run_id` (a fresh rank's folder)."""
-    found = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if run_id.encode() in f.read():
-                        found.add(int(name))
-            except OSError:
-                pass
-    return found
+COMMIT = _commit()
 
 
-def _leftovers(run):
-    """Pids of the run's processes still alive: every rank process it had (a forked rank's
-    command line is its template's), and any process whose command line names the run."""
-    pids = {r.pid for r in run.ranks if r.pid} | {
-        c["pid"] for c in (run.membership or []) if isinstance(c.get("pid"), int)}
-    return sorted(pid for pid in pids | _named(run.id) if _alive(pid))
-
-
-def _at_step(run, rank, step, limit):
-    """Wait until `rank` reported `step` (or the run ended, or `limit` passed)."""
-    while run.state == "running" and time.monotonic() < limit:
-        if (run.ranks[rank].step or 0) >= step and run.ranks[rank].pid:
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def _task_of(pid):
-    """The pid of the Spark task that runs rank process `pid`: the process that reads the
-    rank's standard output (its pipe's read end; a forked rank's parent is its host's
-    template, not its task)."""
-    pipe = os.readlink(f"/proc/{pid}/fd/1")
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == pid:
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{name}/fd"):
-                if os.readlink(f"/proc/{name}/fd/{fd}") == pipe:
-                    with open(f"/proc/{name}/fdinfo/{fd}") as f:
-                        flags = next(int(line.split()[1], 8) for line in f
-                                     if line.startswith("flags:"))
-                    if flags & 3 == os.O_RDONLY:
-                        return int(name)
-        except OSError:
-            continue
-    raise ProcessLookupError(f"no process reads rank process {pid}'s output")
-
-
-def _memory_cgroup_parent():
-    """This process's memory cgroup (v1), where a child can be made; None where it cannot."""
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            if "memory" in controllers.split(","):
-                folder = "/sys/fs/cgroup/memory" + path
-                return folder if os.access(folder, os.W_OK) else None
-    return None
-
-
-def _out_of_memory(run, victim, pid, told, limit):
-    """The oom fault: rank `victim` (process `pid`) held, moved into a memory cgroup of
-    OOM_LIMIT, and, once its sampler saw that limit, made to grow; the cgroup's folder."""
-    parent = _memory_cgroup_parent()
-    if parent is None:
-        raise RuntimeError("the oom fault needs a writable cgroup v1 memory controller (root)")
-    note = os.path.join(told, str(pid))
-    with open(note + ".part", "w") as f:
-        f.write("hold")
-    os.replace(note + ".part", note)
-    folder = os.path.join(parent, f"hvd_magic_chaos_{os.getpid()}_{pid}")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "memory.limit_in_bytes"), "w") as f:
-        f.write(str(OOM_LIMIT))
-    with open(os.path.join(folder, "cgroup.procs"), "w") as f:
-        f.write(str(pid))
-    seen_by = min(limit, time.monotonic() + SEEN_WAIT)
-    while run.state == "running" and time.monotonic() < seen_by and \
-            (run.ranks[victim].usage.latest or {}).get("limit") != OOM_LIMIT:
-        time.sleep(0.05)
-    with open(note + ".part", "w") as f:
-        f.write("grow")
-    os.replace(note + ".part", note)
-    return folder
-
-
-class Cluster:
-    """The standalone cluster of the "cluster" launcher (tests/conftest.py's, two workers of two
-    cores on loopback addresses: the suite's), started at its first round and kept; its session
-    made again where another launcher's took its place."""
-
-    def __init__(self):
-        self.cluster = self.folder = None
-        self.down = None  # the worker a round killed and did not start again
-
-    def use(self):
-        from pyspark import SparkContext
-        if self.cluster is None:
-            self._start()
-        sc = SparkContext._active_spark_context
-        if sc is None or sc.master != self.cluster.url:
-            self.cluster.session()  # (stops the session there was)
-
-    def _start(self):
-        """Two simulated hosts (tests/simhosts.py: the root network namespace and one more on a
-        bridge), a worker on each; loopback addresses where namespaces cannot be made."""
-        import contextlib
-        tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "tests")
-        sys.path.insert(0, tests)
-        import simhosts
-        from conftest import StandaloneCluster
-        self.folder = tempfile.mkdtemp(prefix="chaos-cluster-")
-        self.hosts = contextlib.ExitStack()
-        atexit.register(self.stop)
-        if simhosts.unavailable() is None:
-            root, other = self.hosts.enter_context(simhosts.simulated_hosts(2))
-            self.link = f"hvr{os.getpid()}x1"  # the other host's cable (its veth's bridge end)
-            self.cluster = StandaloneCluster(self.folder,
-                                             worker_hosts=(root.address, other.address),
-                                             master_host=root.address,
-                                             worker_prefixes={1: other.prefix}).start()
-        else:
-            self.link = None
-            self.cluster = StandaloneCluster(self.folder).start()
-
-    def cut(self, seconds):
-        """The second host cut off from the first (its link down) for `seconds`, then back."""
-        import simhosts
-        simhosts.ip("link", "set", self.link, "down")
-        try:
-            time.sleep(seconds)
-        finally:
-            simhosts.ip("link", "set", self.link, "up")
-
-    def lend(self):
-        """Its cores freed for another application (the soak's session stopped); what that
-        application's session is to be built with: {"master": ..., "conf": {...}}."""
-        if self.cluster is None:
-            self._start()
-        from conftest import TEST_JVM_OPTIONS
-        self.leave()
-        return {"master": self.cluster.url,
-                "conf": {"spark.driver.host": self.cluster.master_host,
-                         "spark.driver.bindAddress": self.cluster.master_host,
-                         "spark.ui.enabled": "false",
-                         "spark.executor.cores": str(self.cluster.cores),
-                         "spark.executor.memory": "1g",
-                         "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
-                         "spark.pyspark.python": sys.executable}}
-
-    def leave(self):
-        """The cluster's session stopped (a local one comes next)."""
-        from pyspark import SparkContext
-        sc = SparkContext._active_spark_context
-        if self.cluster is not None and sc is not None and sc.master == self.cluster.url:
-            from pyspark.sql import SparkSession
-            SparkSession.builder.getOrCreate().stop()
-
-    def kill_worker_of(self, pid, run, back):
-        """SIGKILL the worker (its executor, Python workers and ranks) that runs rank process
-        `pid`; with `back`, started again a moment later (an elastic run grows back); the ranks
-        that were on it."""
-        from conftest import ancestry
-        chain = ancestry(pid)
-        index = next(i for i, w in enumerate(self.cluster.workers) if w.pid in chain)
-        lost = [r.rank for r in run.ranks
-                if r.pid and _under(r.pid, self.cluster.workers[index].pid)]
-        rings = [c for c in run.membership or () if c["t"] == "ring"]
-        world = rings[-1]["slots"] if rings else []
-        self.cluster.kill_worker(index)
-        if back:
-            time.sleep(1.0)
-            self.cluster.restart_worker(index)
-        else:
-            self.down = index
-        return lost, (set(world) <= set(lost)) if world else None  # (None: no world yet)
-
-    def kill_executor_of(self, pid, run):
-        """SIGKILL the executor JVM that runs rank process `pid`; the ranks it had."""
-        from conftest import ancestry
-        executor = next(p for p in ancestry(pid)
-                        if "CoarseGrainedExecutorBackend" in _command(p, whole=True))
-        lost = [r.rank for r in run.ranks if r.pid and _under(r.pid, executor)]
-        os.kill(executor, signal.SIGKILL)
-        return lost
-
-    def mend(self):
-        """The worker a round killed started again, and every slot registered."""
-        from hvd_magic.launch.spark import cluster_slots
-        from pyspark import SparkContext
-        if self.cluster is None:
-            return
-        if self.down is not None:
-            self.cluster.restart_worker(self.down)
-            self.down = None
-        sc = SparkContext._active_spark_context
-        if sc is not None and sc.master == self.cluster.url:
-            ready_by = time.monotonic() + 180
-            while cluster_slots(sc) < 4 and time.monotonic() < ready_by:
-                time.sleep(0.2)
-
-    def stop(self):
-        if self.cluster is not None:
-            self.cluster.stop()
-            self.hosts.close()
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.cluster = None
-
-
-CLUSTER = Cluster()
-
-
-def _under(pid, ancestor):
-    from conftest import ancestry
-    try:
-        return ancestor in ancestry(pid)
-    except Exception:  # noqa: BLE001  (it is gone)
-        return False
-
-
-def _strike(run, round_, told, limit):
-    """The round's fault, at its moment; what it did, to check and undo: {"stopped": a frozen
-    pid, "cgroup": a folder made, "lost": the ranks of a killed worker}."""
-    victim, fault = round_["victim"], round_["fault"]
-    if fault == "interrupt":  # the person's interrupt while a rank is in its framework's init
-        while run.state == "running" and time.monotonic() < limit and not (
-                run.ranks[victim].blocked_op == "init" or (run.ranks[victim].step or 0) >= 1):
-            time.sleep(0.005)
-        run.cancel()
-        return {}
-    if fault == "none" or not _at_step(run, victim, round_["at_step"], limit):
-        return {}
-    time.sleep(round_["extra_delay"])
-    pid = run.ranks[victim].pid
-    try:
-        if fault == "kill":
-            os.kill(pid, signal.SIGKILL)
-        elif fault == "freeze":
-            os.kill(pid, signal.SIGSTOP)
-            return {"stopped": pid}
-        elif fault == "cancel":
-            run.cancel()
-        elif fault == "task":
-            os.kill(_task_of(pid), signal.SIGKILL)
-        elif fault == "cut" and CLUSTER.link is not None:  # the hosts apart, then together
-            cut = threading.Thread(target=CLUSTER.cut, args=(round_["cut_seconds"],))
-            cut.start()
-            return {"cut": cut}
-        elif fault == "executor":  # its JVM (the worker starts another)
-            return {"lost": CLUSTER.kill_executor_of(pid, run)}
-        elif fault == "oom":
-            return {"cgroup": _out_of_memory(run, victim, pid, told, limit)}
-        elif fault == "worker":
-            lost, whole = CLUSTER.kill_worker_of(pid, run, back=round_["program"] == "elastic")
-            return {"lost": lost, "whole world": whole}
-    except (ProcessLookupError, FileNotFoundError):
-        pass  # (it ended meanwhile)
-    return {}
+def _timed(outcome, done, ended, recovery=None):
+    """The round's time from its fault to its error (or an elastic run's world formed again),
+    and "slow" where that is past the fault's bound."""
+    at = done.get("at")
+    if not done.get("struck") or at is None:
+        return []
+    seconds = recovery.seconds if recovery is not None and recovery.seconds is not None \
+        else ended - at
+    if outcome["fault"] == "cut" or (outcome["program"] == "elastic" and outcome["state"] == "done"
+                                     and recovery is not None and recovery.seconds is None):
+        outcome["to_error"] = None  # (a healed cut, a recovery unseen: nothing to time)
+        return []
+    outcome["to_error"], outcome["bound"] = round(seconds, 2), chaos_faults.bound(outcome)
+    if outcome["bound"] is not None and seconds > outcome["bound"]:
+        return [f"slow: {seconds:.1f} s from the {outcome['fault']} to the error, over its "
+                f"bound of {outcome['bound']:.0f} s"]
+    return []
 
 
 def play(ip, round_):
-    """Run one round; its outcome: the round with ``ok`` and, where not, ``problems``."""
+    """Run one round; its outcome: the round with ``ok``, ``struck`` (and when: ``to_error``)
+    and, where not ok, ``problems``."""
     import hvd_magic
 
     if round_["fault"] == "notebook":
@@ -534,23 +327,33 @@ def play(ip, round_):
     elif round_["launcher"] == "spark":
         CLUSTER.leave()
         hvd_magic.spark_session()
+    neighbour = Neighbour(round_["seed"], round_["round"]) if round_.get("neighbour") else None
+    problems = []
+    if neighbour is not None and not neighbour.wait_started():
+        problems.append("neighbour touched: its ranks never started")
     told = tempfile.mkdtemp(prefix="chaos-told-")
-    ip.user_ns.update(steps=STEPS, told=told)
+    ip.user_ns.update(steps=STEPS, told=told, ballast=BALLAST)
+    record = leaks.Record()
+    unwatch = leaks.watch_values(record)
     began = time.monotonic()
     limit = began + deadline(round_)
-    if round_["program"] == "session":
-        ip.run_line_magic("horovod_session", f"start {launcher_option(round_)}")
-    run = ip.run_cell_magic("distributed", options(round_), program(round_["program"]))
-    done = _strike(run, round_, told, limit)
-    error = None
-    try:
-        run.wait(max(1.0, limit - time.monotonic()))
-    except Exception as exc:  # noqa: BLE001  (the run's error: checked below)
-        error = exc
-    took = time.monotonic() - began
-    if done.get("cut") is not None:
-        done["cut"].join()
-    problems = []
+    try:  # (watched until the run's end: a run prepares its values in a thread of its own)
+        if round_["program"] == "session":
+            ip.run_line_magic("horovod_session", f"start {launcher_option(round_)}")
+        run = ip.run_cell_magic("distributed", options(round_), program(round_["program"]))
+        done = chaos_faults.strike(run, round_, told, limit, record)
+        recovery = chaos_faults.Recovery(run, done["at"]) if done.get("struck") and \
+            round_["program"] == "elastic" and done.get("at") else None
+        error = None
+        try:
+            run.wait(max(1.0, limit - time.monotonic()))
+        except Exception as exc:  # noqa: BLE001  (the run's error: checked below)
+            error = exc
+        ended = time.monotonic()
+    finally:
+        unwatch()
+    record.ranks(r.pid for r in run.ranks)
+    chaos_faults.settle(done, record)
     if run.state == "running":
         problems.append(f"hang: still running after {deadline(round_):.0f} s")
         run.cancel()
@@ -566,19 +369,23 @@ def play(ip, round_):
             pass
     if round_["program"] == "session":
         problems += _session_after(ip, round_, run)
-    problems += _left_behind(lambda: _leftovers(run), LEAK_WAIT)
+    problems += leaks.left_behind(lambda: leaks.leftovers(run, record), leaks.LEAK_WAIT)
+    problems += leaks.files_left(run.id, record) + leaks.ports_left(record)
+    problems += leaks.jobs_left(run) + leaks.cgroup_left(record.cgroup)
     logs = [k for k in range(round_.get("np", NP))
             if not os.path.exists(run.folder.log_path(k))]
     if logs:
         problems.append(f"lost logs: no log of rank(s) {logs}")
+    if neighbour is not None:
+        problems += neighbour.finish()
     shutil.rmtree(told, ignore_errors=True)
-    if done.get("cgroup") is not None:
-        _remove_cgroup(done["cgroup"])
     CLUSTER.mend()
-    return dict(round_, run=run.id, seconds=round(took, 2), state=run.state,
-                error=type(error).__name__ if error else None,
-                said=str(error).splitlines()[0][:300] if error else None, ok=not problems,
-                problems=problems)
+    outcome = dict(round_, run=run.id, commit=COMMIT, seconds=round(ended - began, 2),
+                   state=run.state, struck=done.get("struck"), unstruck=done.get("how"),
+                   values=len(record.values), error=type(error).__name__ if error else None,
+                   said=str(error).splitlines()[0][:300] if error else None)
+    problems += _timed(outcome, done, ended, recovery)
+    return dict(outcome, ok=not problems, problems=problems)
 
 
 def _session_after(ip, round_, run):
@@ -599,46 +406,17 @@ def _session_after(ip, round_, run):
     return problems
 
 
-def _left_behind(leftovers, wait):
-    """["leak: ..."] if `leftovers()` still names live processes after `wait` seconds (they
-    are killed then); else []."""
-    gone_by = time.monotonic() + wait
-    left = leftovers()
-    while left and time.monotonic() < gone_by:
-        time.sleep(0.2)
-        left = leftovers()
-    named = [f"{pid} ({_command(pid)})" for pid in left]
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return [f"leak: processes {', '.join(named)} outlived the run"] if left else []
-
-
-def _command(pid, whole=False):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            text = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            return text if whole else text[:160]
-    except OSError:
-        return "?"
-
-
-def _remove_cgroup(folder):
-    gone_by = time.monotonic() + 10
-    while time.monotonic() < gone_by:
-        try:
-            os.rmdir(folder)
-            return
-        except OSError:  # (not empty yet: its process is being reaped)
-            time.sleep(0.1)
-
 
 NOTEBOOK = """\
 import json, sys, time
 from IPython.testing.globalipapp import start_ipython
 import hvd_magic
+from hvd_magic import payload
+made, make = [], payload.LocalFile.__init__
+def recording(self, data):  # (the harness's hook: each value file named as it is made)
+    make(self, data)
+    made.append(self.path)
+payload.LocalFile.__init__ = recording
 round_ = json.loads(sys.argv[1])
 ip = start_ipython()
 ip.run_line_magic("load_ext", "hvd_magic")
@@ -651,18 +429,20 @@ elif round_["launcher"] == "cluster":  # an application of its own on the soak's
     for key, value in round_["conf"].items():
         builder = builder.config(key, value)
     app = builder.getOrCreate().sparkContext.applicationId
-ip.user_ns.update(steps=round_["steps"], told=round_["told"])
+ip.user_ns.update(steps=round_["steps"], told=round_["told"], ballast=b"\\0" * (5 << 20))
 run = ip.run_cell_magic("distributed", round_["options"], round_["cell"])
 print("CHAOS", json.dumps({"run": run.id, "folder": run.run_dir, "app": app}), flush=True)
 while True:
     print("CHAOS", json.dumps({"state": run.state, "pids": [r.pid for r in run.ranks],
-                      "steps": [r.step or 0 for r in run.ranks]}), flush=True)
+                      "steps": [r.step or 0 for r in run.ranks],
+                      "values": made}), flush=True)
     time.sleep(0.02)
 """
 
 
 def _executors_of(app):
-    """The executor JVMs of Spark application `app` with every process under them."""
+    """The executor JVMs of Spark application `app` (its own id: no other notebook's) with
+    every process under them."""
     import psutil
     found = set()
     for process in psutil.process_iter(["cmdline"]):
@@ -677,8 +457,8 @@ def play_notebook(round_):
     """The notebook fault: the round's run started by a notebook of its own (an IPython shell in
     a process of its own; on the cluster, an application of its own there), SIGKILLed at the
     round's moment; every process it had (its Spark JVM and, on the cluster, its executors,
-    templates, tasks, ranks) must be gone within NOTEBOOK_GONE (the JVMs: JVM_GONE), without a
-    word from it."""
+    templates, tasks, ranks) must be gone within NOTEBOOK_GONE (the JVMs: JVM_GONE), and its
+    ranks' folders and value files with them, without a word from it."""
     import psutil
 
     told = tempfile.mkdtemp(prefix="chaos-told-")
@@ -686,6 +466,7 @@ def play_notebook(round_):
                 cell=program(round_["program"]))
     if round_["launcher"] == "cluster":  # (its cores are this soak's session's until it leaves)
         spec.update(CLUSTER.lend())
+    record = leaks.Record()
     began = time.monotonic()
     limit = began + deadline(round_)
     notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK, json.dumps(spec)],
@@ -698,29 +479,36 @@ def play_notebook(round_):
                 continue  # (what the notebook says besides)
             said = json.loads(line[len("CHAOS "):])
             first = first or said
+            record.values |= set(said.get("values", ()))
             last = said if "pids" in said else last
             if last and (last["state"] != "running" or time.monotonic() > limit or
                          last["pids"][victim] and last["steps"][victim] >= at):
                 break
         time.sleep(round_["extra_delay"])
+        struck = bool(last) and last["state"] == "running" and _alive(notebook.pid)
         family = {p.pid for p in psutil.Process(notebook.pid).children(recursive=True)}
         if first and first.get("app") and round_["launcher"] == "cluster":
             family |= _executors_of(first["app"])
+        record.ranks((last or {}).get("pids", []))
         jvms = {pid for pid in family if "java" in _command(pid).split(" ")[0]}
     finally:
         notebook.kill()
         notebook.wait()
     killed = time.monotonic()
-    took = killed - began
     if first is None:
         problems.append("lost run: the notebook ended before its run started")
         first = {"run": "?", "folder": None}
     ranks = {pid for pid in (last or {}).get("pids", []) if pid}
     ours = family | ranks | _named(first["run"])
-    problems += _left_behind(lambda: sorted(p for p in ours - jvms if _alive(p)), NOTEBOOK_GONE)
+    born = {p: leaks._started(p) for p in ours}  # (a pid given again since is not ours)
+
+    def still(pids):
+        return sorted(p for p in pids if _alive(p) and leaks._started(p) == born.get(p))
+    problems += leaks.left_behind(lambda: still(ours - jvms), NOTEBOOK_GONE)
     ours_gone = round(time.monotonic() - killed, 1)
-    problems += _left_behind(lambda: sorted(p for p in jvms if _alive(p)), JVM_GONE)
+    problems += leaks.left_behind(lambda: still(jvms), JVM_GONE, what="jvm")
     jvm_gone = round(time.monotonic() - killed, 1) if jvms else None
+    problems += leaks.files_left(first["run"], record) + leaks.ports_left(record)
     started = [k for k, step in enumerate((last or {}).get("steps", [])) if step >= 1]
     if first["folder"] is not None:
         logs = [k for k in started if not os.path.exists(os.path.join(first["folder"],
@@ -728,9 +516,15 @@ def play_notebook(round_):
         if logs:
             problems.append(f"lost logs: no log of rank(s) {logs}")
     shutil.rmtree(told, ignore_errors=True)
-    return dict(round_, run=first["run"], seconds=round(took, 2), state="killed",
-                error=None, gone=ours_gone, jvm_gone=jvm_gone, jvms=len(jvms), ok=not problems,
-                problems=problems)
+    outcome = dict(round_, run=first["run"], commit=COMMIT, seconds=round(killed - began, 2),
+                   state="killed", error=None, gone=ours_gone, jvm_gone=jvm_gone,
+                   jvms=len(jvms), struck=struck, values=len(record.values),
+                   unstruck=None if struck else "its run had ended before the notebook's kill",
+                   to_error=ours_gone if struck else None, bound=chaos_faults.bound(round_))
+    if struck and ours_gone > outcome["bound"]:
+        problems.append(f"slow: the killed notebook's processes went {ours_gone} s after it, "
+                        f"over the bound of {outcome['bound']:.0f} s")
+    return dict(outcome, ok=not problems, problems=problems)
 
 
 def _misnamed(round_, run, error, lost=None, whole=False):
@@ -755,8 +549,10 @@ def _misnamed(round_, run, error, lost=None, whole=False):
         # after three tries half a second apart; the error names the rendezvous it could not
         # reach (replayed: seed 9, round 124)
         return []
-    if fault in ("none", "cut") or (fault in ("kill", "task", "executor", "oom", "worker")
-                                    and elastic):
+    # an elastic run goes on without a lost member: killed, out of memory, its task, executor
+    # or worker lost, or frozen (given up in bounded time: ELASTIC's frozen member lost)
+    if fault in ("none", "cut") or (fault in ("kill", "task", "executor", "oom", "worker",
+                                              "freeze") and elastic):
         if run.state != "done":
             return [f"lost run: {run.state} ({type(error).__name__}: {message[:300]})"]
         if elastic and len({json.dumps(r) for r in run.results}) != 1:
@@ -787,65 +583,80 @@ def _misnamed(round_, run, error, lost=None, whole=False):
     return []
 
 
+
+
+def slice_rounds(seed, count, launchers=("driver", "spark"), timeout=TIMEOUT,
+                 programs=("ddp", "elastic", "horovod"), faults=("kill", "freeze", "cancel",
+                                                                  "interrupt", "oom", "none")):
+    """The suite's seeded slice: `count` rounds of `seed`, their moments drawn in turn from
+    init (the rank's start: its imports, its framework's init), early and late, their
+    launchers in turn from `launchers`; program and fault drawn from the seed (a frozen rank's
+    run under a --timeout of `timeout`)."""
+    chosen = []
+    for number in range(count):
+        rng = random.Random(f"slice:{seed}:{number}")
+        launcher = launchers[number % len(launchers)]
+        round_ = draw(seed, number, [launcher], list(programs), list(faults), timeout)
+        moment = MOMENTS[number % len(MOMENTS)]
+        round_.update(at_step={"init": 0, "early": rng.randint(1, 5),
+                               "late": rng.randint(STEPS - 20, STEPS - 12)}[moment],
+                      moment=moment)
+        chosen.append(round_)
+    return chosen
+
+
+def refused(faults):
+    """The faults this machine cannot play, with why: a cut without network namespaces is
+    refused, not played as nothing; the oom fault without a writable memory cgroup."""
+    why = {}
+    if "cut" in faults:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))), "tests"))
+        import simhosts
+        if simhosts.unavailable() is not None:
+            why["cut"] = simhosts.unavailable()
+    if "oom" in faults and chaos_faults.memory_cgroup_parent() is None:
+        why["oom"] = "no writable memory cgroup (v1's controller, or v2's memory controller)"
+    return why
+
+
 def rounds(ip, seed, count, launchers=tuple(LAUNCHERS), programs=tuple(PROGRAMS),
-           faults=FAULTS, only=None, out=sys.stderr, timeout=TIMEOUT, minutes=None):
+           faults=FAULTS, only=None, out=sys.stderr, timeout=TIMEOUT, minutes=None,
+           output=None, neighbours=0.0):
     """Play `count` rounds of `seed` (or round `only`; none begun after `minutes`); their
-    outcomes, each also printed to `out` as a line of JSON."""
+    outcomes, each also printed to `out` as a line of JSON (and appended to `output`, a
+    .jsonl.gz). `neighbours`: the share of rounds played beside a second notebook."""
+    why = refused(faults)
+    for fault, reason in why.items():
+        print(f"refused: the {fault} fault ({reason})", file=out, flush=True)
+    faults = [f for f in faults if f not in why]
     outcomes, began = [], time.monotonic()
     for number in ([only] if only is not None else range(count)):
         if minutes is not None and time.monotonic() - began > minutes * 60:
             break
-        round_ = draw(seed, number, list(launchers), list(programs), list(faults), timeout)
-        outcome = play(ip, round_)
-        outcomes.append(outcome)
-        print(json.dumps(outcome), file=out, flush=True)
-        if not outcome["ok"]:
-            print(f"FAILED round: --seed {seed} --only {number}: {outcome['problems']}",
-                  file=out, flush=True)
+        round_ = draw(seed, number, list(launchers), list(programs), list(faults), timeout,
+                      neighbours)
+        outcomes.append(_played(ip, round_, out, output))
     return outcomes
 
 
-def replay(ip, recorded, out=sys.stderr):
+def _played(ip, round_, out, output):
+    outcome = play(ip, round_)
+    print(json.dumps(outcome), file=out, flush=True)
+    if output:
+        chaos_table.write(output, outcome)
+    if not outcome["ok"]:
+        print(f"FAILED round: --seed {outcome['seed']} --only {outcome['round']}: "
+              f"{outcome['problems']}", file=out, flush=True)
+    return outcome
+
+
+def replay(ip, recorded, out=sys.stderr, output=None):
     """Play again the rounds of `recorded` outcomes, as they were drawn; their new outcomes."""
     keys = ("seed", "round", "launcher", "np", "program", "fault", "victim", "at_step",
-            "extra_delay", "timeout", "cut_seconds")
-    outcomes = []
-    for old in recorded:
-        outcome = play(ip, {k: old[k] for k in keys if k in old})
-        outcomes.append(outcome)
-        print(json.dumps(outcome), file=out, flush=True)
-    return outcomes
-
-
-def table(outcomes):
-    """Markdown: rounds per fault and launcher (with the programs they ran), and the rounds that
-    failed each check."""
-    cells = collections.defaultdict(lambda: collections.Counter())
-    programs = collections.defaultdict(lambda: collections.Counter())
-    for o in outcomes:
-        c = cells[(o["fault"], o["launcher"])]
-        c["rounds"] += 1
-        programs[(o["fault"], o["launcher"])][o["program"]] += 1
-        for problem in o["problems"]:
-            c[problem.split(":")[0]] += 1
-    kinds = ["hang", "misnamed", "lost run", "unequal weights after the elastic run",
-             "unusable session", "leak", "lost logs"]
-    lines = ["| fault | launcher | rounds | programs | " + " | ".join(kinds) + " |",
-             "|---|---|---:|---|" + "---:|" * len(kinds)]
-    for (fault, launcher), c in sorted(cells.items()):
-        ran = ", ".join(f"{p} {n}" for p, n in sorted(programs[(fault, launcher)].items()))
-        lines.append(f"| {fault} | {launcher} | {c['rounds']} | {ran} | "
-                     + " | ".join(str(c[k]) for k in kinds) + " |")
-    return "\n".join(lines)
-
-
-def _outcomes_in(path):
-    """The outcomes in a --json file, or in what a run printed (a line of JSON a round)."""
-    with open(path) as f:
-        text = f.read()
-    if text.lstrip().startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.startswith('{"seed"')]
+            "extra_delay", "timeout", "cut_seconds", "neighbour", "moment")
+    return [_played(ip, {k: old[k] for k in keys if k in old}, out, output)
+            for old in recorded]
 
 
 def main():
@@ -858,20 +669,28 @@ def main():
     parser.add_argument("--launchers", nargs="+", default=list(LAUNCHERS))
     parser.add_argument("--programs", nargs="+", default=list(PROGRAMS))
     parser.add_argument("--faults", nargs="+", default=list(FAULTS))
+    parser.add_argument("--neighbours", type=float, default=0.25,
+                        help="the share of rounds played beside a second notebook")
+    parser.add_argument("--out", metavar="JSONL_GZ",
+                        help="append each round to this compressed output (bench/soak/...)")
     parser.add_argument("--json")
     parser.add_argument("--replay", metavar="FILE",
                         help="play again the rounds printed in FILE (those that failed, with "
                              "--failed), as they were drawn")
     parser.add_argument("--failed", action="store_true")
-    parser.add_argument("--table", nargs="+", metavar="JSON",
-                        help="print the table of earlier rounds' --json files (no round run)")
+    parser.add_argument("--table", nargs="*", metavar="OUTPUT",
+                        help="print the tables of earlier rounds' outputs (default: the "
+                             "committed bench/soak/*.jsonl.gz; no round run)")
+    parser.add_argument("--write", metavar="MARKDOWN",
+                        help="with --table: put the tables between MARKDOWN's markers")
     args = parser.parse_args()
-    if args.table:
-        outcomes = [o for path in args.table for o in _outcomes_in(path)]
-        print(table(outcomes))
-        print(f"{len(outcomes)} rounds, seeds {sorted({o['seed'] for o in outcomes})}, "
-              f"{sum(o['seconds'] for o in outcomes) / 60:.0f} minutes of runs; "
-              f"{sum(not o['ok'] for o in outcomes)} failed")
+    if args.table is not None:
+        paths = args.table or chaos_table.committed()
+        outcomes = [o for path in paths for o in chaos_table.outcomes_in(path)]
+        text = chaos_table.markdown(outcomes)
+        if args.write:
+            chaos_table.rewrite(args.write, text)
+        print(text)
         return 0
     from IPython.testing.globalipapp import start_ipython
 
@@ -881,17 +700,17 @@ def main():
     ip.run_line_magic("load_ext", "hvd_magic")
     began = time.monotonic()
     if args.replay:
-        outcomes = replay(ip, [o for o in _outcomes_in(args.replay)
-                               if not args.failed or not o["ok"]])
+        outcomes = replay(ip, [o for o in chaos_table.outcomes_in(args.replay)
+                               if not args.failed or not o["ok"]], output=args.out)
     else:
         outcomes = rounds(ip, args.seed, args.rounds, args.launchers, args.programs,
-                          args.faults, args.only, minutes=args.minutes)
-    print(table(outcomes))
+                          args.faults, args.only, minutes=args.minutes, output=args.out,
+                          neighbours=args.neighbours)
+    print(chaos_table.markdown(outcomes))
     failed = [o for o in outcomes if not o["ok"]]
-    drawn = "replayed" if args.replay else f"seed {args.seed}"
-    print(f"{len(outcomes)} rounds ({drawn}) in {time.monotonic() - began:.0f} s; "
-          f"{len(failed)} failed" + "".join(f"\n  --seed {o['seed']} --only {o['round']}: "
-                                            f"{o['problems']}" for o in failed))
+    print(f"{len(outcomes)} rounds in {time.monotonic() - began:.0f} s; {len(failed)} failed"
+          + "".join(f"\n  --seed {o['seed']} --only {o['round']}: {o['problems']}"
+                    for o in failed))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(outcomes, f, indent=1)

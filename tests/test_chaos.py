@@ -1,27 +1,135 @@
 """A seeded slice of the faults-at-random harness (bench/chaos.py; the long soak stays there):
-one round of each kind of fault on the driver, at a moment drawn from the seed, each checked as
-the harness checks every round: it ended within its deadline, its error names its cause, no
-process of the run outlived it, every rank's log is kept. A failing round names its seed."""
+rounds whose moments the seed draws in turn from init (in the rank's start), early and late, on
+the driver and on local Spark, each checked as the harness checks every round: its fault
+struck, it ended within its deadline and its fault's bound, its error names its cause, nothing
+of the run outlived it (processes, folders, value files, cgroups, jobs, ports), every rank's log
+is kept. A failing round names its seed. And what the harness's checks look for, shown to find
+it; and a second notebook's ranks, untouched by the first's cancel."""
 
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import chaos  # noqa: E402
+import chaos_faults  # noqa: E402
+import chaos_leaks  # noqa: E402
+import chaos_table  # noqa: E402
+from chaos_neighbour import Neighbour  # noqa: E402
 
 SEED = 7
-CASES = [("ddp", "kill"), ("elastic", "kill"), ("ddp", "freeze"), ("elastic", "cancel"),
-         ("horovod", "oom"), ("ddp", "none")]
+SLICE = chaos.slice_rounds(SEED, 3)
 
 
-@pytest.mark.parametrize("program, fault", CASES, ids=[f"{p}-{f}" for p, f in CASES])
-def test_a_round_with_a_fault_at_random_ends_names_its_cause_and_leaves_nothing(
-        ip, program, fault):
-    if fault == "oom" and chaos._memory_cgroup_parent() is None:
-        pytest.skip("the oom fault needs a writable cgroup v1 memory controller (root)")
-    outcome, = chaos.rounds(ip, SEED, 1, launchers=["driver"], programs=[program],
-                            faults=[fault], timeout=8)
-    assert outcome["ok"], (f"replay with: bench/chaos.py --seed {SEED} --only 0 --launchers "
-                           f"driver --programs {program} --faults {fault}", outcome)
+@pytest.mark.parametrize("round_", SLICE, ids=[f"{r['launcher']}-{r['program']}-{r['fault']}-"
+                                               f"{r['moment']}" for r in SLICE])
+def test_a_round_with_a_fault_at_a_seeded_moment_strikes_ends_and_leaves_nothing(ip, round_):
+    if round_["fault"] == "oom" and chaos_faults.memory_cgroup_parent() is None:
+        pytest.skip("the oom fault needs a writable memory cgroup (v1, or v2's controller)")
+    outcome = chaos.play(ip, round_)
+    replay = (f"bench/chaos.py --seed {SEED} --only {round_['round']} (moment "
+              f"{round_['moment']}, at step {round_['at_step']})")
+    assert outcome["ok"], (replay, outcome["problems"], outcome)
+    if round_["fault"] != "none":
+        assert outcome["struck"], ("the fault never struck", outcome["unstruck"], replay)
+
+
+def test_the_slice_draws_every_moment_on_the_driver_and_on_spark():
+    assert {r["moment"] for r in SLICE} == set(chaos.MOMENTS)
+    assert {r["launcher"] for r in SLICE} == {"driver", "spark"}
+    assert chaos.slice_rounds(SEED, 3) == SLICE  # (the seed draws them: a replay is the same)
+
+
+def test_freeze_with_an_elastic_run_is_drawn():
+    drawn = {(r["program"], r["fault"]) for r in
+             (chaos.draw(1, n, ["driver"], ["elastic"], ["freeze", "none"]) for n in range(20))}
+    assert ("elastic", "freeze") in drawn
+
+
+def test_a_round_whose_fault_never_struck_counts_as_nothing():
+    rounds = [{"seed": 1, "round": 0, "fault": "kill", "launcher": "driver", "program": "ddp",
+               "struck": False, "ok": True, "problems": [], "seconds": 1.0},
+              {"seed": 1, "round": 1, "fault": "kill", "launcher": "driver", "program": "ddp",
+               "struck": True, "ok": True, "problems": [], "seconds": 1.0, "to_error": 0.4,
+               "bound": 10.0}]
+    checks, _, times = chaos_table.tables(rounds)
+    assert "| kill | driver | 1 | 1 | ddp 1 |" in checks  # (1 counted, 1 unstruck)
+    assert "| kill | driver | 1 | 0.4 | 0.4 | 0.4 | 10 | 0 |" in times
+
+
+class _Run:
+    def __init__(self, run_id, pids=()):
+        self.id, self.membership = run_id, []
+        self.ranks = [type("Rank", (), {"pid": p})() for p in pids]
+
+
+def test_the_leak_checks_find_a_runs_folder_value_file_and_process_group(tmp_path):
+    record = chaos_leaks.Record()
+    value = tmp_path / "hvd_magic-value-x"
+    value.write_bytes(b"1")
+    record.values.add(str(value))
+    (tmp_path / "hvd_magic-RUNID-rank0-abc").mkdir()
+    (tmp_path / "hvd_magic-OTHER-rank0-abc").mkdir()  # (another run's: not this one's leak)
+    found = chaos_leaks.files_left("RUNID", record, temp=str(tmp_path))
+    assert [p.split(":")[0] for p in found] == ["leak folders", "leak shm"]
+    assert "OTHER" not in " ".join(found)
+    # a rank that led its own group, and a child of it that outlived it
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        record.ranks([leader.pid])
+        leader.kill()
+        leader.wait()
+        left = chaos_leaks.leftovers(_Run("RUNID-no-process-names-it"), record)
+        assert left, "the child in the rank's process group was not found"
+        assert chaos_leaks.left_behind(lambda: chaos_leaks.leftovers(
+            _Run("RUNID-no-process-names-it"), record), 0.5)[0].startswith("leak processes")
+    finally:
+        for pid in chaos_leaks._in_groups({leader.pid: record.groups.get(leader.pid)}):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_cut_is_refused_without_network_namespaces(monkeypatch):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__)))
+    import simhosts
+    monkeypatch.setattr(simhosts, "unavailable", lambda: "no namespaces here")
+    assert chaos.refused(["cut", "kill"]) == {"cut": "no namespaces here"}
+
+
+def test_a_second_notebooks_ranks_outlive_the_first_notebooks_cancel_and_end(ip):
+    """Two notebooks on one machine: the first's cancel and its run's end touch only its own
+    ranks; the second's (an IPython process of its own) go on and end as their own."""
+    beside = Neighbour(seed=0, number=0)
+    beside.cancel_at = 0  # (it runs until it is told to stop)
+    try:
+        assert beside.wait_started(), "the second notebook's run never started"
+        run = ip.run_cell_magic("distributed", "--np -2 --background --quiet",
+                                "import time\nfor _ in range(600):\n    time.sleep(0.05)")
+        while run.state == "running" and not all(r.pid for r in run.ranks):
+            time.sleep(0.05)
+        run.cancel()
+        with pytest.raises(Exception):
+            run.wait(60)
+        assert run.state == "cancelled"
+        assert beside.finish() == []
+    finally:
+        if beside.process.poll() is None:
+            beside.process.kill()
+            beside.process.wait()
+
+
+def test_the_table_is_remade_from_the_committed_outputs(tmp_path):
+    outputs = chaos_table.committed()
+    if not outputs:
+        pytest.skip("no committed soak outputs (bench/soak/*.jsonl.gz)")
+    text = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..",
+                                                        "bench", "chaos.py"), "--table"],
+                          capture_output=True, text=True, check=True).stdout
+    reliability = open(os.path.join(os.path.dirname(__file__), "..", "RELIABILITY.md")).read()
+    assert text.strip() in reliability, "RELIABILITY.md's tables are not --table's"
+
+
