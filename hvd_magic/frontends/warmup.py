@@ -121,15 +121,18 @@ def start(user_ns, magics, environ=os.environ):
     if kernel_template and begin(hold or []) is not None:
         held = f" (importing {', '.join(hold)})" if hold else ""
         started.append(f"the ranks' template{held} for --np -N")
+    spark_started = prestart.current() is not None
+    unstarted = said if spark_np is not None and not spark_started else None  # (pyspark broken)
     if not started:
-        return said  # (pyspark broken: why Spark was not started)
+        return unstarted
     first, *more = started
     first = first.replace(" for ", " in the background for ", 1)
     why = ("this notebook's cells use it" if plan.known else
            "the notebook's cells are not known here")
-    spark_words = "; a SparkSession your code builds stops Spark first" if spark_np else ""
-    return (f"hvd_magic: starting {', and '.join([first, *more])} ({why}){spark_words}. "
+    spark_words = "; a SparkSession your code builds stops Spark first" if spark_started else ""
+    line = (f"hvd_magic: starting {', and '.join([first, *more])} ({why}){spark_words}. "
             f"{prestart.ENV}=0 turns this off.")
+    return f"{unstarted}\n{line}" if unstarted else line
 
 
 def begin(modules):
