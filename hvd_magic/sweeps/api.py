@@ -10,7 +10,6 @@ Not for: scheduling (`hvd_magic.sweeps.runner`) or showing (`hvd_magic.sweeps.vi
 """
 
 import dataclasses
-import time
 
 from IPython.core.error import UsageError
 
