@@ -18,6 +18,7 @@ Which frames are the user's is decided on the rank, where the paths are the rank
 (`hvd_magic.rank.frames.is_users`).
 """
 
+import json
 import os
 import queue
 import signal
