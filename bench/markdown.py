@@ -7,7 +7,7 @@ Not for: running or timing anything.
 """
 
 STANDARD = {"bench", "name", "np", "median", "best", "ratio", "unit", "better", "values",
-            "reference", "column", "loads", "reps", "skipped", "error"}
+            "reference", "column", "loads", "reps", "skipped", "error", "absent"}
 
 TITLES = {
     "launch": "Launch: a trivial cell (`hvd.init()` + one allreduce), wall seconds of the call",
@@ -44,7 +44,8 @@ TITLES = {
     "sweeps": "A sweep (`hvd_magic.sweep`, np -2): 8 trials of 20 steps of 0.1 s, 2 at once, "
               "beside the same trials one after another (a loop of `hvd_magic.run`) and the "
               "ideal (the trials' own run times / 2); a trial's end to the next one's first "
-              "step; an early stop's decision to every rank's exit. Ray Tune: not installed",
+              "step; an early stop's decision to every rank's exit; beside them the same sweep "
+              "under Ray Tune with TorchTrainer (`--ray PYTHON`), Ray's start-up apart",
     "shards": "`--data`: Parquet read directly, converted, beside Spark's Arrow stage and `toPandas()`",
     "shards-stream": "`--data`: a shard 4× a rank's RSS budget streamed twice (RSS growth, MB)",
     "scripts": "Training scripts and MLflow: logging cost per point (ratio: share of a 5 ms step); "
@@ -147,6 +148,7 @@ def details(rows):
 
 
 def section(bench, rows):
+    absent = [r for r in rows if r.get("absent")]
     rows = [r for r in _with_best_ratios(rows) if r.get("median") is not None or r.get("error")]
     errors = [r for r in rows if r.get("error")]
     rows = [r for r in rows if r.get("median") is not None]
@@ -166,6 +168,8 @@ def section(bench, rows):
     extra = details(rows)
     if extra:
         out += ["", *extra]
+    if absent:
+        out += ["", "Not measured: " + "; ".join(f"{r['name']}: {r['absent']}" for r in absent)]
     if errors:
         out += ["", "Failures: " + "; ".join(f"{r['name']}: {str(r['error'])[:200]}" for r in errors)]
     return out
@@ -273,11 +277,15 @@ def targets(record):
                  f"paired by repetition {r.get('paired_ratio', 0):.2f}×)",
                  r["ratio"] >= 0.95)
     for r in _rows(record, "sweeps"):
-        if r.get("ideal_over_sweep") is not None:
+        if r.get("over_serial") is not None:
             line(f"a sweep ({r['name']}) ≥ 0.9× the ideal",
                  f"{r['ideal_over_sweep']:.2f}× ({r['median']:.2f} s; the same trials one "
                  f"after another take {1 / r['over_serial']:.2f}× as long)",
                  r["ideal_over_sweep"] >= 0.9)
+        elif r.get("over_hvd_magic") is not None:
+            line(f"the same sweep under {r['name'].split(',')[0]} (Ray {r.get('ray')})",
+                 f"{r['median']:.2f} s, {r['over_hvd_magic']:.2f}× hvd_magic's sweep "
+                 f"({r['ideal_over_sweep']:.2f}× the ideal)", None)
     for bench, target, ok in (("deepspeed-train", "DeepSpeed ZeRO-2 steps/s ≥ 0.95× torchrun",
                                lambda ratio: ratio >= 0.95),
                               ("jax-psum", "JAX psum rate ≥ 0.95× two processes by hand (ms ≤ "

@@ -16,10 +16,12 @@ which run it reads.
     .venv/bin/python bench/run_all.py --only launch training --out /tmp/B.md
     .venv/bin/python bench/run_all.py --from-json BENCHMARKS.json   # the .md again, no runs
     .venv/bin/python bench/run_all.py --only elastic --merge   # measure one again, keep the rest
+    .venv/bin/python bench/run_all.py --only sweeps --merge --ray ~/.cache/hvd_magic/ray-bench/bin/python
 
 With ``--merge`` the benchmarks named are measured and replace their earlier results in the
 .json beside ``--out``; the others are kept, and the file says of each benchmark measured apart
-from the full run when and at which commit it was.
+from the full run when and at which commit it was. ``--ray PYTHON`` names an interpreter that
+has Ray (not in the project's venv): the sweeps benchmark runs the same sweep under Ray Tune too.
 
 hvd_magic is imported from wherever the interpreter finds it; the file names the commit (and says
 when the working tree differed from it, or changed during the run). To measure one commit while
@@ -117,13 +119,13 @@ BENCHMARKS = {
 }
 
 
-def run_benchmark(name, quick, tmp):
+def run_benchmark(name, quick, tmp, ray=None):
     script, full, fast = BENCHMARKS[name]
     path = os.path.join(HERE, script)
     if not os.path.exists(path):
         return {"name": name, "ok": name == "shards", "missing": True, "seconds": 0,
                 "output": f"{script} does not exist (yet)", "rows": []}
-    args = fast if quick else full
+    args = (fast if quick else full) + (["--ray", ray] if ray and name == "sweeps" else [])
     out_json = os.path.join(tmp, f"{name}.json")
     cmd = [PY, path, *args, "--json", out_json]
     shown = " ".join([".venv/bin/python", f"bench/{script}", *args])
@@ -213,6 +215,9 @@ def main():
                         help="with --only: replace just those in --out's .json, keep the others")
     parser.add_argument("--from-json", metavar="PATH",
                         help="write --out from a BENCHMARKS.json of an earlier run; measure nothing")
+    parser.add_argument("--ray", metavar="PYTHON",
+                        help="an interpreter with ray[tune,train] and torch: the sweeps "
+                             "benchmark runs its sweep under Ray Tune too")
     args = parser.parse_args()
     out_json = os.path.splitext(args.out)[0] + ".json"
 
@@ -222,7 +227,7 @@ def main():
         with open(args.from_json) as f:
             record = json.load(f)
     elif args.merge:  # measured first; then, held alone, the files as they are now get them
-        measured = remeasured(args.only, args.quick)
+        measured = remeasured(args.only, args.quick, args.ray)
         with _held(out_json):
             with open(out_json) as f:
                 record = json.load(f)
@@ -236,7 +241,7 @@ def main():
                   "load_before": os.getloadavg()[0], "benchmarks": {}}
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
             for name in args.only or BENCHMARKS:
-                record["benchmarks"][name] = run_benchmark(name, args.quick, tmp)
+                record["benchmarks"][name] = run_benchmark(name, args.quick, tmp, args.ray)
         record["machine"] = machine()
         record["machine"]["hvd_magic"] = version
         if hvd_magic_version() != version:
@@ -252,14 +257,14 @@ def main():
     return 1 if failed else 0
 
 
-def remeasured(names, quick):
+def remeasured(names, quick, ray=None):
     """The benchmarks `names` measured again, each saying when and at which commit (the
     record's own date and machine stay the full run's)."""
     started, version = datetime.datetime.now(), hvd_magic_version()
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for name in names:
-            results[name] = run_benchmark(name, quick, tmp)
+            results[name] = run_benchmark(name, quick, tmp, ray)
             results[name]["measured"] = f"{started:%Y-%m-%d %H:%M}, {version}"
     return results
 
