@@ -192,8 +192,8 @@ def main():
         clean_up(before)
     show("deepspeed-train: rank 0's steps/s", rates, "torchrun", "steps/s")
     show("jax-psum: ms per 4 MiB all-reduce", psums, "by-hand", "ms")
-    print(f"\ndeepspeed-first-run: warm {statistics.median(warm):.1f} s, "
-          f"empty op folder {statistics.median(cold):.1f} s")
+    print(f"\ndeepspeed-first-run: warm {statistics.median(warm):.1f} s, empty op folder "
+          + (f"{statistics.median(cold):.1f} s" if cold else "not measured (--cold-reps 0)"))
     print(f"load averages (1, 5, 15 min) before, between, after: {loads}")
     warm_median = statistics.median(warm)
     write(args.json,
@@ -204,7 +204,7 @@ def main():
           + [row("deepspeed-first-run", "warm-op-folder", 2, warm, ref=warm_median,
                  reference="warm-op-folder", loads=loads),
              row("deepspeed-first-run", "empty-op-folder", 2, cold, ref=warm_median,
-                 reference="warm-op-folder", loads=loads)])
+                 reference="warm-op-folder", loads=loads)][:1 + bool(cold)])
 
 
 if __name__ == "__main__":
