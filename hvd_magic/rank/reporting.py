@@ -23,7 +23,7 @@ import time
 from . import hooks, profile, trial
 
 MIN_INTERVAL = 0.1
-STEP_INTERVAL = 0.25    # a framework's step count alone: the dashboard's progress, four times a second
+STEP_INTERVAL = 0.25    # a framework's step count alone: the progress, four times a second
 MAX_POINTS = 10_000     # metric points that make an event go at once (a tight loop's points)
 
 
