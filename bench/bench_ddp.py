@@ -41,8 +41,9 @@ HERE = os.path.abspath(__file__)
 WARMUP = 20
 
 
-def train(steps, warmup=WARMUP):
-    """Rank 0's steps/s of `steps` DDP steps (every rank returns its own)."""
+def train(steps, warmup=WARMUP, on_window=None):
+    """Rank 0's steps/s of `steps` DDP steps (every rank returns its own); `on_window("start")`
+    and `("end")` called at the timed steps' edges (bench_dscpu.py measures its CPU there)."""
     import time
 
     import torch
@@ -59,12 +60,16 @@ def train(steps, warmup=WARMUP):
     for i in range(warmup + steps):
         if i == warmup:  # every rank starts the clock together
             dist.barrier()
+            if on_window:
+                on_window("start")
             start = time.perf_counter()
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
     dist.barrier()
     rate = steps / (time.perf_counter() - start)
+    if on_window:
+        on_window("end")
     dist.destroy_process_group()
     return rate
 

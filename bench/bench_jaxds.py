@@ -42,8 +42,9 @@ ZERO2 = {"train_micro_batch_size_per_gpu": 64, "gradient_clipping": 0.0,
          "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
 
 
-def ds_train(steps, warmup=WARMUP):
-    """Rank 0's steps/s of `steps` ZeRO-2 steps (every rank returns its own)."""
+def ds_train(steps, warmup=WARMUP, on_window=None):
+    """Rank 0's steps/s of `steps` ZeRO-2 steps (every rank returns its own); `on_window("start")`
+    and `("end")` called at the timed steps' edges (bench_dscpu.py measures its CPU there)."""
     import time
 
     import deepspeed
@@ -60,11 +61,16 @@ def ds_train(steps, warmup=WARMUP):
     for i in range(warmup + steps):
         if i == warmup:
             dist.barrier()
+            if on_window:
+                on_window("start")
             start = time.perf_counter()
         engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
         engine.step()
     dist.barrier()
-    return steps / (time.perf_counter() - start)
+    rate = steps / (time.perf_counter() - start)
+    if on_window:
+        on_window("end")
+    return rate
 
 
 def jax_psum_ms(coordinator=None, process_id=None, mib=PSUM_MIB, calls=PSUM_CALLS):

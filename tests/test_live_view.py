@@ -533,10 +533,10 @@ def test_report_is_throttled_and_its_latest_value_follows_soon():
         hvd_magic.report(step=1, total=10)
         hvd_magic.report(step=2, total=10, note="latest")   # throttled: within 0.1 s of step 1
         time.sleep(1.0)                                      # a long step, reporting nothing
-        deadline = time.monotonic() + 30  # (a timer's thread can run late on a loaded host)
+        deadline = time.monotonic() + 30  # (the sender thread can run late on a loaded host)
         while reporting._channel.pending is not None and time.monotonic() < deadline:
             time.sleep(0.01)
-        # what this rank had sent before it ended: only the throttle's timer could send it
+        # what this rank had sent before it ended: only the throttle's sender could send it
         return busy, reporting._channel.last_event
 
     recorder = Recorder()
@@ -548,7 +548,7 @@ def test_report_is_throttled_and_its_latest_value_follows_soon():
     # ten events a second at most, plus one per MAX_POINTS points (every point reaches the driver)
     from hvd_magic.rank.reporting import MAX_POINTS
     assert len(burst) <= 10 * busy + 2 + 200_000 // MAX_POINTS
-    # The throttled step 2 was sent by the timer during the long step, not at the rank's end
+    # The throttled step 2 was sent by the sender thread during the long step, not at the rank's end
     # (the order of its arrival and of a line printed after it is not the rank's: they come by
     # two pipes), and it reached the driver.
     assert sent_in_the_long_step == {"t": "progress", "step": 2, "total": 10,

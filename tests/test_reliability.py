@@ -84,6 +84,25 @@ def ours():
     server.stop()
 
 
+def test_an_idle_rendezvous_sleeps_and_stops_at_once():
+    """Its thread lives as long as the run, beside ranks that need every core: it wakes for a
+    connection, not to poll; its stop is still immediate, and it answered until then."""
+    server = Rendezvous("127.0.0.1")
+    store = Store(server.port)
+    store.put("global", 0, b"address")
+
+    def wakeups():
+        with open(f"/proc/self/task/{server.thread.native_id}/status") as f:
+            return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    before = wakeups()
+    time.sleep(1.0)
+    assert wakeups() - before <= 2  # (it polled 20 times a second)
+    assert store.get("global", 0) == b"address"
+    start = time.monotonic()
+    server.stop()
+    assert time.monotonic() - start < 1.0 and not server.thread.is_alive()
+
+
 def test_the_next_init_never_reads_a_peers_stale_address(ours):
     first_init_with_a_late_global_delete(ours)
     ours.put("global", 0, b"global-0-gen1")     # rank 0 is in its second hvd.init()

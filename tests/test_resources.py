@@ -104,6 +104,29 @@ def test_a_busy_ranks_cpu_counts_its_child_processes():
             proc.kill()
 
 
+def test_a_ranks_descendants_are_the_kernels_list_of_every_threads_children():
+    """Found without reading every process of the host: a grandchild, and a child that a thread
+    other than the main one started, as psutil finds them."""
+    from hvd_magic.task.resources import descendants
+    script = ("import subprocess, sys, threading, time\n"
+              "sleep = [sys.executable, '-c', 'import time; time.sleep(600)']\n"
+              "grand = [sys.executable, '-c', 'import subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(600)\"]); "
+              "time.sleep(600)']\n"
+              "subprocess.Popen(grand)\n"
+              "threading.Thread(target=subprocess.Popen, args=(sleep,)).start()\n"
+              "time.sleep(600)")
+    rank = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        root = psutil.Process(rank.pid)
+        _wait(lambda: len(root.children(recursive=True)) == 3, what="three descendants")
+        found = {p.pid for p in descendants(root)}
+        assert found == {p.pid for p in root.children(recursive=True)}
+    finally:
+        for proc in psutil.Process(rank.pid).children(recursive=True) + [root]:
+            proc.kill()
+
+
 def test_a_processs_cpu_is_measured_between_samples_never_at_its_first_look():
     """A busy process's first sample read its CPU over the few milliseconds between psutil's
     baseline and the reading: a clock tick in them read 285% for one thread. Its first sample

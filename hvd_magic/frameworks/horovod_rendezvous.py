@@ -22,6 +22,7 @@ putter's generation. The first DELETE that closes generation g drops every value
 So a GET can only ever see an address from the generation its peers are in.
 """
 
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -108,22 +109,33 @@ class Rendezvous:
     """The rendezvous server of one launch, on every IPv4 interface, a free port.
 
     Horovod's own server also takes up to half a second to stop (its serve loop polls at 0.5 s)
-    and leaves its socket open; this one stops at once and closes it.
+    and leaves its socket open; this one stops at once and closes it. Its thread sleeps until a
+    connection comes (no poll: it lives as long as the run, beside ranks that need every core);
+    `stop` wakes it with a connection of its own.
     """
-
-    POLL_SECONDS = 0.05
 
     def __init__(self, host="0.0.0.0"):
         self.httpd = ThreadingHTTPServer((host, 0), _Handler)
         self.httpd.daemon_threads = True
+        self.httpd.timeout = None  # (`handle_request` waits for a connection, however long)
         self.httpd.store = self.store = GenerationStore()
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever,
-                                       args=(self.POLL_SECONDS,), name="hvd-magic-rendezvous",
+        self._stopping = False
+        self.thread = threading.Thread(target=self._serve, name="hvd-magic-rendezvous",
                                        daemon=True)
         self.thread.start()
 
+    def _serve(self):
+        while not self._stopping:
+            self.httpd.handle_request()
+
     def stop(self):
-        self.httpd.shutdown()
+        self._stopping = True
+        host = self.httpd.server_address[0]
+        try:  # the connection that wakes `_serve` (its handler reads nothing and ends)
+            socket.create_connection(("127.0.0.1" if host == "0.0.0.0" else host, self.port),
+                                     timeout=5).close()
+        except OSError:  # (nothing to wake: the thread cannot be in its wait)
+            pass
+        self.thread.join(timeout=5)
         self.httpd.server_close()
-        self.thread.join()

@@ -6,7 +6,12 @@ the same cell also runs as plain notebook code.
 
 Events are JSON lines written to the pipe named by ``HVD_MAGIC_EVENT_FD``; the task forwards them.
 Calls are throttled here (at most one progress event per `MIN_INTERVAL` seconds per rank, plus the
-last one) so that calling `report` on every training step costs a time check, not a syscall.
+last one) so that calling `report` on every training step costs a time check, not a syscall. A
+framework's own step count (DeepSpeed's ``engine.step()``), which carries no metric, goes at most
+every `STEP_INTERVAL`: each event wakes the task's, the event server's and the driver's threads,
+which share the ranks' cores. The latest event held back is sent by one sender thread of the
+rank, which sleeps until it is due (a thread per interval cost a thread start ten times a
+second, and the step that started it waited for it to run).
 """
 
 import json
@@ -18,6 +23,7 @@ import time
 from . import hooks, profile, trial
 
 MIN_INTERVAL = 0.1
+STEP_INTERVAL = 0.25    # a framework's step count alone: the progress, four times a second
 MAX_POINTS = 10_000     # metric points that make an event go at once (a tight loop's points)
 
 
@@ -26,13 +32,15 @@ class _Channel:
 
     def __init__(self):
         # re-entrant: an event is chosen and written under it, so two threads (the caller's and
-        # the throttle timer's) never write an older progress after a newer one
+        # the sender's) never write an older progress after a newer one
         self.lock = threading.RLock()
+        self.due = threading.Condition(self.lock)  # `send_at` set or cleared
         self.fd = None
         self.last_sent = 0.0
         self.last_event = None
         self.pending = None     # the latest throttled progress event, not sent yet
-        self.timer = None       # sends `pending` when its interval is over
+        self.send_at = None     # when the sender sends `pending`
+        self.sender = None      # the thread that does, started by the first event held back
         self.points = []        # every [step, metrics] reported since the last event
         self.calls = 0          # x of a point reported without a step
 
@@ -54,7 +62,7 @@ class _Channel:
             except OSError:
                 pass
 
-    def progress(self, event):
+    def progress(self, event, interval=MIN_INTERVAL):
         now = time.monotonic()
         with self.lock:
             repeated = self.pending is None and event == self.last_event
@@ -67,18 +75,36 @@ class _Channel:
             # (a repeated value without a step is a new point: it goes, not kept back unsent)
             final = (event["step"] is not None and event["total"] is not None
                      and event["step"] >= event["total"]) or len(self.points) >= MAX_POINTS
-            if not final and (self.timer is not None or now - self.last_sent < MIN_INTERVAL):
-                # Keep the latest; the timer sends it when the interval is over, so a rank that
+            if not final and (self.send_at is not None or now - self.last_sent < interval):
+                # Keep the latest; the sender sends it when the interval is over, so a rank that
                 # then computes for minutes without reporting still shows where it is.
                 self.pending = event
-                if self.timer is None:
-                    self.timer = threading.Timer(MIN_INTERVAL - (now - self.last_sent), self.flush)
-                    self.timer.daemon = True
-                    self.timer.start()
+                if self.send_at is None:
+                    self.send_at = self.last_sent + interval
+                    self._wake_sender()
                 return
-            self.pending = None
+            self.pending = self.send_at = None
             self.last_sent, self.last_event = now, event
             self.write(self._with_points(event))
+
+    def _wake_sender(self):
+        # (a rank forked from the template has no thread of its parent's: started here, once)
+        if self.sender is None or not self.sender.is_alive():
+            self.sender = threading.Thread(target=self._send_when_due, name="hvd-magic-progress",
+                                           daemon=True)
+            self.sender.start()
+        else:
+            self.due.notify()
+
+    def _send_when_due(self):
+        with self.lock:
+            while True:
+                if self.send_at is None:
+                    self.due.wait()
+                elif time.monotonic() < self.send_at:
+                    self.due.wait(self.send_at - time.monotonic())
+                else:
+                    self.flush()
 
     def _with_points(self, event):
         if not self.points:
@@ -88,8 +114,7 @@ class _Channel:
 
     def flush(self):
         with self.lock:
-            event, self.pending = self.pending, None
-            self.timer = None
+            event, self.pending, self.send_at = self.pending, None, None
             if event is not None:
                 self.last_sent, self.last_event = time.monotonic(), event
                 self.write(self._with_points(event))
@@ -166,7 +191,8 @@ def framework_step(step):
     """A framework's own step count as the rank's progress (DeepSpeed's ``engine.step()``),
     until the cell reports steps itself: then its own count (and total) stand."""
     if not _cell_reports_steps and _channel.event_fd() >= 0:
-        _channel.progress({"t": "progress", "step": step, "total": None, "metrics": {}})
+        _channel.progress({"t": "progress", "step": step, "total": None, "metrics": {}},
+                          STEP_INTERVAL)
 
 
 def flush():
