@@ -3,10 +3,15 @@
 cluster JAX detects), and cross-process collectives over Gloo are exact; real ranks, real JAX.
 """
 
+import gzip
+import json
+import os
+
 import numpy as np
 import pytest
 
 import hvd_magic
+from hvd_magic.timelines import ranks
 
 pytest.importorskip("jax", reason="make setup installs JAX (the jax extra)")
 
@@ -107,10 +112,65 @@ def test_an_elastic_run_of_jax_or_deepspeed_is_refused_with_what_to_do(ip, impor
     assert words in str(info.value)
 
 
-def test_a_jax_timeline_is_refused_plainly(ip):
-    from IPython.core.error import UsageError
-    with pytest.raises(UsageError, match="does not record JAX yet.*jax.profiler.trace"):
-        ip.run_cell_magic("horovod", "--np -2 --timeline --quiet", "import jax\n1\n")
+# A JAX loop: a jitted shard_map psum each step, its steps reported; rank 1 sleeps before each,
+# so it arrives last at every psum and rank 0 waits for it.
+JAX_LOOP = """\
+import time
+import numpy as np
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import hvd_magic
+jax.distributed.initialize()
+mesh = Mesh(np.array(jax.devices()), ("p",))
+add = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "p"), mesh=mesh, in_specs=P("p"),
+                            out_specs=P()))
+rows = jax.make_array_from_process_local_data(NamedSharding(mesh, P("p")),
+                                              np.ones((1, 256), np.float32))
+for step in range(1, 9):
+    if jax.process_index() == 1:
+        time.sleep(0.1)
+    total = add(rows).block_until_ready()
+    hvd_magic.report(step=step)
+float(np.asarray(total.addressable_data(0)).ravel()[0])
+"""
+
+
+def test_a_jax_cells_timeline_has_every_ranks_psums_merged(ip):
+    """--timeline on JAX code: JAX's profiler on every rank over reported steps 3 to 6, the
+    ranks' traces merged a process per rank, the jitted psum's XLA op in each, and the verdict
+    names the rank that slept."""
+    ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 3:6", JAX_LOOP)
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.results == [2.0, 2.0], run.error
+    assert run.timeline_path.endswith(ranks.FILE_NAME)
+    with gzip.open(run.timeline_path, "rt") as f:
+        trace = json.load(f)
+    assert trace["hvd_magic"]["framework"] == "jax"
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "process_name"}
+    assert sorted(names) == [0, 1] and all(names[r].startswith(f"rank {r} (") for r in names)
+    for rank in (0, 1):
+        mine = [e for e in trace["traceEvents"] if e.get("pid") == rank]
+        steps = [e["name"] for e in mine if e.get("cat") == "hvd_magic.step"]
+        assert steps == ["step 3", "step 4", "step 5", "step 6"], steps
+        psums = [e for e in mine if e.get("cat") == "jax_collective"]
+        assert len(psums) >= 4 and all(e["name"].endswith(":psum") for e in psums), psums
+        assert any(e.get("name", "").startswith("PjitFunction") for e in mine)  # JAX's own events
+        folder = os.path.join(run.run_dir, "profile", f"rank-{rank}", "plugins", "profile")
+        assert [n for _, _, found in os.walk(folder) for n in found
+                if n.endswith(".xplane.pb")], folder  # JAX's file, for TensorBoard or XProf
+    timeline = ranks.RanksTimeline.load(run.timeline_path)
+    assert timeline.verdict().startswith("rank 1 arrived last at "), timeline.verdict()
+    html = ip.run_line_magic("horovod_timeline", run.id)
+    assert "JAX profile" in getattr(html, "data", str(html))
+
+
+def test_a_jax_timeline_without_reported_steps_says_what_a_step_is(ip, capsys):
+    ip.run_cell_magic("horovod", "--np -2 --timeline", "import jax\n1\n")
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.timeline_path is None, run.error
+    out = capsys.readouterr().out
+    assert "--timeline recorded nothing" in out and "hvd_magic.report(step=...)" in out, out
 
 
 def test_jax_across_a_standalone_clusters_two_workers(ip, standalone):
