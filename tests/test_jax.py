@@ -6,6 +6,8 @@ cluster JAX detects), and cross-process collectives over Gloo are exact; real ra
 import gzip
 import json
 import os
+import re
+import time
 
 import numpy as np
 import pytest
@@ -110,6 +112,62 @@ def test_an_elastic_run_of_jax_or_deepspeed_is_refused_with_what_to_do(ip, impor
     with pytest.raises(UsageError, match="Drop --min-np") as info:
         ip.run_cell_magic("horovod", "--np -2 --min-np 1 --quiet", imports + "\n1\n")
     assert words in str(info.value)
+
+
+# Rank 1 sleeps in load_batch before the fourth gather; rank 0 waits for it in the gather.
+JAX_SLEEPER = """\
+import time
+import numpy as np
+import jax
+from jax.experimental import multihost_utils
+jax.distributed.initialize()
+def load_batch(batch_id):
+    time.sleep(120)
+for step in range(4):
+    if step == 3 and jax.process_index() == 1:
+        load_batch(7)
+    multihost_utils.process_allgather(np.ones(2))
+"""
+
+
+def test_jax_stacks_say_which_collective_each_rank_is_in(ip):
+    """%horovod_stacks of a JAX cell: the waiting rank in process_allgather, the sleeper in its
+    function, and where each is in JAX's waits: the sleeper one behind."""
+    run = ip.run_cell_magic("horovod", "--np -2 --background --quiet", JAX_SLEEPER)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            text = str(ip.run_line_magic("horovod_stacks", ""))
+            if ("in load_batch" in text and "→ process_allgather" in text) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        run.cancel()
+        with pytest.raises(hvd_magic.RunCancelled):
+            run.wait(60)
+    assert "rank 0: Cell In[" in text and "→ process_allgather" in text, text
+    assert "rank 1: Cell In[" in text and "in load_batch" in text, text
+    where = re.search(r"in collectives \(hvd_magic's count of JAX's waits\): rank 0 at #(\d+) "
+                      r"process_allgather; rank 1 at #(\d+) process_allgather \(behind\)", text)
+    assert where and int(where[1]) == int(where[2]) + 1, text
+
+
+def test_a_jax_rank_stuck_on_a_stopped_peer_is_a_stall_in_its_collective(ip):
+    """Rank 1 is stopped (SIGSTOP) before a jitted psum; rank 0 waits for the psum in
+    block_until_ready: the stall names that wait, not "in no collective"."""
+    cell = JAX_LOOP.replace("for step in range(1, 9):\n    if jax.process_index() == 1:\n"
+                            "        time.sleep(0.1)\n",
+                            "import os, signal\nfor step in range(1, 4):\n"
+                            "    if step == 3 and jax.process_index() == 1:\n"
+                            "        os.kill(os.getpid(), signal.SIGSTOP)\n")
+    assert "SIGSTOP" in cell
+    with pytest.raises(hvd_magic.RunStalled) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 3 --on-stall fail "
+                                     "--timeout 200", cell)
+    text = "\n".join(info.value._render_traceback_())
+    assert re.search(r"rank 0 has been waiting in a collective \(jit\(", text), text
+    assert "rank 1 is running elsewhere" in text, text
 
 
 # A JAX loop: a jitted shard_map psum each step, its steps reported; rank 1 sleeps before each,

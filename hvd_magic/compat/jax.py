@@ -1,4 +1,5 @@
-"""JAX's private pieces hvd_magic uses: its cluster auto-detection (`jax._src.clusters`).
+"""JAX's private pieces hvd_magic uses: its cluster auto-detection (`jax._src.clusters`), and
+the class of its arrays (`jax._src.array.ArrayImpl`), whose waits the stall views wrap.
 
 A bare ``jax.distributed.initialize()`` reads the coordinator from ``JAX_COORDINATOR_ADDRESS``
 (public) but the process count and id only from a detected cluster (Slurm, Open MPI, TPU VMs,
@@ -63,3 +64,20 @@ def register_cluster():
     known.remove(HvdMagicCluster)
     known.insert(0, HvdMagicCluster)  # before Slurm's or Kubernetes' on a host that has them
     return True
+
+
+def array_class():
+    """The class of JAX's arrays, whose ``block_until_ready`` and ``_value`` (what
+    ``np.asarray``, ``float`` and ``print`` read) wait for the computation that makes an array,
+    a collective's included; None where this JAX keeps them elsewhere (said once)."""
+    try:
+        from jax._src.array import ArrayImpl
+    except ImportError:
+        ArrayImpl = None
+    value = getattr(ArrayImpl, "_value", None) if ArrayImpl is not None else None
+    if not callable(getattr(ArrayImpl, "block_until_ready", None)) or \
+            not isinstance(value, property):
+        unavailable("jax", "jax.Array's waits (jax._src.array.ArrayImpl)",
+                    "a rank waiting in block_until_ready is not named as in a collective")
+        return None
+    return ArrayImpl

@@ -22,8 +22,9 @@ from .ranks import ranks_text
 INIT_STALL_MIN = 10.0
 INIT_STALL_MAX = 30.0
 # The waits every rank must enter before any collective, as the ranks name them, and as the
-# messages name them (Horovod's, torch.distributed's).
-INIT_OPS = {"init": "hvd.init()", "init_process_group": "dist.init_process_group()"}
+# messages name them (Horovod's, torch.distributed's, JAX's).
+INIT_OPS = {"init": "hvd.init()", "init_process_group": "dist.init_process_group()",
+            "jax.distributed.initialize": "jax.distributed.initialize()"}
 
 
 def init_stall_seconds(stall_timeout):
