@@ -205,15 +205,16 @@ def elastic_kind(reading, job):
         f"then ends the run with its error, and you rerun it from your last checkpoint.")
 
 
+# (in this order: JAX before TensorFlow, whose tf.data a JAX loop often reads)
 PROFILED = {"torch": ("torch", "lightning", "pytorch_lightning", "accelerate"),
-            "tensorflow": ("tensorflow", "keras", "tf_keras"), "jax": ("jax", "flax")}
+            "jax": ("jax", "flax"), "tensorflow": ("tensorflow", "keras", "tf_keras")}
 DETAIL = {"torch": ("shapes", "stacks", "memory"), "tensorflow": ("stacks",), "jax": ("stacks",)}
 
 
 def profile_plan(reading, job, options):
     """What ``--timeline`` records of a job that uses no Horovod: its framework's profiler on
     every rank over a window of steps ({"framework", "skip", "steps", "detail"}:
-    `hvd_magic.rank.profile`); torch where the job imports it, else TensorFlow, else JAX. None where
+    `hvd_magic.rank.profile`); torch where the job imports it, else JAX, else TensorFlow. None where
     Horovod's timeline is recorded, or no timeline is asked for. A job that uses none of them
     gets a UsageError saying what to do."""
     if not options.timeline:

@@ -170,6 +170,20 @@ def test_a_jax_rank_stuck_on_a_stopped_peer_is_a_stall_in_its_collective(ip):
     assert "rank 1 is running elsewhere" in text, text
 
 
+def test_a_rank_missing_from_jax_distributed_initialize_is_named(ip):
+    """Rank 1 sleeps before initialize: rank 0's wait in it is reported as an init stall that
+    names rank 1 and JAX's own timeout, not as a rank idle "in no collective"."""
+    cell = ("import os, time\nimport jax\nif os.environ['RANK'] == '1':\n    time.sleep(90)\n"
+            "jax.distributed.initialize()\n")
+    with pytest.raises(hvd_magic.RunStalled) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 3 --on-stall fail "
+                                     "--timeout 200", cell)
+    text = "\n".join(info.value._render_traceback_())
+    assert "rank 0 has been waiting in jax.distributed.initialize() for" in text, text
+    assert "for rank 1, which has not called it" in text, text
+    assert "JAX's initialization timeout" in text, text
+
+
 # A JAX loop: a jitted shard_map psum each step, its steps reported; rank 1 sleeps before each,
 # so it arrives last at every psum and rank 0 waits for it.
 JAX_LOOP = """\

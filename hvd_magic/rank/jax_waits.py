@@ -12,7 +12,7 @@ Where a JAX rank waits for the other processes:
   around it (every attribute, ``lower`` and ``trace`` included, is the jitted function's);
 - on GPU the call returns at once and the wait is in ``block_until_ready`` (a jax.Array's or
   ``jax.block_until_ready``) or where the value is read back (``np.asarray``, ``float``,
-  ``print``): both wrapped on JAX's array class (`hvd_magic.compat.jax`, where a JAX keeps it
+  ``print``): both wrapped on JAX's array class (`hvd_magic.compat.jax`; where a JAX keeps it
   elsewhere one line says so).
 
 Each rank counts the waits it began (a wait inside another is the outer one's), and its stacks
@@ -94,18 +94,9 @@ def _patch_jax(jax):
         fn = getattr(jax, kind, None)
         if fn is not None and not getattr(fn, "_hvd_magic_wait", False):
             setattr(jax, kind, _transform(fn, kind))
-    array = jax_compat.array_class()
-    if array is not None and not getattr(array.block_until_ready, "_hvd_magic_wait", False):
-        # (a computation already dispatched: holding it back for a peer in pdb is too late)
-        method = array.block_until_ready  # (a C++ method: functools.wraps cannot read it)
-
-        def block_until_ready(self):
-            return method(self)
-
-        array.block_until_ready = stall._blocking(block_until_ready, "block_until_ready",
-                                                  False, _began)
-        array.block_until_ready._hvd_magic_wait = True
-        array._value = property(stall._blocking(array._value.fget, TO_HOST, False, _began))
+    # (a computation already dispatched: holding it back for a peer in pdb is too late)
+    jax_compat.wrap_array_waits(lambda fn, what: stall._blocking(
+        fn, TO_HOST if what == "value" else what, False, _began))
     stall._start_monitor()
 
 

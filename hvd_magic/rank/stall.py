@@ -6,11 +6,12 @@ in ``hvd.init()`` waits for every peer to call it too, up to several times Gloo'
 torch.distributed's Gloo waits 30 minutes by default. Each wait in Horovod's `init`,
 `synchronize`, `join` or `barrier`, and in torch.distributed's `init_process_group`, collectives
 (`TORCH_WAITS`), an asynchronous collective's ``Work.wait()`` and, once a
-`DistributedDataParallel` exists, `backward` (where DDP's reducer
-waits for the gradients' all-reduce), once a tf.distribute `MultiWorkerMirroredStrategy`
-exists, the calls its collectives run under, and JAX's (`hvd_magic.rank.jax_waits`), sets a flag (a time check, no syscall); a monitor
-thread sends a ``blocked`` event (with the operation) once a wait has lasted `REPORT_AFTER`
-seconds and ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`) compares the ranks.
+`DistributedDataParallel` exists, `backward` (where DDP's reducer waits for the gradients'
+all-reduce), once a tf.distribute `MultiWorkerMirroredStrategy` exists, the calls its
+collectives run under, and JAX's (`hvd_magic.rank.jax_waits`), sets a flag (a time check, no
+syscall); a monitor thread sends a ``blocked`` event (with the operation) once a wait has
+lasted `REPORT_AFTER` seconds and ``unblocked`` when it ends. The driver
+(`hvd_magic.driver.watchdog`) compares the ranks.
 
 Each module is patched right after it is imported (`hooks`): nothing is imported here.
 
