@@ -205,15 +205,16 @@ def elastic_kind(reading, job):
         f"then ends the run with its error, and you rerun it from your last checkpoint.")
 
 
+# (in this order: JAX before TensorFlow, whose tf.data a JAX loop often reads)
 PROFILED = {"torch": ("torch", "lightning", "pytorch_lightning", "accelerate"),
-            "tensorflow": ("tensorflow", "keras", "tf_keras")}
-DETAIL = {"torch": ("shapes", "stacks", "memory"), "tensorflow": ("stacks",)}
+            "jax": ("jax", "flax"), "tensorflow": ("tensorflow", "keras", "tf_keras")}
+DETAIL = {"torch": ("shapes", "stacks", "memory"), "tensorflow": ("stacks",), "jax": ("stacks",)}
 
 
 def profile_plan(reading, job, options):
     """What ``--timeline`` records of a job that uses no Horovod: its framework's profiler on
     every rank over a window of steps ({"framework", "skip", "steps", "detail"}:
-    `hvd_magic.rank.profile`); torch where the job imports it, else TensorFlow. None where
+    `hvd_magic.rank.profile`); torch where the job imports it, else JAX, else TensorFlow. None where
     Horovod's timeline is recorded, or no timeline is asked for. A job that uses none of them
     gets a UsageError saying what to do."""
     if not options.timeline:
@@ -227,16 +228,12 @@ def profile_plan(reading, job, options):
     roots = {name.split(".")[0] for name in reading.imports}
     framework = next((f for f, names in PROFILED.items() if roots & set(names)), None)
     what = "script" if job.get("script") else "cell" if job.get("cell") else "function"
-    if framework is None and "jax" in roots:
-        raise UsageError(
-            f"--timeline does not record JAX yet: drop it, and trace in the {what} with "
-            f"jax.profiler.trace(folder) (one trace per rank, read with TensorBoard or "
-            f"Perfetto); a job that also imports torch gets torch's timeline.")
     if framework is None:
         raise UsageError(
             f"--timeline records Horovod's timeline (code that uses Horovod), torch's profiler "
             f"(code that imports torch, Lightning or accelerate) or TensorFlow's (code that "
-            f"imports tensorflow or keras); this {what} uses none of them.")
+            f"imports tensorflow or keras) or JAX's (code that imports jax); this {what} uses none "
+            f"of them.")
     extra = [d for d in options.timeline_detail if d not in DETAIL[framework]]
     if extra:
         raise UsageError(f"--timeline-detail {','.join(extra)}: {framework}'s profiler records "

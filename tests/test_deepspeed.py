@@ -121,6 +121,28 @@ def test_a_deepspeed_checkpoint_is_saved_and_loaded_where_the_cell_says(ip, tmp_
     assert (folder / "end").is_dir() and (folder / "latest").read_text() == "end"
 
 
+def test_a_checkpoint_saved_to_a_relative_folder_outlives_the_run_and_loads_in_the_next(
+        ip, tmp_path, monkeypatch):
+    """A relative folder is the notebook's (the ranks' working directory on its host), not a
+    rank's temporary folder removed at its end: ZeRO-2 saves to "ckpt",
+    the folder is there after the run, and a second run's fresh engine loads it from there."""
+    monkeypatch.chdir(tmp_path)  # (the notebook's folder)
+    save = WEIGHTS.replace("STAGE", "2") + ("engine.save_checkpoint('ckpt', tag='end')\n"
+                                            "(losses, weights)\n")
+    ip.run_cell_magic("horovod", "--np -2 --quiet", cell(2, save))
+    trained = hvd_magic.last_run().results
+    assert_as_one_process(trained)
+    assert (tmp_path / "ckpt" / "latest").read_text() == "end"
+    assert (tmp_path / "ckpt" / "end").is_dir()
+    load = cell(2, "").split("g = torch.Generator()")[0].replace("manual_seed(0)", "manual_seed(7)")
+    ip.run_cell_magic("horovod", "--np -2 --quiet",
+                      load + "engine.load_checkpoint('ckpt')\n"
+                             "[p.detach().tolist() for p in engine.module.parameters()]\n")
+    for loaded in hvd_magic.last_run().results:
+        for got, want in zip(loaded, trained[0][1]):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_a_killed_deepspeed_rank_is_named(ip):
     tail = "if rank == 1:\n    os.kill(os.getpid(), 9)\nengine.step()\nlosses\n"
     with pytest.raises(hvd_magic.RankError) as info:

@@ -3,10 +3,17 @@
 cluster JAX detects), and cross-process collectives over Gloo are exact; real ranks, real JAX.
 """
 
+import gzip
+import json
+import os
+import re
+import time
+
 import numpy as np
 import pytest
 
 import hvd_magic
+from hvd_magic.timelines import ranks
 
 pytest.importorskip("jax", reason="make setup installs JAX (the jax extra)")
 
@@ -107,10 +114,135 @@ def test_an_elastic_run_of_jax_or_deepspeed_is_refused_with_what_to_do(ip, impor
     assert words in str(info.value)
 
 
-def test_a_jax_timeline_is_refused_plainly(ip):
-    from IPython.core.error import UsageError
-    with pytest.raises(UsageError, match="does not record JAX yet.*jax.profiler.trace"):
-        ip.run_cell_magic("horovod", "--np -2 --timeline --quiet", "import jax\n1\n")
+# Rank 1 sleeps in load_batch before the fourth gather; rank 0 waits for it in the gather.
+JAX_SLEEPER = """\
+import time
+import numpy as np
+import jax
+from jax.experimental import multihost_utils
+jax.distributed.initialize()
+def load_batch(batch_id):
+    time.sleep(120)
+for step in range(4):
+    if step == 3 and jax.process_index() == 1:
+        load_batch(7)
+    multihost_utils.process_allgather(np.ones(2))
+"""
+
+
+def test_jax_stacks_say_which_collective_each_rank_is_in(ip):
+    """%horovod_stacks of a JAX cell: the waiting rank in process_allgather, the sleeper in its
+    function, and where each is in JAX's waits: the sleeper one behind."""
+    run = ip.run_cell_magic("horovod", "--np -2 --background --quiet", JAX_SLEEPER)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            text = str(ip.run_line_magic("horovod_stacks", ""))
+            if ("in load_batch" in text and "→ process_allgather" in text) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        run.cancel()
+        with pytest.raises(hvd_magic.RunCancelled):
+            run.wait(60)
+    assert "rank 0: Cell In[" in text and "→ process_allgather" in text, text
+    assert "rank 1: Cell In[" in text and "in load_batch" in text, text
+    where = re.search(r"in collectives \(hvd_magic's count of JAX's waits\): rank 0 at #(\d+) "
+                      r"process_allgather; rank 1 at #(\d+) process_allgather \(behind\)", text)
+    assert where and int(where[1]) == int(where[2]) + 1, text
+
+
+def test_a_jax_rank_stuck_on_a_stopped_peer_is_a_stall_in_its_collective(ip):
+    """Rank 1 is stopped (SIGSTOP) before a jitted psum; rank 0 waits for the psum in
+    block_until_ready: the stall names that wait, not "in no collective"."""
+    cell = JAX_LOOP.replace("for step in range(1, 9):\n    if jax.process_index() == 1:\n"
+                            "        time.sleep(0.1)\n",
+                            "import os, signal\nfor step in range(1, 4):\n"
+                            "    if step == 3 and jax.process_index() == 1:\n"
+                            "        os.kill(os.getpid(), signal.SIGSTOP)\n")
+    assert "SIGSTOP" in cell
+    with pytest.raises(hvd_magic.RunStalled) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 3 --on-stall fail "
+                                     "--timeout 200", cell)
+    text = "\n".join(info.value._render_traceback_())
+    assert re.search(r"rank 0 has been waiting in a collective \(jit\(", text), text
+    assert "rank 1 is running elsewhere" in text, text
+
+
+def test_a_rank_missing_from_jax_distributed_initialize_is_named(ip):
+    """Rank 1 sleeps before initialize: rank 0's wait in it is reported as an init stall that
+    names rank 1 and JAX's own timeout, not as a rank idle "in no collective"."""
+    cell = ("import os, time\nimport jax\nif os.environ['RANK'] == '1':\n    time.sleep(90)\n"
+            "jax.distributed.initialize()\n")
+    with pytest.raises(hvd_magic.RunStalled) as info:
+        ip.run_cell_magic("horovod", "--np -2 --quiet --stall-timeout 3 --on-stall fail "
+                                     "--timeout 200", cell)
+    text = "\n".join(info.value._render_traceback_())
+    assert "rank 0 has been waiting in jax.distributed.initialize() for" in text, text
+    assert "for rank 1, which has not called it" in text, text
+    assert "JAX's initialization timeout" in text, text
+
+
+# A JAX loop: a jitted shard_map psum each step, its steps reported; rank 1 sleeps before each,
+# so it arrives last at every psum and rank 0 waits for it.
+JAX_LOOP = """\
+import time
+import numpy as np
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import hvd_magic
+jax.distributed.initialize()
+mesh = Mesh(np.array(jax.devices()), ("p",))
+add = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "p"), mesh=mesh, in_specs=P("p"),
+                            out_specs=P()))
+rows = jax.make_array_from_process_local_data(NamedSharding(mesh, P("p")),
+                                              np.ones((1, 256), np.float32))
+for step in range(1, 9):
+    if jax.process_index() == 1:
+        time.sleep(0.1)
+    total = add(rows).block_until_ready()
+    hvd_magic.report(step=step)
+float(np.asarray(total.addressable_data(0)).ravel()[0])
+"""
+
+
+def test_a_jax_cells_timeline_has_every_ranks_psums_merged(ip):
+    """--timeline on JAX code: JAX's profiler on every rank over reported steps 3 to 6, the
+    ranks' traces merged a process per rank, the jitted psum's XLA op in each, and the verdict
+    names the rank that slept."""
+    ip.run_cell_magic("horovod", "--np -2 --quiet --timeline-steps 3:6", JAX_LOOP)
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.results == [2.0, 2.0], run.error
+    assert run.timeline_path.endswith(ranks.FILE_NAME)
+    with gzip.open(run.timeline_path, "rt") as f:
+        trace = json.load(f)
+    assert trace["hvd_magic"]["framework"] == "jax"
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "process_name"}
+    assert sorted(names) == [0, 1] and all(names[r].startswith(f"rank {r} (") for r in names)
+    for rank in (0, 1):
+        mine = [e for e in trace["traceEvents"] if e.get("pid") == rank]
+        steps = [e["name"] for e in mine if e.get("cat") == "hvd_magic.step"]
+        assert steps == ["step 3", "step 4", "step 5", "step 6"], steps
+        psums = [e for e in mine if e.get("cat") == "jax_collective"]
+        assert len(psums) >= 4 and all(e["name"].endswith(":psum") for e in psums), psums
+        assert any(e.get("name", "").startswith("PjitFunction") for e in mine)  # JAX's own events
+        folder = os.path.join(run.run_dir, "profile", f"rank-{rank}", "plugins", "profile")
+        assert [n for _, _, found in os.walk(folder) for n in found
+                if n.endswith(".xplane.pb")], folder  # JAX's file, for TensorBoard or XProf
+    timeline = ranks.RanksTimeline.load(run.timeline_path)
+    assert timeline.verdict().startswith("rank 1 arrived last at "), timeline.verdict()
+    html = ip.run_line_magic("horovod_timeline", run.id)
+    assert "JAX profile" in getattr(html, "data", str(html))
+
+
+def test_a_jax_timeline_without_reported_steps_says_what_a_step_is(ip, capsys):
+    ip.run_cell_magic("horovod", "--np -2 --timeline", "import jax\n1\n")
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.timeline_path is None, run.error
+    out = capsys.readouterr().out
+    assert "--timeline recorded nothing" in out and "hvd_magic.report(step=...)" in out, out
 
 
 def test_jax_across_a_standalone_clusters_two_workers(ip, standalone):

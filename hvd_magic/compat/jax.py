@@ -1,4 +1,6 @@
-"""JAX's private pieces hvd_magic uses: its cluster auto-detection (`jax._src.clusters`).
+"""JAX's private pieces hvd_magic uses: its cluster auto-detection (`jax._src.clusters`), and
+the class of its arrays (`jax._src.array.ArrayImpl`), whose waits `hvd_magic.rank.jax_waits`
+wraps.
 
 A bare ``jax.distributed.initialize()`` reads the coordinator from ``JAX_COORDINATOR_ADDRESS``
 (public) but the process count and id only from a detected cluster (Slurm, Open MPI, TPU VMs,
@@ -62,4 +64,32 @@ def register_cluster():
 
     known.remove(HvdMagicCluster)
     known.insert(0, HvdMagicCluster)  # before Slurm's or Kubernetes' on a host that has them
+    return True
+
+
+def wrap_array_waits(wrap):
+    """Replace the waits of JAX's arrays (`jax._src.array.ArrayImpl`) by `wrap(fn, what)`:
+    ``block_until_ready`` (what: "block_until_ready") and ``_value`` (what: "value", read by
+    ``np.asarray``, ``float``, ``print``), both of which wait for the computation that makes an
+    array, a collective's included. Once; False where this JAX keeps them elsewhere (said once)."""
+    try:
+        from jax._src.array import ArrayImpl
+    except ImportError:
+        ArrayImpl = None
+    value = getattr(ArrayImpl, "_value", None) if ArrayImpl is not None else None
+    if not callable(getattr(ArrayImpl, "block_until_ready", None)) or \
+            not isinstance(value, property):
+        unavailable("jax", "jax.Array's waits (jax._src.array.ArrayImpl)",
+                    "a rank waiting in block_until_ready is not named as in a collective")
+        return False
+    if getattr(ArrayImpl.block_until_ready, "_hvd_magic_wait", False):
+        return True
+    method = ArrayImpl.block_until_ready  # (a C++ method: functools.wraps cannot read it)
+
+    def block_until_ready(self):
+        return method(self)
+
+    ArrayImpl.block_until_ready = wrap(block_until_ready, "block_until_ready")
+    ArrayImpl.block_until_ready._hvd_magic_wait = True
+    ArrayImpl._value = property(wrap(value.fget, "value"))
     return True

@@ -173,19 +173,23 @@ class Stacks(dict):
 def where_in_collectives(collectives):
     """Lines saying where the ranks are in each group's collectives, furthest first: "in
     collectives (torch's Flight Recorder): ranks 0, 2-3 at #58 gloo:all_reduce; rank 1 at #57
-    gloo:all_reduce (behind)"; none when no rank said (no group made, or no torch)."""
-    groups = {}
+    gloo:all_reduce (behind)", or of JAX's waits as the ranks count them (group ``jax``); none
+    when no rank said (no group made, no collective yet)."""
+    groups, sources = {}, {}
     for rank, entries in collectives.items():
         for entry in entries:
-            groups.setdefault(str(entry.get("group")), {}).setdefault(
+            group = str(entry.get("group"))
+            sources.setdefault(group, entry.get("by") or "torch's Flight Recorder")
+            groups.setdefault(group, {}).setdefault(
                 (entry.get("seq", 0), str(entry.get("op"))), []).append(rank)
+    torch_groups = [g for g in groups if sources[g] == "torch's Flight Recorder"]
     lines = []
     for group, places in sorted(groups.items()):
         ordered = sorted(places.items(), key=lambda p: -p[0][0])
         parts = [f"{rank_ranges(sorted(ranks))} at #{seq} {op}" + (" (behind)" if i else "")
                  for i, ((seq, op), ranks) in enumerate(ordered)]
-        where = "" if len(groups) == 1 else f" of group {group}"
-        lines.append(f"in collectives{where} (torch's Flight Recorder): {'; '.join(parts)}")
+        where = f" of group {group}" if group in torch_groups and len(torch_groups) > 1 else ""
+        lines.append(f"in collectives{where} ({sources[group]}): {'; '.join(parts)}")
     return lines
 
 

@@ -22,8 +22,9 @@ from .ranks import ranks_text
 INIT_STALL_MIN = 10.0
 INIT_STALL_MAX = 30.0
 # The waits every rank must enter before any collective, as the ranks name them, and as the
-# messages name them (Horovod's, torch.distributed's).
-INIT_OPS = {"init": "hvd.init()", "init_process_group": "dist.init_process_group()"}
+# messages name them (Horovod's, torch.distributed's, JAX's).
+INIT_OPS = {"init": "hvd.init()", "init_process_group": "dist.init_process_group()",
+            "jax.distributed.initialize": "jax.distributed.initialize()"}
 
 
 def init_stall_seconds(stall_timeout):
@@ -96,6 +97,13 @@ def _init_names(ranks):
     return " or ".join(dict.fromkeys(INIT_OPS[r.blocked_op] for r in ranks))
 
 
+def _init_timeout(ranks):
+    """Whose timeout ends a wait in init: JAX's (300 s by default) or Gloo's."""
+    if all(r.blocked_op == "jax.distributed.initialize" for r in ranks):
+        return "JAX's initialization timeout (300 s unless the cell passes another)"
+    return "Gloo's timeout"
+
+
 def _init_message(ranks, in_init, now):
     joined = [r for r in ranks if r.exit is None and r.blocked_op in INIT_OPS]
     missing = [r for r in ranks if r not in joined]
@@ -110,7 +118,7 @@ def _init_message(ranks, in_init, now):
              f"{init} for {waited:.0f} s for {ranks_text(missing)}, which "
              f"{'have' if len(missing) > 1 else 'has'} not called it. Every rank must call "
              f"{init} (not only some, e.g. behind `if` on the rank); the waiting ranks give "
-             f"up only after Gloo's timeout."]
+             f"up only after {_init_timeout(joined)}."]
     for r in missing:
         if r.exit is not None:
             doing = "ended"

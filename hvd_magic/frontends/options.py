@@ -45,17 +45,18 @@ TIMELINE_OPTIONS = (
         help="Record where the time goes: a Horovod timeline on rank 0 for a cell that uses "
              "Horovod; for one that uses torch without Horovod (DDP, FSDP, Lightning, "
              "accelerate, a plain loop), torch's profiler on every rank over a few optimizer "
-             "steps, and for TensorFlow (tf.distribute, Keras) TensorFlow's over a few Keras "
-             "batches (or hvd_magic.report steps), merged with the clocks aligned. Brought back "
+             "steps, for TensorFlow (tf.distribute, Keras) TensorFlow's over a few Keras "
+             "batches (or hvd_magic.report steps), for JAX JAX's over a few hvd_magic.report "
+             "steps, merged with the clocks aligned. Brought back "
              "to the run folder (see %%horovod_timeline).")),
     (("--timeline-steps",), dict(
         type=str, default=None, metavar="A:B",
-        help="With torch or TensorFlow: the steps the profiler records, from A to B (default "
+        help="With torch, TensorFlow or JAX: the steps the profiler records, from A to B (default "
              "4:8; implies --timeline).")),
     (("--timeline-detail",), dict(
         type=str, default=None, metavar="WHAT",
-        help="With torch or TensorFlow: what the profiler records besides each operator's "
-             "time, comma-separated: shapes, stacks, memory (torch; TensorFlow: stacks). Each "
+        help="With torch, TensorFlow or JAX: what the profiler records besides each operator's "
+             "time, comma-separated: shapes, stacks, memory (torch; TensorFlow, JAX: stacks). Each "
              "costs step time. Implies --timeline.")),
 )
 

@@ -19,7 +19,7 @@ JAX cell's ranks import it themselves.
 import functools
 import os
 
-from . import hooks
+from . import hooks, jax_waits
 from .gpus import OWN
 
 
@@ -52,6 +52,8 @@ def _on_import(jax):
 
 
 def install():
-    """JAX's device variables now; the cluster and initialize hooked for when the cell imports it."""
+    """JAX's device variables now; the cluster, initialize and JAX's waits (`jax_waits`) hooked
+    for when the cell imports it."""
     _devices()
     hooks.when_imported("jax", _on_import)
+    jax_waits.install()

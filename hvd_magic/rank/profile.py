@@ -1,5 +1,5 @@
-"""``--timeline`` on a rank that runs no Horovod: torch's (or TensorFlow's) profiler over a few
-steps.
+"""``--timeline`` on a rank that runs no Horovod: torch's (or TensorFlow's, or JAX's) profiler
+over a few steps.
 
 The driver asks for it in ``HVD_MAGIC_PROFILE`` (JSON: ``framework``, ``skip``, ``steps``,
 ``detail``, ``budget``, ``path``). With torch, a step is a training step, seen through its
@@ -10,7 +10,8 @@ where a training step's first optimizer steps: the first one ever, or one that a
 the current training step (a new one begun). A GAN's discriminator and generator count one step
 together, its bounds the discriminator's steps; a critic stepped five times a generator step
 counts five. With TensorFlow, a step is a Keras training batch or a
-``hvd_magic.report(step=...)`` (`hvd_magic.rank.tf_profile`). After ``skip`` steps the profiler
+``hvd_magic.report(step=...)`` (`hvd_magic.rank.tf_profile`); with JAX, a
+``hvd_magic.report(step=...)`` (`hvd_magic.rank.jax_profile`). After ``skip`` steps the profiler
 starts; ``steps`` steps later it stops, on the step, and a thread of its own exports, trims and
 writes the trace to ``path`` (the task sends its folder back) while training goes on, with the
 wall-clock time of each step counted (the profiled steps' bounds) and the rank's host.
@@ -32,11 +33,11 @@ import socket
 import threading
 import time
 
-from . import hooks, tf_profile
+from . import hooks, jax_profile, tf_profile
 
 PLAN = "HVD_MAGIC_PROFILE"
 _KEEP = ("user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "cuda_runtime",
-         "tf_collective")
+         "tf_collective", "jax_collective")
 
 
 class _Window:
@@ -91,10 +92,19 @@ class _Window:
 
     def _start(self):
         folder = os.path.dirname(self.path)
-        self.recorder = (tf_profile.Recorder(self.detail, folder, self.budget)
-                         if self.framework == "tensorflow" else
-                         _TorchRecorder(self.detail, folder))
-        self.recorder.start()
+        recorders = {"tensorflow": tf_profile.Recorder, "jax": jax_profile.Recorder}
+        recorder = (recorders[self.framework](self.detail, folder, self.budget)
+                    if self.framework in recorders else _TorchRecorder(self.detail, folder))
+        try:
+            recorder.start()
+        except RuntimeError as exc:  # (the job's own profiler runs: only one may at a time)
+            self.done = True
+            os.write(2, f"hvd_magic: --timeline records nothing on this rank: its profiler "
+                        f"could not start ({exc}). A job that runs the profiler itself "
+                        f"(jax.profiler.trace, torch.profiler.profile) records its own: drop "
+                        f"--timeline.\n".encode())
+            return
+        self.recorder = recorder
         self.marks.append(time.time_ns() // 1000)
 
     def finish(self):
@@ -208,7 +218,7 @@ def install():
     os.makedirs(os.path.dirname(_window.path), exist_ok=True)
     if _window.framework == "tensorflow":
         tf_profile.count_keras_batches(_window.batch_ended)
-    else:
+    elif _window.framework != "jax":  # (JAX's steps are the job's reports alone)
         hooks.when_imported("torch.optim.optimizer", _hook)
 
 

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 
-from . import debugger, elastic_world, reporting, trial
+from . import debugger, elastic_world, jax_waits, reporting, trial
 from ..compat import torch as torch_compat
 from .frames import bounded_locals, frame_record
 
@@ -129,7 +129,7 @@ def _answer(asked, reader):
             error = None
         reporting.send({"t": "stacks", "id": request.decode(errors="replace"),
                         "how": "python", "threads": threads, "error": error,
-                        "collectives": collectives()})
+                        "collectives": collectives() + jax_waits.jax_collectives()})
 
 
 def install(environ=None):

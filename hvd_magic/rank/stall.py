@@ -6,11 +6,12 @@ in ``hvd.init()`` waits for every peer to call it too, up to several times Gloo'
 torch.distributed's Gloo waits 30 minutes by default. Each wait in Horovod's `init`,
 `synchronize`, `join` or `barrier`, and in torch.distributed's `init_process_group`, collectives
 (`TORCH_WAITS`), an asynchronous collective's ``Work.wait()`` and, once a
-`DistributedDataParallel` exists, `backward` (where DDP's reducer
-waits for the gradients' all-reduce), and, once a tf.distribute `MultiWorkerMirroredStrategy`
-exists, the calls its collectives run under, sets a flag (a time check, no syscall); a monitor
-thread sends a ``blocked`` event (with the operation) once a wait has lasted `REPORT_AFTER`
-seconds and ``unblocked`` when it ends. The driver (`hvd_magic.driver.watchdog`) compares the ranks.
+`DistributedDataParallel` exists, `backward` (where DDP's reducer waits for the gradients'
+all-reduce), once a tf.distribute `MultiWorkerMirroredStrategy` exists, the calls its
+collectives run under, and JAX's (`hvd_magic.rank.jax_waits`), sets a flag (a time check, no
+syscall); a monitor thread sends a ``blocked`` event (with the operation) once a wait has
+lasted `REPORT_AFTER` seconds and ``unblocked`` when it ends. The driver
+(`hvd_magic.driver.watchdog`) compares the ranks.
 
 Each module is patched right after it is imported (`hooks`): nothing is imported here.
 
@@ -45,8 +46,9 @@ TORCH_WAITS = ("init_process_group", "all_reduce", "broadcast", "all_gather",
                "all_to_all_single", "recv")
 
 
-def _blocking(fn, op, hold=True):
-    """`fn` as a wait named `op`; with `hold`, it waits first while a session peer is in pdb."""
+def _blocking(fn, op, hold=True, began=None):
+    """`fn` as a wait named `op`; with `hold`, it waits first while a session peer is in pdb;
+    `began(op)` is called where a wait (not one inside another) begins."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if hold:
@@ -59,6 +61,8 @@ def _blocking(fn, op, hold=True):
             else:
                 inner = False
                 _waiting.update(since=time.monotonic(), op=op, reported=False)
+                if began is not None:
+                    began(op)
         try:  # (here, not in a helper: a stack's innermost call is read past `wrapper`)
             return fn(*args, **kwargs)
         except BaseException as exc:
@@ -132,9 +136,9 @@ def _start_monitor():
         threading.Thread(target=_monitor, name="hvd-magic-stall", daemon=True).start()
 
 
-def _wrap(module, ops, hold=True):
+def _wrap(module, ops, hold=True, began=None):
     found = {op: getattr(module, op, None) for op in ops}
-    hooks.replace(module, {op: _blocking(fn, op, hold) for op, fn in found.items()
+    hooks.replace(module, {op: _blocking(fn, op, hold, began) for op, fn in found.items()
                            if fn is not None})
     _start_monitor()
 

@@ -56,6 +56,10 @@ class Recorder:
     def __init__(self, detail, folder, budget):
         self.detail, self.folder, self.budget = detail, folder, budget
 
+    @staticmethod
+    def read(path):
+        return events_of(path)
+
     def start(self):
         import tensorflow as tf
         options = tf.profiler.experimental.ProfilerOptions(
@@ -72,7 +76,7 @@ class Recorder:
         XSpace TensorFlow wrote (off the step)."""
         spaces = sorted(glob.glob(os.path.join(self.folder, "plugins", "profile", "*",
                                                "*.xplane.pb")), key=os.path.getmtime)
-        events = events_of(spaces[-1]) if spaces else []
+        events = self.read(spaces[-1]) if spaces else []
         for path in spaces:
             if os.path.getsize(path) > self.budget:
                 os.remove(path)  # (its events are in the trace, within the budget)

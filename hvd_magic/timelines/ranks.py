@@ -30,7 +30,8 @@ from .trace import _union
 FILE_NAME = "timeline-ranks.json.gz"
 PINGS = 5              # clock questions to each task
 PING_EVERY = 0.02      # seconds between them
-_COLLECTIVE_PREFIXES = ("gloo:", "nccl:")  # torch's; TensorFlow's: "<name>:Collective<op>"
+_COLLECTIVE_PREFIXES = ("gloo:", "nccl:")  # torch's; TensorFlow's: "<name>:Collective<op>",
+# JAX's "<XLA op>:<collective>" (their `cat` says so)
 
 
 # -- clocks ---------------------------------------------------------------------------------------
@@ -62,7 +63,7 @@ def _collectives(events):
     for e in events:
         name = e.get("name", "")
         if e.get("ph") == "X" and (name.startswith(_COLLECTIVE_PREFIXES)
-                                   or e.get("cat") == "tf_collective"):
+                                   or e.get("cat") in ("tf_collective", "jax_collective")):
             found.setdefault(name, []).append((e["ts"], e["ts"] + e.get("dur", 0)))
     return {name: sorted(spans) for name, spans in found.items()}
 
@@ -127,6 +128,8 @@ def nothing_recorded(plan):
     first, last = plan["skip"] + 1, plan["skip"] + plan["steps"]
     counted = ("a Keras training batch, or a `hvd_magic.report(step=...)` call"
                if plan["framework"] == "tensorflow" else
+               "a `hvd_magic.report(step=...)` call (JAX has no optimizer or fit to count: "
+               "report each step of the loop)" if plan["framework"] == "jax" else
                "an optimizer's `step()` (DDP, Lightning and accelerate call one), or in a loop "
                "without one a `hvd_magic.report(step=...)` call")
     return (f"--timeline recorded nothing: its window is steps {first} to {last} and no rank "

@@ -81,7 +81,7 @@ def ranks_html(run, path, max_lanes=32):
     """HTML for a run whose ranks' torch profiles came back merged (`timelines.ranks`): the
     verdict, the file, a lane per rank and the table per step and rank."""
     timeline = ranks.RanksTimeline.load(path)
-    whose = "TensorFlow" if timeline.framework == "tensorflow" else "torch"
+    whose = {"tensorflow": "TensorFlow", "jax": "JAX"}.get(timeline.framework, "torch")
     picture = kept_picture(ranks_picture.svg(timeline, max_lanes=max_lanes), "every rank's steps")
     clocks = "; ".join(
         f"rank {r['rank']} ({html.escape(str(r['host']))}) "
