@@ -43,6 +43,7 @@ Not a test: timings live here only.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -150,6 +151,19 @@ def clean_up(before):
         print(f"ending {len(left)} leftover processes: "
               f"{[(p.pid, ' '.join(p.cmdline())[:80]) for p in left]}")
         end_processes(left)
+
+
+@contextlib.contextmanager
+def scratch_runs(prefix):
+    """A temporary run root for a benchmark's runs; at the end, however it ends, the folder is
+    removed, Spark stopped and what the runs left running ended (`clean_up`)."""
+    run_root = tempfile.mkdtemp(prefix=prefix)
+    before = set(descendants())
+    try:
+        yield run_root
+    finally:
+        shutil.rmtree(run_root, ignore_errors=True)
+        clean_up(before)
 
 
 def stop_spark():

@@ -21,12 +21,11 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
 import tempfile
 
-from bench_launch import base_env, descendants, end_processes, leftovers, run_cmd, stop_spark
+from bench_launch import base_env, run_cmd, scratch_runs
 from rows import rows_against, write
 
 HERE = os.path.abspath(__file__)
@@ -183,12 +182,10 @@ def bench(fw, launchers, args):
     """One framework's rows: every launcher at every np, interleaved."""
     print(f"\n== {fw}", flush=True)
 
-    run_root = tempfile.mkdtemp(prefix="bench_training-")
-    before = set(descendants())
     rates = {n: {np: [] for np in args.np} for n in launchers}
     cpu = {n: {np: [] for np in args.np} for n in launchers}
     loads = [os.getloadavg()]
-    try:
+    with scratch_runs("bench_training-") as run_root:
         print(f"warm-up (Spark session, first runs): np={min(args.np)}, 20 steps", flush=True)
         for name in launchers:
             measure(name, fw, min(args.np), 20, 5, run_root)
@@ -202,13 +199,6 @@ def bench(fw, launchers, args):
                     print(f"  rep {rep} np={np} {name:17s} {rank0['steps_per_s']:8.1f} steps/s, "
                           f"rank 0 CPU {rank0['cpu_ms_per_step']:.2f} ms/step", flush=True)
             loads.append(os.getloadavg())
-    finally:
-        shutil.rmtree(run_root, ignore_errors=True)
-        stop_spark()
-        left = leftovers(before)
-        if left:
-            print(f"ending {len(left)} leftover processes: {[p.pid for p in left]}")
-            end_processes(left)
 
     medians = {n: {np: statistics.median(v) for np, v in by_np.items()} for n, by_np in rates.items()}
     cpu_medians = {n: {np: statistics.median(v) for np, v in by_np.items()} for n, by_np in cpu.items()}
