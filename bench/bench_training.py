@@ -36,9 +36,6 @@ LAUNCHERS = ("hvd_magic-spark", "hvd_magic-driver", "horovodrun", "horovodrun-kn
 def train(steps, warmup, dynamic=True):
     """One rank's training loop, timed; returns its steps/s and the CPU it used per step."""
     import os
-    import resource
-    import time
-    import torch
     import horovod.torch as hvd
 
     # (Its names avoid the word for Horovod's trace: hvd_magic turns its DYNAMIC mode on for a
@@ -46,6 +43,18 @@ def train(steps, warmup, dynamic=True):
     if not dynamic:
         os.environ.pop("HOROVOD_TIMELINE", None)
     hvd.init()
+    wall, cpu = timed_steps(hvd, steps, warmup)
+    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
+
+
+def timed_steps(hvd, steps, warmup):
+    """On a rank of horovod.torch (`hvd`, initialised): a small MLP trained with Horovod's
+    DistributedOptimizer, `warmup` steps, then `steps` timed from a start every rank shares;
+    (wall seconds, CPU seconds of this process) of those."""
+    import resource
+    import time
+    import torch
+
     torch.manual_seed(hvd.rank())
     torch.set_num_threads(1)  # ranks share 2 cores: no intra-op threads fighting them
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
@@ -66,8 +75,7 @@ def train(steps, warmup, dynamic=True):
     cpu0, start = _cpu(resource), time.perf_counter()
     for _ in range(steps):
         step()
-    wall, cpu = time.perf_counter() - start, _cpu(resource) - cpu0
-    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
+    return time.perf_counter() - start, _cpu(resource) - cpu0
 
 
 def train_keras(steps, warmup, dynamic=True):
