@@ -117,6 +117,33 @@ def train_keras(steps, warmup, dynamic=True):
 TRAIN = {"torch": train, "keras": train_keras}
 
 
+def cost_of(bench, switch, on, off, reps, steps, warmup=50):
+    """What a feature of ours costs training: rank 0's steps/s of `train` at np 2 (the driver's
+    launcher) with the feature (`on`) and without (`off`: the bench switch `switch`=1 in the
+    notebook's environment for that run), interleaved. Rows for `bench`, the first with the
+    median of each back-to-back pair's ratio, which shrugs off the load's drift."""
+    import cloudpickle
+    import hvd_magic
+    from hvd_magic.view.text import TextView
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import bench/
+    table = {on: {2: []}, off: {2: []}}
+    for rep in range(reps):
+        # alternate which goes first: neither always meets the machine's load first
+        for name in ((on, off) if rep % 2 == 0 else (off, on)):
+            if name == off:
+                os.environ[switch] = "1"  # read by the driver's tasks, inherited by its ranks
+            try:
+                run = hvd_magic.run(train, np=-2, args=(steps, warmup), view=TextView(quiet=True))
+            finally:
+                os.environ.pop(switch, None)
+            table[name][2].append(run.results[0]["steps_per_s"])
+            print(f"rep {rep} {name}: {table[name][2][-1]:.1f} steps/s", flush=True)
+    rows = rows_against(bench, table, off, unit="steps/s", better="higher", reps=reps, steps=steps)
+    rows[0]["paired_ratio"] = statistics.median(a / b for a, b in zip(table[on][2], table[off][2]))
+    return rows
+
+
 def _cpu(resource):
     """CPU seconds of this process, all its threads (Horovod's background loop included)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
