@@ -47,7 +47,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -258,7 +257,6 @@ def _rank_env(slot, np, port):
 
 def _spark_floor_task(envs, script, iterator):
     """A barrier task that does only what the floor does for its rank: spawn it, wait."""
-    import os
     import subprocess
     import sys
     from pyspark import BarrierTaskContext
