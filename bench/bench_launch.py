@@ -220,17 +220,27 @@ def _wait_all(procs):
     return outs
 
 
-def floor(np, marks=None):
-    """N bare processes, Horovod's env by hand, a rendezvous server started here."""
+@contextlib.contextmanager
+def _rendezvous(np):
+    """Horovod's rendezvous server for `np` ranks on this host, started here, as horovodrun's:
+    (the slots, its port); stopped at the end."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousServer
 
-    start = time.perf_counter()
     server = RendezvousServer()
     port = server.start()
     try:
         plan = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
         server.init(plan)
+        yield plan, port
+    finally:
+        server.stop()
+
+
+def floor(np, marks=None):
+    """N bare processes, Horovod's env by hand, a rendezvous server started here."""
+    start = time.perf_counter()
+    with _rendezvous(np) as (plan, port):
         procs = []
         for slot in plan:
             env = dict(base_env(), **_rank_env(slot, np, port))
@@ -239,8 +249,6 @@ def floor(np, marks=None):
                                           text=True, start_new_session=True))
         outs = _wait_all(procs)
         seconds = time.perf_counter() - start
-    finally:
-        server.stop()
     if marks is not None:
         marks.extend(json.loads(o.strip().splitlines()[-1]) for o in outs)
     return seconds
@@ -273,22 +281,14 @@ def spark_floor(np):
     """The floor's ranks, each spawned by a task of one Spark barrier stage (nothing of
     hvd_magic's: no event channel, no forwarding): what Spark alone adds to the floor."""
     import functools
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    from horovod.runner.http.http_server import RendezvousServer
 
     sc = _Spark.get(np).sparkContext
     start = time.perf_counter()
-    server = RendezvousServer()
-    port = server.start()
-    try:
-        plan = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
-        server.init(plan)
+    with _rendezvous(np) as (plan, port):
         envs = [_rank_env(slot, np, port) for slot in plan]
         task = functools.partial(_spark_floor_task, envs, HERE)
         outs = sc.parallelize(range(np), np).barrier().mapPartitions(task).collect()
         seconds = time.perf_counter() - start
-    finally:
-        server.stop()
     bad = [out for code, out in outs if code != 0]
     if bad:
         raise RuntimeError(f"a spark-floor rank failed: {bad[0]}")
