@@ -145,7 +145,8 @@ def status(session):
     ranks = plural(session.np, "rank") if not session.lost else \
         f"{len(session.live)} of {session.np} ranks"
     lines = [f"session {session.id}: {state}, {ranks} on {session.where}, "
-             f"{plural(session.cells, 'cell')}" + (f", idle {idle:.0f} s" if state == "idle" else "")]
+             f"{plural(session.cells, 'cell')}"
+             + (f", idle {idle:.0f} s" if state == "idle" else "")]
     if session.elastic is not None:
         lines.append(f"  elastic: goes on with at least {session.elastic[0]} ranks; lost ranks "
                      "are not replaced" + "".join(
