@@ -25,7 +25,6 @@ Not a test: timings live here only.
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import tempfile
 import time
 
 import bench_launch
-from bench_launch import (base_env, clean_up, descendants, floor, floor_torch, spark_then,
+from bench_launch import (base_env, floor, floor_torch, scratch_runs, spark_then,
                           torch_distributor)
 from rows import rows_against, write
 
@@ -185,20 +184,15 @@ def main():
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.dirname(HERE), os.environ.get("PYTHONPATH")) if p)
     logging.getLogger("TorchDistributor").setLevel(logging.WARNING)
-    run_root = tempfile.mkdtemp(prefix="bench_ddp-")
-    before = set(descendants())
     max_np = max(args.np + args.train_np)
     loads = [os.getloadavg()]
-    try:
+    with scratch_runs("bench_ddp-") as run_root:
         rates = interleaved(trainers(run_root, args.steps, max_np), args.train_np, args.reps,
                             "train", lambda v: f"{v:8.1f} steps/s")
         loads.append(os.getloadavg())
         times = interleaved(launchers(run_root, max_np), args.np, args.reps, "launch",
                             lambda v: f"{v:6.2f} s")
         loads.append(os.getloadavg())
-    finally:
-        shutil.rmtree(run_root, ignore_errors=True)
-        clean_up(before)
     show("ddp-train: rank 0's steps/s", rates, "torchrun", "steps/s")
     show("ddp-launch: seconds of the call", times, "floor", "s")
     print(f"load averages (1, 5, 15 min) before, between, after: {loads}")

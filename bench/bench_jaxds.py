@@ -24,7 +24,6 @@ import argparse
 import importlib.metadata
 import importlib.util
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import tempfile
 import time
 
 from bench_ddp import hvd_magic_call, interleaved, show, torchrun_rate
-from bench_launch import base_env, clean_up, descendants, spark_then
+from bench_launch import base_env, scratch_runs, spark_then
 from rows import row, rows_against, write
 
 HERE = os.path.abspath(__file__)
@@ -171,11 +170,9 @@ def main():
 
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.dirname(HERE), os.environ.get("PYTHONPATH")) if p)
-    run_root = tempfile.mkdtemp(prefix="bench_jaxds-")
-    before = set(descendants())
     max_np = max(args.np)
     loads = [os.getloadavg()]
-    try:
+    with scratch_runs("bench_jaxds-") as run_root:
         rates = interleaved({
             "torchrun": lambda np: torchrun_rate(np, args.steps, HERE, "--ds-child",
                                                  extensions_env()),
@@ -193,9 +190,6 @@ def main():
         warm = [first_run(run_root, cold=False) for _ in range(args.reps)]
         cold = [first_run(run_root, cold=True) for _ in range(args.cold_reps)]
         loads.append(os.getloadavg())
-    finally:
-        shutil.rmtree(run_root, ignore_errors=True)
-        clean_up(before)
     show("deepspeed-train: rank 0's steps/s", rates, "torchrun", "steps/s")
     show("jax-psum: ms per 4 MiB all-reduce", psums, "by-hand", "ms")
     print(f"\ndeepspeed-first-run: warm {statistics.median(warm):.1f} s, empty op folder "

@@ -43,10 +43,10 @@ Not a test: timings live here only.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -152,6 +152,19 @@ def clean_up(before):
         end_processes(left)
 
 
+@contextlib.contextmanager
+def scratch_runs(prefix):
+    """A temporary run root for a benchmark's runs; at the end, however it ends, the folder is
+    removed, Spark stopped and what the runs left running ended (`clean_up`)."""
+    run_root = tempfile.mkdtemp(prefix=prefix)
+    before = set(descendants())
+    try:
+        yield run_root
+    finally:
+        shutil.rmtree(run_root, ignore_errors=True)
+        clean_up(before)
+
+
 def stop_spark():
     """Stop the running SparkContext, if any (its Python workers go with it)."""
     from pyspark import SparkContext
@@ -207,17 +220,27 @@ def _wait_all(procs):
     return outs
 
 
-def floor(np, marks=None):
-    """N bare processes, Horovod's env by hand, a rendezvous server started here."""
+@contextlib.contextmanager
+def _rendezvous(np):
+    """Horovod's rendezvous server for `np` ranks on this host, started here, as horovodrun's:
+    (the slots, its port); stopped at the end."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousServer
 
-    start = time.perf_counter()
     server = RendezvousServer()
     port = server.start()
     try:
         plan = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
         server.init(plan)
+        yield plan, port
+    finally:
+        server.stop()
+
+
+def floor(np, marks=None):
+    """N bare processes, Horovod's env by hand, a rendezvous server started here."""
+    start = time.perf_counter()
+    with _rendezvous(np) as (plan, port):
         procs = []
         for slot in plan:
             env = dict(base_env(), **_rank_env(slot, np, port))
@@ -226,8 +249,6 @@ def floor(np, marks=None):
                                           text=True, start_new_session=True))
         outs = _wait_all(procs)
         seconds = time.perf_counter() - start
-    finally:
-        server.stop()
     if marks is not None:
         marks.extend(json.loads(o.strip().splitlines()[-1]) for o in outs)
     return seconds
@@ -244,7 +265,6 @@ def _rank_env(slot, np, port):
 
 def _spark_floor_task(envs, script, iterator):
     """A barrier task that does only what the floor does for its rank: spawn it, wait."""
-    import os
     import subprocess
     import sys
     from pyspark import BarrierTaskContext
@@ -261,22 +281,14 @@ def spark_floor(np):
     """The floor's ranks, each spawned by a task of one Spark barrier stage (nothing of
     hvd_magic's: no event channel, no forwarding): what Spark alone adds to the floor."""
     import functools
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    from horovod.runner.http.http_server import RendezvousServer
 
     sc = _Spark.get(np).sparkContext
     start = time.perf_counter()
-    server = RendezvousServer()
-    port = server.start()
-    try:
-        plan = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
-        server.init(plan)
+    with _rendezvous(np) as (plan, port):
         envs = [_rank_env(slot, np, port) for slot in plan]
         task = functools.partial(_spark_floor_task, envs, HERE)
         outs = sc.parallelize(range(np), np).barrier().mapPartitions(task).collect()
         seconds = time.perf_counter() - start
-    finally:
-        server.stop()
     bad = [out for code, out in outs if code != 0]
     if bad:
         raise RuntimeError(f"a spark-floor rank failed: {bad[0]}")

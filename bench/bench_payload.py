@@ -25,16 +25,13 @@ Not a test: timings live here only.
 """
 
 import argparse
-import json
 import os
-import shutil
 import statistics
-import tempfile
 import threading
 import time
 import tracemalloc
 
-from bench_launch import descendants, end_processes, leftovers, stop_spark
+from bench_launch import scratch_runs
 from rows import row as make_row, write
 
 CELL = "import time\n(time.time(), float(arr[-1]), arr.nbytes)\n"
@@ -104,35 +101,28 @@ def main():
     sizes = [0] + [mb * MB for mb in args.mb]  # 0: the 8-byte baseline
     results = {s: [] for s in sizes}
     traced = {}
-    before = set(descendants())
     here = os.getcwd()
-    work = tempfile.mkdtemp(prefix="bench_payload-")
-    os.chdir(work)  # the magic's run folders (hvd_runs/) go here, and are removed with it
     loads = [os.getloadavg()]
-    try:
-        ip = start_ipython()
-        ip.run_line_magic("load_ext", "hvd_magic")
-        print("warm-up: the Spark session and a first cell", flush=True)
-        one_cell(ip, 0, args.np)
-        for rep in range(args.reps):
-            order = sizes[rep % len(sizes):] + sizes[:rep % len(sizes)]
-            for size in order:
-                r = one_cell(ip, size, args.np)
-                results[size].append(r)
-                print(f"  rep {rep} {size // MB:4d} MB: driver {r['driver']:.2f} s, to rank "
-                      f"{r['to_rank']:.2f} s, cell {r['cell']:.2f} s, peak RSS "
-                      f"+{r['rss_peak'] / MB:.0f} MB", flush=True)
-            loads.append(os.getloadavg())
-        for size in sizes:
-            traced[size] = one_cell(ip, size, args.np, traced=True)["traced_peak"]
-    finally:
-        os.chdir(here)
-        shutil.rmtree(work, ignore_errors=True)
-        stop_spark()
-        left = leftovers(before)
-        if left:
-            print(f"ending {len(left)} leftover processes: {[p.pid for p in left]}")
-            end_processes(left)
+    with scratch_runs("bench_payload-") as work:
+        os.chdir(work)  # the magic's run folders (hvd_runs/) go here, and are removed with it
+        try:
+            ip = start_ipython()
+            ip.run_line_magic("load_ext", "hvd_magic")
+            print("warm-up: the Spark session and a first cell", flush=True)
+            one_cell(ip, 0, args.np)
+            for rep in range(args.reps):
+                order = sizes[rep % len(sizes):] + sizes[:rep % len(sizes)]
+                for size in order:
+                    r = one_cell(ip, size, args.np)
+                    results[size].append(r)
+                    print(f"  rep {rep} {size // MB:4d} MB: driver {r['driver']:.2f} s, to rank "
+                          f"{r['to_rank']:.2f} s, cell {r['cell']:.2f} s, peak RSS "
+                          f"+{r['rss_peak'] / MB:.0f} MB", flush=True)
+                loads.append(os.getloadavg())
+            for size in sizes:
+                traced[size] = one_cell(ip, size, args.np, traced=True)["traced_peak"]
+        finally:
+            os.chdir(here)
 
     def med(size, key):
         return statistics.median(r[key] for r in results[size])

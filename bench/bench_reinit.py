@@ -14,7 +14,6 @@ Not a test: numbers live here only.
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time

@@ -11,7 +11,6 @@ Not a test: timings live here only.
 
 import argparse
 import json
-import statistics
 
 import hvd_magic
 from hvd_magic.view import TextView

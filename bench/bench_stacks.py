@@ -28,7 +28,6 @@ Not a test: timings live here only.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -36,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from rows import row, rows_against  # noqa: E402
+from rows import row  # noqa: E402
 
 
 def hang(gil):
@@ -116,31 +115,9 @@ def measure(np, gil, reps, simulated=False):
 def training(reps, steps, warmup=50):
     """Rank 0's steps/s at np 2 (driver launcher), with and without the probe, interleaved."""
     import bench_training
-    import cloudpickle
-    import hvd_magic
-    from hvd_magic.view.text import TextView
 
-    cloudpickle.register_pickle_by_value(bench_training)  # the ranks cannot import bench/
-
-    table = {"probe": {2: []}, "no-probe": {2: []}}
-    for rep in range(reps):
-        # alternate which goes first: neither always meets the machine's load first
-        for name in (("probe", "no-probe") if rep % 2 == 0 else ("no-probe", "probe")):
-            if name == "no-probe":
-                os.environ["HVD_MAGIC_NO_PROBE"] = "1"  # inherited by the driver's ranks
-            try:
-                run = hvd_magic.run(bench_training.train, np=-2, args=(steps, warmup),
-                                    view=TextView(quiet=True))
-            finally:
-                os.environ.pop("HVD_MAGIC_NO_PROBE", None)
-            table[name][2].append(run.results[0]["steps_per_s"])
-            print(f"rep {rep} {name}: {table[name][2][-1]:.1f} steps/s", flush=True)
-    rows = rows_against("stacks-cost", table, "no-probe", unit="steps/s", better="higher",
-                        reps=reps, steps=steps)
-    # each repetition's pair ran back to back: their ratio's median shrugs off the load's drift
-    pairs = [a / b for a, b in zip(table["probe"][2], table["no-probe"][2])]
-    rows[0]["paired_ratio"] = statistics.median(pairs)
-    return rows
+    return bench_training.cost_of("stacks-cost", "HVD_MAGIC_NO_PROBE", "probe", "no-probe", reps,
+                                  steps, warmup)
 
 
 def main():

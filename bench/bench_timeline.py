@@ -30,7 +30,11 @@ import statistics
 import sys
 import tempfile
 
+import cloudpickle
+
+import bench_training
 import hvd_magic
+from bench_training import timed_steps
 from rows import row, write
 
 SETTINGS = ("off", "dynamic", "full")
@@ -48,28 +52,7 @@ def train(setting, steps, warmup, idle):
     import horovod.torch as hvd
 
     hvd.init()
-    torch.manual_seed(hvd.rank())
-    torch.set_num_threads(1)  # two ranks on two cores: no intra-op threads fighting them
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                torch.nn.ReLU(), torch.nn.Linear(256, 10))
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                         named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
-
-    def step():
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-
-    for _ in range(warmup):
-        step()
-    hvd.allreduce(torch.zeros(1), name="start")  # every rank starts the clock together
-    cpu0, wall0 = _cpu(resource), time.perf_counter()
-    for _ in range(steps):
-        step()
-    wall = time.perf_counter() - wall0
-    cpu = _cpu(resource) - cpu0
+    wall, cpu = timed_steps(hvd, steps, warmup)
     # Then idle, as a notebook's ranks are between collectives: what does the process burn?
     idle0 = _cpu(resource)
     time.sleep(idle)
@@ -106,6 +89,7 @@ def main():
     print(f"2 driver-only ranks (np=-2), {args.steps} steps after {args.warmup}, "
           f"{args.reps} runs per setting, interleaved")
     results = {s: [] for s in SETTINGS}
+    cloudpickle.register_pickle_by_value(bench_training)  # the ranks cannot import bench/
     with tempfile.TemporaryDirectory(prefix="bench-timeline-") as tmp:
         for rep in range(args.reps):
             for setting in SETTINGS:

@@ -15,7 +15,6 @@ Not a test: timings live here only.
 """
 
 import argparse
-import gzip
 import os
 import statistics
 import sys

@@ -21,12 +21,11 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
 import tempfile
 
-from bench_launch import base_env, descendants, end_processes, leftovers, run_cmd, stop_spark
+from bench_launch import base_env, run_cmd, scratch_runs
 from rows import rows_against, write
 
 HERE = os.path.abspath(__file__)
@@ -37,9 +36,6 @@ LAUNCHERS = ("hvd_magic-spark", "hvd_magic-driver", "horovodrun", "horovodrun-kn
 def train(steps, warmup, dynamic=True):
     """One rank's training loop, timed; returns its steps/s and the CPU it used per step."""
     import os
-    import resource
-    import time
-    import torch
     import horovod.torch as hvd
 
     # (Its names avoid the word for Horovod's trace: hvd_magic turns its DYNAMIC mode on for a
@@ -47,6 +43,18 @@ def train(steps, warmup, dynamic=True):
     if not dynamic:
         os.environ.pop("HOROVOD_TIMELINE", None)
     hvd.init()
+    wall, cpu = timed_steps(hvd, steps, warmup)
+    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
+
+
+def timed_steps(hvd, steps, warmup):
+    """On a rank of horovod.torch (`hvd`, initialised): a small MLP trained with Horovod's
+    DistributedOptimizer, `warmup` steps, then `steps` timed from a start every rank shares;
+    (wall seconds, CPU seconds of this process) of those."""
+    import resource
+    import time
+    import torch
+
     torch.manual_seed(hvd.rank())
     torch.set_num_threads(1)  # ranks share 2 cores: no intra-op threads fighting them
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
@@ -67,8 +75,7 @@ def train(steps, warmup, dynamic=True):
     cpu0, start = _cpu(resource), time.perf_counter()
     for _ in range(steps):
         step()
-    wall, cpu = time.perf_counter() - start, _cpu(resource) - cpu0
-    return {"rank": hvd.rank(), "steps_per_s": steps / wall, "cpu_ms_per_step": 1000 * cpu / steps}
+    return time.perf_counter() - start, _cpu(resource) - cpu0
 
 
 def train_keras(steps, warmup, dynamic=True):
@@ -108,6 +115,33 @@ def train_keras(steps, warmup, dynamic=True):
 
 
 TRAIN = {"torch": train, "keras": train_keras}
+
+
+def cost_of(bench, switch, on, off, reps, steps, warmup=50):
+    """What a feature of ours costs training: rank 0's steps/s of `train` at np 2 (the driver's
+    launcher) with the feature (`on`) and without (`off`: the bench switch `switch`=1 in the
+    notebook's environment for that run), interleaved. Rows for `bench`, the first with the
+    median of each back-to-back pair's ratio, which shrugs off the load's drift."""
+    import cloudpickle
+    import hvd_magic
+    from hvd_magic.view.text import TextView
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import bench/
+    table = {on: {2: []}, off: {2: []}}
+    for rep in range(reps):
+        # alternate which goes first: neither always meets the machine's load first
+        for name in ((on, off) if rep % 2 == 0 else (off, on)):
+            if name == off:
+                os.environ[switch] = "1"  # read by the driver's tasks, inherited by its ranks
+            try:
+                run = hvd_magic.run(train, np=-2, args=(steps, warmup), view=TextView(quiet=True))
+            finally:
+                os.environ.pop(switch, None)
+            table[name][2].append(run.results[0]["steps_per_s"])
+            print(f"rep {rep} {name}: {table[name][2][-1]:.1f} steps/s", flush=True)
+    rows = rows_against(bench, table, off, unit="steps/s", better="higher", reps=reps, steps=steps)
+    rows[0]["paired_ratio"] = statistics.median(a / b for a, b in zip(table[on][2], table[off][2]))
+    return rows
 
 
 def _cpu(resource):
@@ -183,12 +217,10 @@ def bench(fw, launchers, args):
     """One framework's rows: every launcher at every np, interleaved."""
     print(f"\n== {fw}", flush=True)
 
-    run_root = tempfile.mkdtemp(prefix="bench_training-")
-    before = set(descendants())
     rates = {n: {np: [] for np in args.np} for n in launchers}
     cpu = {n: {np: [] for np in args.np} for n in launchers}
     loads = [os.getloadavg()]
-    try:
+    with scratch_runs("bench_training-") as run_root:
         print(f"warm-up (Spark session, first runs): np={min(args.np)}, 20 steps", flush=True)
         for name in launchers:
             measure(name, fw, min(args.np), 20, 5, run_root)
@@ -202,13 +234,6 @@ def bench(fw, launchers, args):
                     print(f"  rep {rep} np={np} {name:17s} {rank0['steps_per_s']:8.1f} steps/s, "
                           f"rank 0 CPU {rank0['cpu_ms_per_step']:.2f} ms/step", flush=True)
             loads.append(os.getloadavg())
-    finally:
-        shutil.rmtree(run_root, ignore_errors=True)
-        stop_spark()
-        left = leftovers(before)
-        if left:
-            print(f"ending {len(left)} leftover processes: {[p.pid for p in left]}")
-            end_processes(left)
 
     medians = {n: {np: statistics.median(v) for np, v in by_np.items()} for n, by_np in rates.items()}
     cpu_medians = {n: {np: statistics.median(v) for np, v in by_np.items()} for n, by_np in cpu.items()}

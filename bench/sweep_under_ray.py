@@ -20,7 +20,6 @@ Not a test, and not a benchmark of its own: bench_sweeps.py makes its rows.
 
 import argparse
 import json
-import os
 import tempfile
 import time
 

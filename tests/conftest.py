@@ -168,6 +168,18 @@ def start_kernel(cwd, env):
     return km, kc
 
 
+@contextlib.contextmanager
+def cancelled_if_running(run):
+    """A background `run` that the block leaves running (a wait or an assertion failed half-way)
+    is cancelled and waited for, so that none of its ranks outlives the test."""
+    try:
+        yield run
+    finally:
+        if run.state == "running":
+            run.cancel()
+            run.wait(30)
+
+
 def ancestry(pid):
     """The processes process `pid` runs under, nearest first: its parents, and for a rank forked
     from a template (`hvd_magic.template`, which lives outside the tree of the task that started

@@ -3,7 +3,6 @@ version without it would take it (the attribute taken away), says one line once 
 caller working as documented; where the feature is there, it does its work."""
 
 import datetime
-import importlib.metadata
 import pickle
 import sys
 import types

@@ -9,7 +9,6 @@ shared-memory op (~3 minutes here): `make setup` prebuilds it (python -m hvd_mag
 deepspeed), else the first test here pays it once.
 """
 
-import os
 import subprocess
 import sys
 

@@ -21,7 +21,7 @@ from hvd_magic.driver.watchdog import stall_message
 from hvd_magic.errors import LaunchError, RankError, RunTimeout
 from hvd_magic.launch.elastic import launcher as elastic
 
-from conftest import spark_session
+from conftest import cancelled_if_running, spark_session
 
 COMMIT_EVERY = 10
 GLOO_TIMEOUT = 10  # bounds how long a survivor may wait on the lost peer before it resets
@@ -186,12 +186,8 @@ def _elastic_run(ip, options, view="--quiet"):
     """ELASTIC_CELL in the background with `options`; cancelled if a test fails half-way."""
     run = ip.run_cell_magic("horovod", f"{options} --background {view} --env "
                                        f"HOROVOD_GLOO_TIMEOUT_SECONDS={GLOO_TIMEOUT}", ELASTIC_CELL)
-    try:
+    with cancelled_if_running(run):
         yield run
-    finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
 
 
 def _kill_rank_1_at_step(run, step):

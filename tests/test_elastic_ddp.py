@@ -18,7 +18,7 @@ import hvd_magic
 from hvd_magic.errors import LaunchError, RankError
 from hvd_magic.launch.elastic import launcher as elastic
 
-from conftest import spark_session
+from conftest import cancelled_if_running, spark_session
 
 COMMIT_EVERY = 5
 
@@ -112,12 +112,8 @@ if os.environ["HVD_MAGIC_ELASTIC_SLOT"] == "1":
 def _elastic_run(ip, options, cell=CELL):
     """`cell` in the background; cancelled if a test fails half-way."""
     run = ip.run_cell_magic("distributed", f"{options} --background --quiet", cell)
-    try:
+    with cancelled_if_running(run):
         yield run
-    finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
 
 
 def _kill_at_step(run, slot, step):

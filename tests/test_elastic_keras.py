@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import hvd_magic
+from conftest import cancelled_if_running
 
 # (find_spec: importing TensorFlow in the test process would cost seconds and ~500 MB)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
@@ -72,7 +73,7 @@ def test_a_keras_run_with_the_elastic_callbacks_survives_a_killed_rank(ip, fresh
     once (its connections reset)."""
     fresh_ns.update(epochs=EPOCHS, batches=BATCHES)
     run = ip.run_cell_magic("horovod", "--np -3 --min-np 2 --background --quiet", KERAS_CELL)
-    try:
+    with cancelled_if_running(run):
         victim = run.ranks[1]
         deadline = time.monotonic() + 180
         while (victim.step or 0) < BATCHES + 2 and run.state == "running":
@@ -82,10 +83,6 @@ def test_a_keras_run_with_the_elastic_callbacks_survives_a_killed_rank(ip, fresh
         pid = victim.pid
         os.kill(pid, signal.SIGKILL)  # a real kill, mid-training (its second epoch)
         results = run.wait(240)
-    finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
 
     assert run.state == "done"
     assert len(results) >= 2

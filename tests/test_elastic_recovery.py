@@ -18,7 +18,7 @@ from hvd_magic.driver import frozen
 from hvd_magic.driver.ranks import RankState
 from hvd_magic.errors import is_follow_on
 
-from conftest import ROOT
+from conftest import ROOT, cancelled_if_running
 from test_elastic import ELASTIC_CELL as HOROVOD_CELL
 from test_elastic_ddp import CELL as DDP_CELL, _elastic_run as _ddp_run, _kill_at_step
 
@@ -99,13 +99,9 @@ def test_a_horovod_loss_leaves_the_codes_own_connection_open(ip, fresh_ns, echo_
     cell = _with_own_socket(HOROVOD_CELL, "hvd.init()\n", '{"step": ')
     run = ip.run_cell_magic("horovod", "--np -3 --min-np 2 --background --quiet --env "
                                        "HOROVOD_GLOO_TIMEOUT_SECONDS=10", cell)
-    try:
+    with cancelled_if_running(run):
         _kill_at_step(run, 1, 25)
         results = run.wait(240)
-    finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
 
     assert run.state == "done", run.error  # (a cut connection: BrokenPipeError, the run's)
     lost = {c["rank"] for c in run.membership if c["t"] == "lost"}
@@ -158,13 +154,9 @@ def test_a_frozen_horovod_member_is_given_up_after_the_frozen_timeout(ip, fresh_
     fresh_ns.update(steps=80, commit_every=10, grow_to=1)
     run = ip.run_cell_magic("horovod", "--np -3 --min-np 2 --frozen-timeout 4 --timeout 200 "
                                        "--background --quiet", HOROVOD_CELL)
-    try:
+    with cancelled_if_running(run):
         pid = _stop_at_step(run, 1, 25)
         results = run.wait(200)
-    finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
 
     assert run.state == "done", run.error
     _given_up(run, 1, pid)

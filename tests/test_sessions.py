@@ -15,6 +15,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import hvd_magic
+from hvd_magic.frontends.session_magic import status
 from conftest import spark_session
 
 INIT = "import torch, horovod.torch as hvd\nhvd.init()\n"
@@ -242,7 +243,7 @@ def test_survivors_of_a_rank_killed_between_cells_are_ready_at_once(ip, fresh_ns
         assert first.get("between_cells"), first  # (noticed while no cell ran)
         with open(session.log_path(first["rank"])) as log:
             assert "background loop" in log.read()
-        assert session.folder in session.status()
+        assert session.folder in status(session)
     finally:
         ip.run_line_magic("horovod_session", "stop")
     assert wait_gone(pids, 10) == []

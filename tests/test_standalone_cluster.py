@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import hvd_magic
-from conftest import ALLREDUCE_CELL, ancestry
+from conftest import ALLREDUCE_CELL, ancestry, cancelled_if_running
 from hvd_magic.view.text import TextView
 
 
@@ -181,12 +181,40 @@ def _ranks_under(pid, ranks):
     return {r.pid for r in ranks if pid in ancestry(r.pid)}
 
 
+def _lose_worker_1_and_grow_back(run, standalone, stop_file, rings=False):
+    """Worker 1 (its executor, its two ranks) SIGKILLed once every rank is at step 20, started
+    again once the survivors trained on in a world of 2 (`rings`: after Horovod formed their
+    ring), and the run told to end (`stop_file`) once all 4 train together again (after the ring
+    of 4); (the ranks that were on worker 1, the step seen before the kill, the results)."""
+    wait_for = _waiter(run)
+    with cancelled_if_running(run):
+        wait_for(lambda: all((r.step or 0) >= 20 for r in run.ranks), "every rank at step 20")
+        on_worker_1 = [r.rank for r in run.ranks
+                       if r.pid in _ranks_under(standalone.workers[1].pid, run.ranks)]
+        assert len(on_worker_1) == 2, [(r.rank, r.pid) for r in run.ranks]
+        seen = max(r.step for r in run.ranks)
+        standalone.kill_worker(1)  # its executor, the Python workers and their ranks die with it
+        survivors = [r for r in run.ranks if r.rank not in on_worker_1]
+        if rings:
+            wait_for(lambda: any(c["t"] == "ring" and c["size"] == 2 for c in run.membership),
+                     "a ring of the 2 survivors")
+            ring_2 = next(c["time"] for c in run.membership if c["t"] == "ring" and c["size"] == 2)
+        wait_for(lambda: all(r.metrics.get("size") == 2 and (r.step or 0) >= seen + 20
+                             for r in survivors), "the survivors to train on in a world of 2")
+        standalone.restart_worker(1)
+        if rings:
+            wait_for(lambda: any(c["t"] == "ring" and c["size"] == 4 and c["time"] > ring_2
+                                 for c in run.membership), "the ring to be 4 again")
+        wait_for(lambda: all(r.metrics.get("size") == 4 for r in run.ranks),
+                 "every rank to train in a world of 4 again")
+        stop_file.write_text("")
+        return on_worker_1, seen, run.wait(120)
+
+
 def test_elastic_run_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standalone, tmp_path):
     """--np 4 --min-np 2 on two workers of two slots: one worker (its executor, its ranks) is
     SIGKILLed mid-training; the two survivors go on from their last commit; the worker is
     started again, the lost slots' tasks run there again and the ring is 4 again."""
-    import time
-
     session = standalone.session()
     stop_file = tmp_path / "stop"
     fresh_ns.update(stop_file=str(stop_file))
@@ -196,32 +224,10 @@ def test_elastic_run_survives_a_lost_worker_and_grows_back(ip, fresh_ns, standal
     run = ip.run_cell_magic("horovod", "--np 4 --min-np 2 --background --quiet --env "
                                        "HOROVOD_GLOO_TIMEOUT_SECONDS=30", ELASTIC_TRAINING)
 
-    wait_for = _waiter(run)
-
     try:
-        wait_for(lambda: all((r.step or 0) >= 20 for r in run.ranks), "every rank at step 20")
-        on_worker_1 = [r.rank for r in run.ranks
-                       if r.pid in _ranks_under(standalone.workers[1].pid, run.ranks)]
-        assert len(on_worker_1) == 2, [(r.rank, r.pid) for r in run.ranks]
-        seen = max(r.step for r in run.ranks)
-        standalone.kill_worker(1)  # its executor, the Python workers and their ranks die with it
-        survivors = [r for r in run.ranks if r.rank not in on_worker_1]
-        wait_for(lambda: any(c["t"] == "ring" and c["size"] == 2 for c in run.membership),
-                 "a ring of the 2 survivors")
-        ring_2 = next(c["time"] for c in run.membership if c["t"] == "ring" and c["size"] == 2)
-        wait_for(lambda: all(r.metrics.get("size") == 2 and (r.step or 0) >= seen + 20
-                             for r in survivors), "the survivors to train on at size 2")
-        standalone.restart_worker(1)
-        wait_for(lambda: any(c["t"] == "ring" and c["size"] == 4 and c["time"] > ring_2
-                             for c in run.membership), "the ring to be 4 again")
-        wait_for(lambda: all(r.metrics.get("size") == 4 for r in run.ranks),
-                 "every rank to train at size 4")
-        stop_file.write_text("")
-        results = run.wait(120)
+        on_worker_1, seen, results = _lose_worker_1_and_grow_back(run, standalone, stop_file,
+                                                                  rings=True)
     finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
         session.stop()
 
     assert run.state == "done", run.error
@@ -452,27 +458,7 @@ def test_elastic_ddp_survives_a_lost_worker_and_grows_back(ip, fresh_ns, on_lack
                  '"hvd_magic": hvd_magic.__file__,')
     run = ip.run_cell_magic("distributed", "--np 4 --min-np 2 --background --quiet", cell)
 
-    wait_for = _waiter(run)
-
-    try:
-        wait_for(lambda: all((r.step or 0) >= 20 for r in run.ranks), "every rank at step 20")
-        on_worker_1 = [r.rank for r in run.ranks
-                       if r.pid in _ranks_under(standalone.workers[1].pid, run.ranks)]
-        assert len(on_worker_1) == 2, [(r.rank, r.pid) for r in run.ranks]
-        seen = max(r.step for r in run.ranks)
-        standalone.kill_worker(1)  # its executor, the Python workers and their ranks die with it
-        survivors = [r for r in run.ranks if r.rank not in on_worker_1]
-        wait_for(lambda: all(r.metrics.get("size") == 2 and (r.step or 0) >= seen + 20
-                             for r in survivors), "the survivors to train on in a world of 2")
-        standalone.restart_worker(1)
-        wait_for(lambda: all(r.metrics.get("size") == 4 for r in run.ranks),
-                 "every rank to train in a world of 4 again")
-        stop_file.write_text("")
-        results = run.wait(120)
-    finally:
-        if run.state == "running":
-            run.cancel()
-            run.wait(30)
+    on_worker_1, _, results = _lose_worker_1_and_grow_back(run, standalone, stop_file)
 
     assert run.state == "done", run.error
     assert len(results) == 4 and all(r["size"] == 4 for r in results)

@@ -38,7 +38,6 @@ def train(lr, width=0, steps=5, fail_at=None, pause=0.05):
 
 def lockstep(lr, steps=40):
     """torch.distributed's allreduce every step (the ranks in lockstep), rank 1 slower."""
-    import os
     import time
 
     import torch

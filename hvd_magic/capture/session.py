@@ -18,7 +18,8 @@ import ast
 import dataclasses
 import marshal
 
-from .cell import names_read, parse_statement, prepare, semicolon_at_end, split_last_expression
+from .cell import parse_statement, prepare, semicolon_at_end, split_last_expression
+from .names import names_read
 
 VALUE_NAME = "__hvd_magic_value__"
 

@@ -46,7 +46,7 @@ def finish(run, internal=None):
     run.error = run.error or unreadable_error(run, got.unreadable + unread)
     if run.error is None:
         run.state = "done"
-        run.write_meta()
+        run.folder.write_meta(run)
         if run.view is not None:
             run.view.finish(run)
     else:
@@ -62,7 +62,7 @@ def end_failed(run, error, internal=True):
     for state in run.ranks:
         if state.state in LIVE_STATES:
             state.state = "cancelled"
-    run.write_meta()
+    run.folder.write_meta(run)
     if run.view is not None:
         run.view.finish(run)
 

@@ -1,4 +1,5 @@
-"""The run folder on the driver: every rank's full log, ``run.json``, files the ranks sent back.
+"""The run folder on the driver: every rank's full log, ``run.json`` (what it says of the run),
+files the ranks sent back.
 
     hvd_runs/<run id>/
         rank-<k>.log          every line rank k printed, stdout and stderr, in order, as it
@@ -23,6 +24,7 @@ was a system call per event, most of the driver's own cost of writing.
 import base64
 import json
 import os
+import sys
 import time
 
 from ..lines import printed
@@ -178,11 +180,32 @@ class RunFolder:
         return "\n".join(line for line in tail
                          if not line.startswith("Extension modules:")).rstrip()
 
-    def write_meta(self, meta):
+    def write_meta(self, run):
+        """``run.json``: `run`'s state and each rank's now, replaced whole (never half-written)."""
+        meta = {
+            "id": run.id, "np": run.np, "state": run.state, "where": run.where,
+            "started": run.started, "ended": run.ended, "name": run.name,
+            "shards": run.shards, "membership": run.membership,
+            "profile": run.profile,  # --timeline without Horovod (what %horovod_timeline says)
+            # what the Spark JVM that this run started printed, if it started one
+            "spark_log": getattr(run.launcher, "log_path", None),
+            # which notebook's kernel drives it: the next kernel of that notebook says which of
+            # its runs ended with this one (hvd_magic.frontends.ended_runs)
+            "notebook": os.environ.get("JPY_SESSION_NAME"), "kernel": _kernel(),
+            "ranks": [r.as_dict() for r in run.ranks]}
         tmp = os.path.join(self.path, "run.json.tmp")
         with open(tmp, "w") as f:
             f.write(json.dumps(meta, default=str))  # one line: the C encoder (indent is pure Python)
         os.replace(tmp, os.path.join(self.path, "run.json"))
+
+
+def _kernel():
+    """{"pid": this process, "ending": whether its kernel was told to shut down (a restart)}."""
+    shell = None
+    if "IPython" in sys.modules:  # (never imported: no kernel, nothing ending)
+        from IPython import get_ipython
+        shell = get_ipython()
+    return {"pid": os.getpid(), "ending": bool(getattr(shell, "exit_now", False))}
 
 
 def _read_histories(path, start, lowest):

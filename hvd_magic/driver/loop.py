@@ -76,7 +76,7 @@ class Driver:
                     run.folder.flush()
                 if self._meta_due is not None and time.monotonic() >= self._meta_due:
                     self._meta_due = None
-                    run.write_meta()
+                    run.folder.write_meta(run)
                 if run.view is not None:
                     run.view.tick(run)
         except KeyboardInterrupt:

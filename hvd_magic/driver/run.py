@@ -15,7 +15,6 @@ import os
 import pickle
 import secrets
 import signal
-import sys
 import threading
 import time
 
@@ -292,7 +291,7 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
             shipment=tuple(self.launcher.shipment))
         self.started = time.time()
         self.state = "running"
-        self.write_meta()
+        self.folder.write_meta(self)
         history.add(self)
         if self.elastic is not None:
             self.elastic.log_horovod(self.run_dir)  # until the driver loop ends (loop.py)
@@ -375,25 +374,3 @@ class Run(StackRequests, Debugging, ShownValue, Tables):
             self._driver.drive()
         except BaseException:  # kept on the run; raised by wait()
             pass
-
-    def write_meta(self):
-        self.folder.write_meta({
-            "id": self.id, "np": self.np, "state": self.state, "where": self.where,
-            "started": self.started, "ended": self.ended, "name": self.name,
-            "shards": self.shards, "membership": self.membership,
-            "profile": self.profile,  # --timeline without Horovod (what %horovod_timeline says)
-            # what the Spark JVM that this run started printed, if it started one
-            "spark_log": getattr(self.launcher, "log_path", None),
-            # which notebook's kernel drives it: the next kernel of that notebook says which of
-            # its runs ended with this one (hvd_magic.frontends.ended_runs)
-            "notebook": os.environ.get("JPY_SESSION_NAME"), "kernel": _kernel(),
-            "ranks": [r.as_dict() for r in self.ranks]})
-
-
-def _kernel():
-    """{"pid": this process, "ending": whether its kernel was told to shut down (a restart)}."""
-    shell = None
-    if "IPython" in sys.modules:  # (never imported: no kernel, nothing ending)
-        from IPython import get_ipython
-        shell = get_ipython()
-    return {"pid": os.getpid(), "ending": bool(getattr(shell, "exit_now", False))}

@@ -29,13 +29,10 @@ import secrets
 import threading
 import time
 
-import psutil
-
 from .. import frameworks
 from ..config import fresh_by_default
 from ..errors import LaunchError
 from .ranks import is_rank
-from ..words import plural
 from ..task.settings import TaskSettings
 
 READY_TIMEOUT = 300.0
@@ -171,6 +168,11 @@ class Session:
         self.last_used = time.monotonic()
 
     @property
+    def busy(self):
+        """A cell runs on the ranks now."""
+        return self._current is not None
+
+    @property
     def live(self):
         """The slots whose rank process is alive (all of them unless an elastic session lost some)."""
         return [r for r in range(self.np) if r not in self.lost]
@@ -258,50 +260,6 @@ class Session:
         self.rings.append((float(event.get("time") or time.time()), slots))
         if not set(slots) & set(self.lost):  # the survivors have reset Horovod
             self.reset_due = False
-
-    def lost_text(self):
-        """One line per lost rank, or an empty list."""
-        return [f"  rank {r} lost at {time.strftime('%H:%M:%S', time.localtime(info['time']))} "
-                f"({info['how']}, pid {info['pid']})" for r, info in sorted(self.lost.items())]
-
-    # -- what %horovod_session shows --------------------------------------------------------------
-    def status(self):
-        state = "stopped" if self.stopped else "broken" if self.broken else \
-            "running a cell" if self._current is not None else "idle"
-        idle = time.monotonic() - self.last_used
-        ranks = plural(self.np, "rank") if not self.lost else \
-            f"{len(self.live)} of {self.np} ranks"
-        lines = [f"session {self.id}: {state}, {ranks} on {self.where}, {plural(self.cells, 'cell')}"
-                 + (f", idle {idle:.0f} s" if state == "idle" else "")]
-        if self.elastic is not None:
-            lines.append(f"  elastic: goes on with at least {self.elastic[0]} ranks; lost ranks "
-                         "are not replaced" + "".join(
-                             f"; ring of {len(slots)} at "
-                             f"{time.strftime('%H:%M:%S', time.localtime(when))}"
-                             for when, slots in self.rings[-3:]))
-            lines += self.lost_text()
-        if self.broken and not self.stopped:
-            lines.append(f"  {self.broken}: %horovod_session restart")
-        if os.path.isdir(self.folder):
-            lines.append(f"  what the ranks printed between cells: {self.folder}")
-        for rank in self.live:
-            info = self.ranks.get(rank, {})
-            memory = _rss(info.get("pid")) if info.get("host") == _hostname() else None
-            lines.append(f"  rank {rank}: {info.get('host', '?')} pid {info.get('pid', '?')}"
-                         + (f", {memory / 2**20:.0f} MiB" if memory else ""))
-        return "\n".join(lines)
-
-
-def _hostname():
-    import socket
-    return socket.gethostname()
-
-
-def _rss(pid):
-    try:
-        return psutil.Process(pid).memory_info().rss
-    except (psutil.Error, TypeError, ValueError):
-        return None
 
 
 def task_lost(rank, known):

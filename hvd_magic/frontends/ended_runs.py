@@ -3,7 +3,7 @@
 
 A kernel restarted (or killed) mid-run takes its runs with it: the ranks end with their parent,
 and the page never hears of it (its dashboard keeps its last snapshot: `hvd_magic.view.rendition`).
-Each run's ``run.json`` says which notebook and kernel ran it (`Run.write_meta`): a run whose
+Each run's ``run.json`` says which notebook and kernel ran it (`RunFolder.write_meta`): a run whose
 kernel was told to shut down as it ended (a restart: cancelled, ``kernel.ending``), or one still
 "running" whose kernel process is gone (killed), ended with its kernel. Each is said once, then
 marked in its ``run.json`` so that later kernels do not say it again.

@@ -1,11 +1,18 @@
 """``%horovod_session`` and ``%%horovod`` cells that run in the warm session (see
-`hvd_magic.driver.session`): the notebook side of sessions, as thin as the magics."""
+`hvd_magic.driver.session`): the notebook side of sessions, as thin as the magics, and what
+``%horovod_session`` says of one (`status`)."""
 
+import os
+import socket
+import time
+
+import psutil
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .. import api
 from ..config import Placement
+from ..words import plural
 from .options import env_option, summary_first
 
 
@@ -92,7 +99,7 @@ def horovod_session(magics, line):
     if args.action == "status":
         if session is None:
             return print("No session. Start one: %horovod_session start --np 2")
-        return print(session.status())
+        return print(status(session))
     if args.action in ("stop", "restart") and session is None and args.action == "stop":
         return print("No session to stop.")
     if session is not None:
@@ -126,4 +133,45 @@ def horovod_session(magics, line):
     magics.session.options = options
     for note in magics.session.launcher.take_notes():
         print(f"[hvd_magic] {note}")
-    print(magics.session.status())
+    print(status(magics.session))
+
+
+def status(session):
+    """What ``%horovod_session`` says of `session`: its state, ranks, cells and idle time; an
+    elastic one's last rings and lost ranks; each live rank's host, pid and memory."""
+    state = "stopped" if session.stopped else "broken" if session.broken else \
+        "running a cell" if session.busy else "idle"
+    idle = time.monotonic() - session.last_used
+    ranks = plural(session.np, "rank") if not session.lost else \
+        f"{len(session.live)} of {session.np} ranks"
+    lines = [f"session {session.id}: {state}, {ranks} on {session.where}, "
+             f"{plural(session.cells, 'cell')}"
+             + (f", idle {idle:.0f} s" if state == "idle" else "")]
+    if session.elastic is not None:
+        lines.append(f"  elastic: goes on with at least {session.elastic[0]} ranks; lost ranks "
+                     "are not replaced" + "".join(
+                         f"; ring of {len(slots)} at {_clock(when)}"
+                         for when, slots in session.rings[-3:]))
+        lines += [f"  rank {r} lost at {_clock(info['time'])} ({info['how']}, pid {info['pid']})"
+                  for r, info in sorted(session.lost.items())]
+    if session.broken and not session.stopped:
+        lines.append(f"  {session.broken}: %horovod_session restart")
+    if os.path.isdir(session.folder):
+        lines.append(f"  what the ranks printed between cells: {session.folder}")
+    for rank in session.live:
+        info = session.ranks.get(rank, {})
+        memory = _rss(info.get("pid")) if info.get("host") == socket.gethostname() else None
+        lines.append(f"  rank {rank}: {info.get('host', '?')} pid {info.get('pid', '?')}"
+                     + (f", {memory / 2**20:.0f} MiB" if memory else ""))
+    return "\n".join(lines)
+
+
+def _clock(when):
+    return time.strftime("%H:%M:%S", time.localtime(when))
+
+
+def _rss(pid):
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except (psutil.Error, TypeError, ValueError):
+        return None

@@ -97,6 +97,7 @@ def run_sweep_cell(magics, args, cell, chosen, placement, options, where):
 
 
 def _names_read(cell, shell, hidden):
-    from ..capture.cell import names_read, prepare
+    from ..capture.cell import prepare
+    from ..capture.names import names_read
     _, _, tree, _, _ = prepare(cell, {}, hidden=hidden)
     return names_read(tree)

@@ -3,7 +3,7 @@
 Starting Spark takes the first ``%%horovod --np N`` cell of a kernel several seconds (the JVM,
 the SparkContext, Spark's first Python worker). `begin`, called by ``%load_ext hvd_magic``, does
 that in a thread instead, so that a first cell typed a few seconds later finds the session ready;
-the cell that needs it first waits for the rest (`SparkLauncher` adopts it, and its Cancel ends
+the cell that needs it first waits for the rest (`SessionFinder` adopts it, and its Cancel ends
 the start). Nothing is started where a session is the user's to choose: a SparkContext or a
 Spark Connect session already there, Databricks, no Java, no pyspark, or
 ``HVD_MAGIC_PRESTART=0``.
@@ -17,7 +17,7 @@ cell, a module or any thread first waits for the start to end or cancels it, sto
 and then makes the session it was asked for; `hvd_magic.spark_session` does the same.
 
 Not for: the start itself (`sparkstart.SparkStart`) or choosing a session for a run
-(`spark.SparkLauncher`).
+(`spark_session.SessionFinder`).
 """
 
 import functools

@@ -1,8 +1,8 @@
 """Launch the ranks as one Spark barrier stage: all N tasks gang-scheduled, or none.
 
 With an active SparkSession (a real cluster) it is used as it is. Otherwise an embedded
-``local[N]`` session is started (UI off, quiet logs, workers on this very Python) and marked as
-ours, so that a later run needing more slots may restart it.
+``local[N]`` session is adopted or started (UI off, quiet logs, workers on this very Python) and
+marked as ours, so that a later run needing more slots may restart it (`spark_session`).
 
 Before anything is submitted the slots are checked (a barrier stage that cannot fit would fail
 with a Java ``BarrierJobSlotsNumberCheckFailed`` after minutes of retries), and dynamic allocation is
@@ -29,10 +29,11 @@ from ..words import plural
 from .shipping import send as ship_to
 from .base import Launcher
 from ..data.frames import check_data, data_plan
-from .prestart import adopt as adopt_prestart
 from .spark_errors import java_message, same_interpreter
-from .sparkstart import (EMBEDDED_MARK, SparkStart, _active_context, _quiet,  # noqa: F401
-                         context_conf, embedded_session, embedded_settings, local_slots)
+from .spark_session import SessionFinder
+from .sparkstart import (EMBEDDED_MARK, _active_context, context_conf,  # noqa: F401
+                         embedded_session, local_slots)
+
 
 def cluster_slots(sc):
     """How many tasks of the default resource profile can run at once right now."""
@@ -112,38 +113,26 @@ class SparkLauncher(Launcher):
     def __init__(self, session=None, master=None, conf=None, slot_wait=30.0, log_dir="hvd_runs",
                  verbose=False):
         super().__init__()
-        self.session, self.master = session, master
-        self.conf = conf or {}
+        self.session = session
         self.slot_wait = slot_wait
-        self.log_dir = log_dir        # where a JVM we start writes its log (spark-<time>.log)
-        self.verbose = verbose        # the JVM's output shown in the cell too
-        self.log_path = None          # that log, when this launcher started the JVM
         self.group = None
         self._cancelled = False
-        self._starting = None         # the SparkStart under way, while prepare() waits on it
-        self._started_here = False    # this launcher started the session (in another thread)
+        # the session, where none was given: found or started by prepare()
+        self._finder = SessionFinder(master, conf, log_dir, verbose, phase=self._set_phase,
+                                     shared_cores=self._note_shared_cores)
         self._conf = None             # the session's SparkConf, read once (each read is a JVM copy)
-        self._too_small = ""          # why the session begun at load was not used, said once
+
+    @property
+    def log_path(self):
+        """The log of the Spark JVM this launch started, or None."""
+        return self._finder.log_path
 
     # -- before launch ----------------------------------------------------------------------
     def prepare(self, np):
         """Find or start the session and check it can hold N ranks at once."""
         if self.session is None:
-            from pyspark.sql import SparkSession
-            self._adopt_prestart(np)
-            if _active_context() is not None:
-                session = SparkSession.builder.getOrCreate()
-                ours = context_conf(session.sparkContext).get(EMBEDDED_MARK) == "true"
-                slots = local_slots(session.sparkContext.master)
-                if ours and slots is not None and slots < np and self.master is None:
-                    self._set_phase(f"stopping Spark ({session.sparkContext.master}: room for "
-                                    f"{slots} ranks) to start one with room for {np}")
-                    session.stop()  # ours and too small: start a bigger one
-                    session = self._start_session(np, None)
-            else:
-                session = self._start_session(np, self.master)
-            self.session = session
-        if not self._started_here:
+            self.session = self._finder.find(np)
+        if not self._finder.started_here:
             self._note_shared_cores(self.session.sparkContext.master, np)
         sc = self.session.sparkContext
         conf = self._conf = context_conf(sc)
@@ -169,52 +158,6 @@ class SparkLauncher(Launcher):
         self.shipment, line = ship_to(sc, imports, only)
         if line:
             self._note(line)
-
-    def _adopt_prestart(self, np):
-        """Wait for the session the extension began starting when it loaded, and keep it."""
-        start = adopt_prestart()
-        if start is None:
-            return
-        if self.master is not None or start.conf != dict(self.conf):
-            start.cancel()  # not the session this run asks for
-            return
-        slots = local_slots(start.master)
-        if slots is not None and slots // int(self.conf.get("spark.task.cpus") or 1) < np:
-            start.give_up()  # at once (a JVM on its way up ends itself); said once, in the phase
-            self._too_small = f"; the {start.master} begun when hvd_magic loaded is too small"
-            return
-        self._note_shared_cores(start.master, np)
-        if start.wait(0) is None:
-            self._set_phase(f"starting Spark ({start.master}), begun when hvd_magic loaded")
-        self._starting = start.start
-        if self._cancelled:
-            start.start.cancel()
-        try:
-            session = start.wait()
-        finally:
-            self._starting = None
-        if self._cancelled:
-            start.cancel()
-            raise start.start.cancelled_error()
-        if session is not None:  # (else it failed: the run starts its own, and says why)
-            self._started_here = True  # (no second note on shared cores)
-            self.log_path = start.start.log_path
-
-    def _start_session(self, np, master):
-        settings = embedded_settings(np, self.conf, master)
-        self._starting = SparkStart(settings, self.log_dir, self.verbose)
-        if self._cancelled:
-            self._starting.cancel()
-        slots = local_slots(settings["spark.master"])
-        self._note_shared_cores(settings["spark.master"], np)  # before the wait, not after
-        room = f": room for {slots} ranks" if slots is not None else ""
-        self._set_phase(f"starting Spark ({settings['spark.master']}{room}){self._too_small}")
-        self._started_here = True
-        try:
-            return _quiet(self._starting.session())
-        finally:
-            self.log_path = self._starting.log_path or self.log_path
-            self._starting = None
 
     def _note_shared_cores(self, master, np):
         if local_slots(master) is not None:
@@ -329,7 +272,7 @@ class SparkLauncher(Launcher):
     def _claim(self, settings):
         """This run's job group; the session made the notebook's when it was started here."""
         self.group = f"hvd_magic-{settings.run_id}-{uuid.uuid4().hex[:6]}"
-        if self._started_here:
+        if self._finder.started_here:
             # The session was started in the driver's helper thread (`Run._prepare`), and Spark's
             # active session is per thread: make it the notebook's too, as if the user had started
             # it, so that SparkSession.getActiveSession() in a later cell finds it.
@@ -339,9 +282,7 @@ class SparkLauncher(Launcher):
 
     def cancel(self):
         self._cancelled = True
-        starting = self._starting
-        if starting is not None:  # prepare() is starting Spark in the driver's helper thread
-            starting.cancel()
+        self._finder.cancel()  # prepare() may be starting Spark in the driver's helper thread
         if self.group is not None:
             try:
                 self.session.sparkContext.cancelJobGroup(self.group)

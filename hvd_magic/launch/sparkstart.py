@@ -23,7 +23,8 @@ leaves it after any ``spark.stop()``.
 Also the settings of that session (`embedded_settings`: local[N], UI off, workers on this Python)
 and what a master string says of its slots (`local_slots`).
 
-Not for: choosing a session or checking its slots (`hvd_magic.launch.spark`).
+Not for: choosing a session (`hvd_magic.launch.spark_session`) or checking its slots
+(`hvd_magic.launch.spark`).
 """
 
 import contextlib

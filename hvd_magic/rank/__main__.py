@@ -164,7 +164,9 @@ def _write_json(path, obj):
     os.replace(tmp, path)
 
 
-def main(workdir):
+def _set_up():
+    """What a rank of either kind sets up before its first job: its end with its parent, its
+    stop and stack dumps, and the hooks put in the libraries a cell may import."""
     _die_with_parent()
     stacks.install()
     signal.signal(signal.SIGTERM, _on_stop)
@@ -175,6 +177,10 @@ def main(workdir):
     gpus.install()  # the rank's own GPU, where the cell never pins one
     jax_setup.install()  # JAX's devices; its cluster found by a bare initialize()
     deepspeed_setup.install()  # DeepSpeed's accelerator; its ops built once per host, in words
+
+
+def main(workdir):
+    _set_up()
     profile.install()  # --timeline of a torch job without Horovod: its optimizer steps counted
     keras_alias.install()  # before unpickling: the job may refer to `keras` by name
     import cloudpickle  # noqa: F401  (needed to unpickle the job)
@@ -271,16 +277,7 @@ def main_session(workdir):
     """A rank of a warm session: cells one after another (see `hvd_magic.rank.session`)."""
     from . import session
 
-    _die_with_parent()
-    stacks.install()
-    signal.signal(signal.SIGTERM, _on_stop)
-    reporting.install_tqdm_hook()
-    stall.install()
-    torch_store.install()
-    trainers.install()
-    gpus.install()  # the rank's own GPU, where the cell never pins one
-    jax_setup.install()  # JAX's devices; its cluster found by a bare initialize()
-    deepspeed_setup.install()  # DeepSpeed's accelerator; its ops built once per host, in words
+    _set_up()
     keras_alias.install()  # `import keras` as in a cell that is not a session's
     here = elastic_world.world()  # an elastic session's (None in others)
     if elastic_world.active():  # torch.distributed's: the first world's variables

@@ -11,8 +11,9 @@ they never talk to Spark or to the tasks, and nothing outside the notebook side 
 
 import os
 
+from ..lines import visible_text
 from .opening import Opening
-from .text import TextView, summary_text, visible_text
+from .text import TextView, summary_text
 
 __all__ = ["Opening", "TextView", "make_view", "summary_text", "visible_text",
            "widgets_available"]

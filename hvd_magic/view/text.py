@@ -13,7 +13,7 @@ import time
 WAIT_SHOWN_AFTER = 1.0  # seconds a wait lasts before it is worth a line
 SUMMARY_EVERY = 10.0    # seconds between two summary lines of a large run
 
-from ..lines import printed, visible_text
+from ..lines import printed
 from ..words import plural, size
 from .summary import hosts, is_large, summary_line, threads_text
 from .summary import summary_text as large_summary
