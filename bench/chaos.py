@@ -51,6 +51,8 @@ harness has changed what a seed draws.
                                     [--programs ddp elastic horovod]
                                     [--faults kill freeze cancel task oom notebook none]
                                     [--neighbours 0.25] [--out bench/soak/NAME.jsonl.gz]
+    .venv/bin/python bench/chaos.py --soak 1000 --seed S --out bench/soak/NAME.jsonl.gz
+                                    # (every pair in turn until 1000 counted; resumable)
     .venv/bin/python bench/chaos.py --table [--write RELIABILITY.md]  # from bench/soak/
 
 The suite runs a short seeded slice (tests/test_chaos.py); the long soak stays here.
@@ -74,11 +76,14 @@ import chaos_table  # noqa: E402
 from chaos_cluster import CLUSTER  # noqa: E402
 from chaos_leaks import _alive, _command, _named  # noqa: E402
 from chaos_neighbour import Neighbour  # noqa: E402
+import chaos_soak  # noqa: E402
 
 NP = 3
-STEPS = 60
+# Steps of a run: past the latest moment drawn (step 25) by 15 steps, so that a fault there
+# finds the run going (60 before: 20 more steps a round that changed no check)
+STEPS = 40
 TIMEOUT = 20          # --timeout of a round whose rank is frozen (seconds)
-MOMENTS = ("init", "early", "late")  # the suite's slice: in the rank's start, steps 1-5, 40-48
+MOMENTS = ("init", "early", "late")  # the suite's slice: in the rank's start, steps 1-5, 20-28
 # A notebook value past the broadcast limit (4 MB): it goes to the ranks as a value file
 # (/dev/shm), which every round then looks for after its end
 BALLAST = b"\0" * (5 << 20)
@@ -327,6 +332,7 @@ def play(ip, round_):
     elif round_["launcher"] == "spark":
         CLUSTER.leave()
         hvd_magic.spark_session()
+    marks = [time.monotonic()]  # (where the round's time went: the outcome's "phases")
     neighbour = Neighbour(round_["seed"], round_["round"]) if round_.get("neighbour") else None
     problems = []
     if neighbour is not None and not neighbour.wait_started():
@@ -352,6 +358,7 @@ def play(ip, round_):
         ended = time.monotonic()
     finally:
         unwatch()
+    marks.append(ended)
     record.ranks(r.pid for r in run.ranks)
     chaos_faults.settle(done, record)
     if run.state == "running":
@@ -369,6 +376,7 @@ def play(ip, round_):
             pass
     if round_["program"] == "session":
         problems += _session_after(ip, round_, run)
+    marks.append(time.monotonic())
     problems += leaks.left_behind(lambda: leaks.leftovers(run, record), leaks.LEAK_WAIT)
     problems += leaks.files_left(run.id, record) + leaks.ports_left(record)
     problems += leaks.jobs_left(run) + leaks.cgroup_left(record.cgroup)
@@ -376,16 +384,31 @@ def play(ip, round_):
             if not os.path.exists(run.folder.log_path(k))]
     if logs:
         problems.append(f"lost logs: no log of rank(s) {logs}")
+    marks.append(time.monotonic())
     if neighbour is not None:
         problems += neighbour.finish()
     shutil.rmtree(told, ignore_errors=True)
+    marks.append(time.monotonic())
     CLUSTER.mend()
+    marks.append(time.monotonic())
     outcome = dict(round_, run=run.id, commit=COMMIT, seconds=round(ended - began, 2),
+                   phases=_phases(marks, began),
                    state=run.state, struck=done.get("struck"), unstruck=done.get("how"),
                    values=len(record.values), error=type(error).__name__ if error else None,
                    said=str(error).splitlines()[0][:300] if error else None)
     problems += _timed(outcome, done, ended, recovery)
     return dict(outcome, ok=not problems, problems=problems)
+
+
+def _phases(marks, began):
+    """Seconds of a round's phases: its launcher's session and its neighbour made ready
+    ("ready"), its run ("run"), its checks of how it ended and its session's next cell
+    ("after"), its leak checks ("leaks"), its neighbour's end ("neighbour"), the cluster
+    mended ("mend")."""
+    ready, ended, after, leaked, finished, mended = marks
+    return {name: round(b - a, 2) for name, a, b in (
+        ("ready", ready, began), ("run", began, ended), ("after", ended, after),
+        ("leaks", after, leaked), ("neighbour", leaked, finished), ("mend", finished, mended))}
 
 
 def _session_after(ip, round_, run):
@@ -646,7 +669,8 @@ def _played(ip, round_, out, output):
     if output:
         chaos_table.write(output, outcome)
     if not outcome["ok"]:
-        print(f"FAILED round: --seed {outcome['seed']} --only {outcome['round']}: "
+        soak = "--soak " if outcome.get("plan") == "soak" else ""
+        print(f"FAILED round: {soak}--seed {outcome['seed']} --only {outcome['round']}: "
               f"{outcome['problems']}", file=out, flush=True)
     return outcome
 
@@ -654,7 +678,7 @@ def _played(ip, round_, out, output):
 def replay(ip, recorded, out=sys.stderr, output=None):
     """Play again the rounds of `recorded` outcomes, as they were drawn; their new outcomes."""
     keys = ("seed", "round", "launcher", "np", "program", "fault", "victim", "at_step",
-            "extra_delay", "timeout", "cut_seconds", "neighbour", "moment")
+            "extra_delay", "timeout", "cut_seconds", "neighbour", "moment", "plan")
     return [_played(ip, {k: old[k] for k in keys if k in old}, out, output)
             for old in recorded]
 
@@ -678,6 +702,10 @@ def main():
                         help="play again the rounds printed in FILE (those that failed, with "
                              "--failed), as they were drawn")
     parser.add_argument("--failed", action="store_true")
+    parser.add_argument("--soak", type=int, metavar="COUNTED", nargs="?", const=1000,
+                        help="the long soak: play every launcher x program x fault pair in "
+                             "turn until COUNTED rounds (default 1000) counted, appending to "
+                             "--out and skipping the rounds it holds (resumable; one commit)")
     parser.add_argument("--table", nargs="*", metavar="OUTPUT",
                         help="print the tables of earlier rounds' outputs (default: the "
                              "committed bench/soak/*.jsonl.gz; no round run)")
@@ -699,7 +727,23 @@ def main():
     ip = start_ipython()
     ip.run_line_magic("load_ext", "hvd_magic")
     began = time.monotonic()
-    if args.replay:
+    if args.soak is not None:
+        why = chaos_soak.resumable(args.out, COMMIT, args.seed) if args.out else \
+            "--soak needs --out bench/soak/NAME.jsonl.gz (the output it appends to, resumes)"
+        if why:
+            print(f"soak refused: {why}", file=sys.stderr)
+            return 2
+        if args.only is not None:
+            played = chaos_soak.played_pairs(sys.modules[__name__], args.launchers,
+                                             args.programs, args.faults)
+            outcomes = [_played(ip, chaos_soak.soak_round(
+                sys.modules[__name__], args.seed, args.only, played, TIMEOUT, args.neighbours),
+                sys.stderr, None)]
+        else:
+            outcomes = chaos_soak.soak(sys.modules[__name__], ip, args.seed, args.soak, args.out,
+                                       args.launchers, args.programs, args.faults, TIMEOUT,
+                                       args.neighbours, minutes=args.minutes)
+    elif args.replay:
         outcomes = replay(ip, [o for o in chaos_table.outcomes_in(args.replay)
                                if not args.failed or not o["ok"]], output=args.out)
     else:

@@ -103,8 +103,7 @@ def test_the_cut_is_refused_without_network_namespaces(monkeypatch):
 def test_a_second_notebooks_ranks_outlive_the_first_notebooks_cancel_and_end(ip):
     """Two notebooks on one machine: the first's cancel and its run's end touch only its own
     ranks; the second's (an IPython process of its own) go on and end as their own."""
-    beside = Neighbour(seed=0, number=0)
-    beside.cancel_at = 0  # (it runs until it is told to stop)
+    beside = Neighbour(seed=0, number=0, cancel_at=0)  # (it runs until it is told to stop)
     try:
         assert beside.wait_started(), "the second notebook's run never started"
         run = ip.run_cell_magic("distributed", "--np -2 --background --quiet",
@@ -116,6 +115,9 @@ def test_a_second_notebooks_ranks_outlive_the_first_notebooks_cancel_and_end(ip)
             run.wait(60)
         assert run.state == "cancelled"
         assert beside.finish() == []
+        again = Neighbour(seed=0, number=1, cancel_at=0)  # (the next round's, in its shell)
+        assert again.process is beside.process and again.wait_started()
+        assert again.finish() == []
     finally:
         if beside.process.poll() is None:
             beside.process.kill()
@@ -133,3 +135,41 @@ def test_the_table_is_remade_from_the_committed_outputs(tmp_path):
     assert text.strip() in reliability, "RELIABILITY.md's tables are not --table's"
 
 
+
+
+def test_the_soak_plays_every_pair_each_cycle_a_launcher_at_a_time():
+    import chaos_soak
+    played = chaos_soak.pairs(list(chaos.LAUNCHERS), list(chaos.PROGRAMS), list(chaos.FAULTS),
+                              chaos.NOT_ON)
+    assert ("cluster", "elastic", "freeze") in played and ("driver", "ddp", "task") not in played
+    assert ("driver", "session", "notebook") not in played
+    rounds = [chaos_soak.pair_of(3, n, played) for n in range(2 * len(played))]
+    for cycle in (rounds[:len(played)], rounds[len(played):]):
+        assert sorted(cycle) == sorted(played)  # (every pair, once a cycle)
+    switches = sum(a[0] != b[0] for a, b in zip(rounds, rounds[1:]))
+    assert switches == 2 * (len(chaos.LAUNCHERS) - 1)  # (and the cycles meet on one launcher)
+
+
+def test_the_soak_resumes_its_output_and_refuses_another_commits(tmp_path):
+    import types
+    import chaos_soak
+    output = str(tmp_path / "soak.jsonl.gz")
+    playing = []
+
+    def played(ip, round_, out, output):  # (what each round would give: struck, ok)
+        playing.append(round_["round"])
+        outcome = dict(round_, struck=True, ok=True, problems=[], commit="abc1234")
+        chaos_table.write(output, outcome)
+        return outcome
+    harness = types.SimpleNamespace(refused=lambda faults: {}, NOT_ON=chaos.NOT_ON,
+                                    draw=chaos.draw, _played=played)
+    soak = dict(launchers=["driver"], programs=["ddp"], faults=["kill", "cancel"], timeout=20,
+                neighbours=0.0, out=open(os.devnull, "w"))
+    chaos_soak.soak(harness, None, 5, 3, output, **soak)
+    assert playing == [0, 1, 2]
+    chaos_soak.soak(harness, None, 5, 5, output, **soak)  # (a second sitting)
+    assert playing == [0, 1, 2, 3, 4]
+    assert [o["round"] for o in chaos_table.outcomes_in(output)] == [0, 1, 2, 3, 4]
+    assert chaos_soak.resumable(output, "abc1234", 5) is None
+    assert "commit" in chaos_soak.resumable(output, "def5678", 5)
+    assert "seed" in chaos_soak.resumable(output, "abc1234", 6)
