@@ -720,6 +720,12 @@ def main():
             chaos_table.rewrite(args.write, text)
         print(text)
         return 0
+    if args.soak is not None and args.only is None:  # (said before any round begins)
+        why = chaos_soak.resumable(args.out, COMMIT, args.seed) if args.out else \
+            "--soak needs --out bench/soak/NAME.jsonl.gz (the output it appends to, resumes)"
+        if why:
+            print(f"soak refused: {why}", file=sys.stderr)
+            return 2
     from IPython.testing.globalipapp import start_ipython
 
     # a TERM ends the soak as an exception would: its cluster, hosts and cgroups are undone
@@ -728,11 +734,6 @@ def main():
     ip.run_line_magic("load_ext", "hvd_magic")
     began = time.monotonic()
     if args.soak is not None:
-        why = chaos_soak.resumable(args.out, COMMIT, args.seed) if args.out else \
-            "--soak needs --out bench/soak/NAME.jsonl.gz (the output it appends to, resumes)"
-        if why:
-            print(f"soak refused: {why}", file=sys.stderr)
-            return 2
         if args.only is not None:
             played = chaos_soak.played_pairs(sys.modules[__name__], args.launchers,
                                              args.programs, args.faults)
