@@ -67,6 +67,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -529,25 +530,35 @@ def play_notebook(round_):
         return sorted(p for p in pids if _alive(p) and leaks._started(p) == born.get(p))
     problems += leaks.left_behind(lambda: still(ours - jvms), NOTEBOOK_GONE)
     ours_gone = round(time.monotonic() - killed, 1)
-    problems += leaks.left_behind(lambda: still(jvms), JVM_GONE, what="jvm")
-    jvm_gone = round(time.monotonic() - killed, 1) if jvms else None
-    problems += leaks.files_left(first["run"], record) + leaks.ports_left(record)
-    started = [k for k, step in enumerate((last or {}).get("steps", [])) if step >= 1]
-    if first["folder"] is not None:
-        logs = [k for k in started if not os.path.exists(os.path.join(first["folder"],
-                                                                      f"rank-{k}.log"))]
-        if logs:
-            problems.append(f"lost logs: no log of rank(s) {logs}")
+    problems += leaks.ports_left(record)  # (its ranks' ports: the ranks are gone)
+    parts = leaks.new_parts(record)
     shutil.rmtree(told, ignore_errors=True)
     outcome = dict(round_, run=first["run"], commit=COMMIT, seconds=round(killed - began, 2),
-                   state="killed", error=None, gone=ours_gone, jvm_gone=jvm_gone,
+                   state="killed", error=None, gone=ours_gone, jvm_gone=None,
                    jvms=len(jvms), struck=struck, values=len(record.values),
                    unstruck=None if struck else "its run had ended before the notebook's kill",
                    to_error=ours_gone if struck else None, bound=chaos_faults.bound(round_))
     if struck and ours_gone > outcome["bound"]:
         problems.append(f"slow: the killed notebook's processes went {ours_gone} s after it, "
                         f"over the bound of {outcome['bound']:.0f} s")
-    return dict(outcome, ok=not problems, problems=problems)
+
+    def later():
+        """Its JVMs gone (JVM_GONE at most), then its files and logs looked for: while the next
+        round runs (by pid and start time, its run's id, the paths it recorded and the partial
+        folders there were before: nothing of the next round's is taken for this one's)."""
+        found = leaks.left_behind(lambda: still(jvms), JVM_GONE, what="jvm")
+        whole["jvm_gone"] = round(time.monotonic() - killed, 1) if jvms else None
+        found += leaks.files_left(first["run"], record, parts=parts)
+        started = [k for k, step in enumerate((last or {}).get("steps", [])) if step >= 1]
+        if first["folder"] is not None:
+            logs = [k for k in started if not os.path.exists(
+                os.path.join(first["folder"], f"rank-{k}.log"))]
+            if logs:
+                found.append(f"lost logs: no log of rank(s) {logs}")
+        return found
+    whole = dict(outcome, ok=not problems, problems=problems)
+    whole["later"] = later  # (taken off by _played, which makes these checks in a thread)
+    return whole
 
 
 def _misnamed(round_, run, error, lost=None, whole=False):
@@ -660,27 +671,58 @@ def rounds(ip, seed, count, launchers=tuple(LAUNCHERS), programs=tuple(PROGRAMS)
         round_ = draw(seed, number, list(launchers), list(programs), list(faults), timeout,
                       neighbours)
         outcomes.append(_played(ip, round_, out, output))
+    finished()
     return outcomes
 
 
+_PENDING = []  # the threads finishing rounds' checks made later (a killed notebook's JVMs)
+_WRITING = threading.Lock()
+
+
 def _played(ip, round_, out, output):
+    """Play a round; its outcome, said and written once its checks are all made: those it
+    leaves for later (`later`) made by a thread while the next round runs."""
     outcome = play(ip, round_)
-    print(json.dumps(outcome), file=out, flush=True)
-    if output:
-        chaos_table.write(output, outcome)
-    if not outcome["ok"]:
-        soak = "--soak " if outcome.get("plan") == "soak" else ""
-        print(f"FAILED round: {soak}--seed {outcome['seed']} --only {outcome['round']}: "
-              f"{outcome['problems']}", file=out, flush=True)
+    later = outcome.pop("later", None)
+    if later is None:
+        _said(outcome, out, output)
+        return outcome
+
+    def finish():
+        found = later()
+        outcome.update(problems=outcome["problems"] + found, ok=outcome["ok"] and not found)
+        _said(outcome, out, output)
+    thread = threading.Thread(target=finish, name=f"chaos-later-{round_['round']}")
+    thread.start()
+    _PENDING.append(thread)
     return outcome
+
+
+def finished():
+    """Wait for the checks left for later (every outcome then whole)."""
+    while _PENDING:
+        _PENDING.pop().join()
+
+
+def _said(outcome, out, output):
+    with _WRITING:
+        print(json.dumps(outcome), file=out, flush=True)
+        if output:
+            chaos_table.write(output, outcome)
+        if not outcome["ok"]:
+            soak = "--soak " if outcome.get("plan") == "soak" else ""
+            print(f"FAILED round: {soak}--seed {outcome['seed']} --only {outcome['round']}: "
+                  f"{outcome['problems']}", file=out, flush=True)
 
 
 def replay(ip, recorded, out=sys.stderr, output=None):
     """Play again the rounds of `recorded` outcomes, as they were drawn; their new outcomes."""
     keys = ("seed", "round", "launcher", "np", "program", "fault", "victim", "at_step",
             "extra_delay", "timeout", "cut_seconds", "neighbour", "moment", "plan")
-    return [_played(ip, {k: old[k] for k in keys if k in old}, out, output)
-            for old in recorded]
+    outcomes = [_played(ip, {k: old[k] for k in keys if k in old}, out, output)
+                for old in recorded]
+    finished()
+    return outcomes
 
 
 def main():
@@ -740,6 +782,7 @@ def main():
             outcomes = [_played(ip, chaos_soak.soak_round(
                 sys.modules[__name__], args.seed, args.only, played, TIMEOUT, args.neighbours),
                 sys.stderr, None)]
+            finished()
         else:
             outcomes = chaos_soak.soak(sys.modules[__name__], ip, args.seed, args.soak, args.out,
                                        args.launchers, args.programs, args.faults, TIMEOUT,

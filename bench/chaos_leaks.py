@@ -171,8 +171,15 @@ def left_behind(leftovers_now, wait, what="processes"):
     return [f"leak {what}: {', '.join(named)} outlived the run"] if left else []
 
 
-def files_left(run_id, record, temp=None):
-    """The run's folders, value files and partial cache folders still there."""
+def new_parts(record):
+    """The partial cache folders made since `record` began (and there now)."""
+    return set(_parts()) - record.parts_before
+
+
+def files_left(run_id, record, temp=None, parts=None):
+    """The run's folders, value files and partial cache folders still there (`parts`: those
+    to look for, where they were taken earlier: a check made later, while another round runs,
+    takes none of that round's for this one's)."""
     temp = temp or tempfile.gettempdir()
     problems = []
     folders = glob.glob(os.path.join(temp, f"hvd_magic-{run_id}-*"))
@@ -181,7 +188,7 @@ def files_left(run_id, record, temp=None):
     values = sorted(p for p in record.values if os.path.exists(p))
     if values:
         problems.append(f"leak shm: {', '.join(values)}")
-    parts = sorted(set(_parts()) - record.parts_before)
+    parts = sorted(new_parts(record) & (set(_parts()) if parts is None else parts))
     if parts:
         problems.append(f"leak parts: {', '.join(parts)}")
     return problems

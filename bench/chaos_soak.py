@@ -95,4 +95,5 @@ def soak(chaos, ip, seed, target, output, launchers, programs, faults, timeout, 
             outcomes.append(outcome)
             counted += chaos_table.counted(outcome)
         number += 1
+    chaos.finished()
     return outcomes

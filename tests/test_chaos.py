@@ -162,7 +162,7 @@ def test_the_soak_resumes_its_output_and_refuses_another_commits(tmp_path):
         chaos_table.write(output, outcome)
         return outcome
     harness = types.SimpleNamespace(refused=lambda faults: {}, NOT_ON=chaos.NOT_ON,
-                                    draw=chaos.draw, _played=played)
+                                    draw=chaos.draw, _played=played, finished=lambda: None)
     soak = dict(launchers=["driver"], programs=["ddp"], faults=["kill", "cancel"], timeout=20,
                 neighbours=0.0, out=open(os.devnull, "w"))
     chaos_soak.soak(harness, None, 5, 3, output, **soak)
@@ -173,3 +173,16 @@ def test_the_soak_resumes_its_output_and_refuses_another_commits(tmp_path):
     assert chaos_soak.resumable(output, "abc1234", 5) is None
     assert "commit" in chaos_soak.resumable(output, "def5678", 5)
     assert "seed" in chaos_soak.resumable(output, "abc1234", 6)
+
+
+def test_a_check_made_later_takes_no_partial_folder_of_the_next_round(tmp_path, monkeypatch):
+    """A killed notebook's files are looked for while the next round runs: a partial cache
+    folder that round makes is not this round's leak; one this round left is."""
+    monkeypatch.setattr(chaos_leaks, "_parts", lambda: sorted(
+        str(p) for p in tmp_path.glob("*.part-*")))
+    record = chaos_leaks.Record()
+    (tmp_path / "ours.part-1").mkdir()  # (left by this round)
+    parts = chaos_leaks.new_parts(record)  # (taken as its ranks were gone)
+    (tmp_path / "next.part-2").mkdir()  # (the next round's, made meanwhile)
+    found = chaos_leaks.files_left("RUNID", record, temp=str(tmp_path), parts=parts)
+    assert found == [f"leak parts: {tmp_path / 'ours.part-1'}"]
