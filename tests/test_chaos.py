@@ -186,3 +186,20 @@ def test_a_check_made_later_takes_no_partial_folder_of_the_next_round(tmp_path, 
     (tmp_path / "next.part-2").mkdir()  # (the next round's, made meanwhile)
     found = chaos_leaks.files_left("RUNID", record, temp=str(tmp_path), parts=parts)
     assert found == [f"leak parts: {tmp_path / 'ours.part-1'}"]
+
+
+def test_a_partial_folder_another_process_is_making_is_no_leak(tmp_path, monkeypatch):
+    """The shipped cache is the host's: a part whose maker holds its entry's lock (another
+    notebook making that entry as the round ends) is not the round's leak; once no one makes
+    it, it is."""
+    import fcntl
+    monkeypatch.setattr(chaos_leaks, "_parts", lambda: sorted(
+        str(p) for p in tmp_path.glob("*.part-*")))
+    record = chaos_leaks.Record()
+    (tmp_path / "pkg-1.0-abc.part-1234").mkdir()
+    with open(tmp_path / "pkg-1.0-abc.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (its maker, making it)
+        assert chaos_leaks.files_left("RUNID", record, temp=str(tmp_path)) == []
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    found = chaos_leaks.files_left("RUNID", record, temp=str(tmp_path))
+    assert found == [f"leak parts: {tmp_path / 'pkg-1.0-abc.part-1234'}"]
