@@ -744,6 +744,9 @@ def main():
                         help="play again the rounds printed in FILE (those that failed, with "
                              "--failed), as they were drawn")
     parser.add_argument("--failed", action="store_true")
+    parser.add_argument("--slice", action="store_true",
+                        help="with --only R: play round R of the suite's seeded slice "
+                             "(tests/test_chaos.py), as it draws it")
     parser.add_argument("--soak", type=int, metavar="COUNTED", nargs="?", const=1000,
                         help="the long soak: play every launcher x program x fault pair in "
                              "turn until COUNTED rounds (default 1000) counted, appending to "
@@ -775,7 +778,11 @@ def main():
     ip = start_ipython()
     ip.run_line_magic("load_ext", "hvd_magic")
     began = time.monotonic()
-    if args.soak is not None:
+    if args.slice and args.only is not None:
+        outcomes = [_played(ip, slice_rounds(args.seed, args.only + 1)[args.only], sys.stderr,
+                            args.out)]
+        finished()
+    elif args.soak is not None:
         if args.only is not None:
             played = chaos_soak.played_pairs(sys.modules[__name__], args.launchers,
                                              args.programs, args.faults)

@@ -31,7 +31,7 @@ def test_a_round_with_a_fault_at_a_seeded_moment_strikes_ends_and_leaves_nothing
     if round_["fault"] == "oom" and chaos_faults.memory_cgroup_parent() is None:
         pytest.skip("the oom fault needs a writable memory cgroup (v1, or v2's controller)")
     outcome = chaos.play(ip, round_)
-    replay = (f"bench/chaos.py --seed {SEED} --only {round_['round']} (moment "
+    replay = (f"bench/chaos.py --slice --seed {SEED} --only {round_['round']} (moment "
               f"{round_['moment']}, at step {round_['at_step']})")
     assert outcome["ok"], (replay, outcome["problems"], outcome)
     if round_["fault"] != "none":
