@@ -51,6 +51,8 @@ harness has changed what a seed draws.
                                     [--programs ddp elastic horovod]
                                     [--faults kill freeze cancel task oom notebook none]
                                     [--neighbours 0.25] [--out bench/soak/NAME.jsonl.gz]
+    .venv/bin/python bench/chaos.py --soak 1000 --seed S --out bench/soak/NAME.jsonl.gz
+                                    # (every pair in turn until 1000 counted; resumable)
     .venv/bin/python bench/chaos.py --table [--write RELIABILITY.md]  # from bench/soak/
 
 The suite runs a short seeded slice (tests/test_chaos.py); the long soak stays here.
@@ -65,6 +67,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -74,11 +77,14 @@ import chaos_table  # noqa: E402
 from chaos_cluster import CLUSTER  # noqa: E402
 from chaos_leaks import _alive, _command, _named  # noqa: E402
 from chaos_neighbour import Neighbour  # noqa: E402
+import chaos_soak  # noqa: E402
 
 NP = 3
-STEPS = 60
+# Steps of a run: past the latest moment drawn (step 25) by 15 steps, so that a fault there
+# finds the run going (60 before: 20 more steps a round that changed no check)
+STEPS = 40
 TIMEOUT = 20          # --timeout of a round whose rank is frozen (seconds)
-MOMENTS = ("init", "early", "late")  # the suite's slice: in the rank's start, steps 1-5, 40-48
+MOMENTS = ("init", "early", "late")  # the suite's slice: in the rank's start, steps 1-5, 20-28
 # A notebook value past the broadcast limit (4 MB): it goes to the ranks as a value file
 # (/dev/shm), which every round then looks for after its end
 BALLAST = b"\0" * (5 << 20)
@@ -327,6 +333,7 @@ def play(ip, round_):
     elif round_["launcher"] == "spark":
         CLUSTER.leave()
         hvd_magic.spark_session()
+    marks = [time.monotonic()]  # (where the round's time went: the outcome's "phases")
     neighbour = Neighbour(round_["seed"], round_["round"]) if round_.get("neighbour") else None
     problems = []
     if neighbour is not None and not neighbour.wait_started():
@@ -352,6 +359,7 @@ def play(ip, round_):
         ended = time.monotonic()
     finally:
         unwatch()
+    marks.append(ended)
     record.ranks(r.pid for r in run.ranks)
     chaos_faults.settle(done, record)
     if run.state == "running":
@@ -369,6 +377,7 @@ def play(ip, round_):
             pass
     if round_["program"] == "session":
         problems += _session_after(ip, round_, run)
+    marks.append(time.monotonic())
     problems += leaks.left_behind(lambda: leaks.leftovers(run, record), leaks.LEAK_WAIT)
     problems += leaks.files_left(run.id, record) + leaks.ports_left(record)
     problems += leaks.jobs_left(run) + leaks.cgroup_left(record.cgroup)
@@ -376,16 +385,31 @@ def play(ip, round_):
             if not os.path.exists(run.folder.log_path(k))]
     if logs:
         problems.append(f"lost logs: no log of rank(s) {logs}")
+    marks.append(time.monotonic())
     if neighbour is not None:
         problems += neighbour.finish()
     shutil.rmtree(told, ignore_errors=True)
+    marks.append(time.monotonic())
     CLUSTER.mend()
+    marks.append(time.monotonic())
     outcome = dict(round_, run=run.id, commit=COMMIT, seconds=round(ended - began, 2),
+                   phases=_phases(marks, began),
                    state=run.state, struck=done.get("struck"), unstruck=done.get("how"),
                    values=len(record.values), error=type(error).__name__ if error else None,
                    said=str(error).splitlines()[0][:300] if error else None)
     problems += _timed(outcome, done, ended, recovery)
     return dict(outcome, ok=not problems, problems=problems)
+
+
+def _phases(marks, began):
+    """Seconds of a round's phases: its launcher's session and its neighbour made ready
+    ("ready"), its run ("run"), its checks of how it ended and its session's next cell
+    ("after"), its leak checks ("leaks"), its neighbour's end ("neighbour"), the cluster
+    mended ("mend")."""
+    ready, ended, after, leaked, finished, mended = marks
+    return {name: round(b - a, 2) for name, a, b in (
+        ("ready", ready, began), ("run", began, ended), ("after", ended, after),
+        ("leaks", after, leaked), ("neighbour", leaked, finished), ("mend", finished, mended))}
 
 
 def _session_after(ip, round_, run):
@@ -506,25 +530,35 @@ def play_notebook(round_):
         return sorted(p for p in pids if _alive(p) and leaks._started(p) == born.get(p))
     problems += leaks.left_behind(lambda: still(ours - jvms), NOTEBOOK_GONE)
     ours_gone = round(time.monotonic() - killed, 1)
-    problems += leaks.left_behind(lambda: still(jvms), JVM_GONE, what="jvm")
-    jvm_gone = round(time.monotonic() - killed, 1) if jvms else None
-    problems += leaks.files_left(first["run"], record) + leaks.ports_left(record)
-    started = [k for k, step in enumerate((last or {}).get("steps", [])) if step >= 1]
-    if first["folder"] is not None:
-        logs = [k for k in started if not os.path.exists(os.path.join(first["folder"],
-                                                                      f"rank-{k}.log"))]
-        if logs:
-            problems.append(f"lost logs: no log of rank(s) {logs}")
+    problems += leaks.ports_left(record)  # (its ranks' ports: the ranks are gone)
+    parts = leaks.new_parts(record)
     shutil.rmtree(told, ignore_errors=True)
     outcome = dict(round_, run=first["run"], commit=COMMIT, seconds=round(killed - began, 2),
-                   state="killed", error=None, gone=ours_gone, jvm_gone=jvm_gone,
+                   state="killed", error=None, gone=ours_gone, jvm_gone=None,
                    jvms=len(jvms), struck=struck, values=len(record.values),
                    unstruck=None if struck else "its run had ended before the notebook's kill",
                    to_error=ours_gone if struck else None, bound=chaos_faults.bound(round_))
     if struck and ours_gone > outcome["bound"]:
         problems.append(f"slow: the killed notebook's processes went {ours_gone} s after it, "
                         f"over the bound of {outcome['bound']:.0f} s")
-    return dict(outcome, ok=not problems, problems=problems)
+
+    def later():
+        """Its JVMs gone (JVM_GONE at most), then its files and logs looked for: while the next
+        round runs (by pid and start time, its run's id, the paths it recorded and the partial
+        folders there were before: nothing of the next round's is taken for this one's)."""
+        found = leaks.left_behind(lambda: still(jvms), JVM_GONE, what="jvm")
+        whole["jvm_gone"] = round(time.monotonic() - killed, 1) if jvms else None
+        found += leaks.files_left(first["run"], record, parts=parts)
+        started = [k for k, step in enumerate((last or {}).get("steps", [])) if step >= 1]
+        if first["folder"] is not None:
+            logs = [k for k in started if not os.path.exists(
+                os.path.join(first["folder"], f"rank-{k}.log"))]
+            if logs:
+                found.append(f"lost logs: no log of rank(s) {logs}")
+        return found
+    whole = dict(outcome, ok=not problems, problems=problems)
+    whole["later"] = later  # (taken off by _played, which makes these checks in a thread)
+    return whole
 
 
 def _misnamed(round_, run, error, lost=None, whole=False):
@@ -637,26 +671,58 @@ def rounds(ip, seed, count, launchers=tuple(LAUNCHERS), programs=tuple(PROGRAMS)
         round_ = draw(seed, number, list(launchers), list(programs), list(faults), timeout,
                       neighbours)
         outcomes.append(_played(ip, round_, out, output))
+    finished()
     return outcomes
 
 
+_PENDING = []  # the threads finishing rounds' checks made later (a killed notebook's JVMs)
+_WRITING = threading.Lock()
+
+
 def _played(ip, round_, out, output):
+    """Play a round; its outcome, said and written once its checks are all made: those it
+    leaves for later (`later`) made by a thread while the next round runs."""
     outcome = play(ip, round_)
-    print(json.dumps(outcome), file=out, flush=True)
-    if output:
-        chaos_table.write(output, outcome)
-    if not outcome["ok"]:
-        print(f"FAILED round: --seed {outcome['seed']} --only {outcome['round']}: "
-              f"{outcome['problems']}", file=out, flush=True)
+    later = outcome.pop("later", None)
+    if later is None:
+        _said(outcome, out, output)
+        return outcome
+
+    def finish():
+        found = later()
+        outcome.update(problems=outcome["problems"] + found, ok=outcome["ok"] and not found)
+        _said(outcome, out, output)
+    thread = threading.Thread(target=finish, name=f"chaos-later-{round_['round']}")
+    thread.start()
+    _PENDING.append(thread)
     return outcome
+
+
+def finished():
+    """Wait for the checks left for later (every outcome then whole)."""
+    while _PENDING:
+        _PENDING.pop().join()
+
+
+def _said(outcome, out, output):
+    with _WRITING:
+        print(json.dumps(outcome), file=out, flush=True)
+        if output:
+            chaos_table.write(output, outcome)
+        if not outcome["ok"]:
+            soak = "--soak " if outcome.get("plan") == "soak" else ""
+            print(f"FAILED round: {soak}--seed {outcome['seed']} --only {outcome['round']}: "
+                  f"{outcome['problems']}", file=out, flush=True)
 
 
 def replay(ip, recorded, out=sys.stderr, output=None):
     """Play again the rounds of `recorded` outcomes, as they were drawn; their new outcomes."""
     keys = ("seed", "round", "launcher", "np", "program", "fault", "victim", "at_step",
-            "extra_delay", "timeout", "cut_seconds", "neighbour", "moment")
-    return [_played(ip, {k: old[k] for k in keys if k in old}, out, output)
-            for old in recorded]
+            "extra_delay", "timeout", "cut_seconds", "neighbour", "moment", "plan")
+    outcomes = [_played(ip, {k: old[k] for k in keys if k in old}, out, output)
+                for old in recorded]
+    finished()
+    return outcomes
 
 
 def main():
@@ -678,6 +744,13 @@ def main():
                         help="play again the rounds printed in FILE (those that failed, with "
                              "--failed), as they were drawn")
     parser.add_argument("--failed", action="store_true")
+    parser.add_argument("--slice", action="store_true",
+                        help="with --only R: play round R of the suite's seeded slice "
+                             "(tests/test_chaos.py), as it draws it")
+    parser.add_argument("--soak", type=int, metavar="COUNTED", nargs="?", const=1000,
+                        help="the long soak: play every launcher x program x fault pair in "
+                             "turn until COUNTED rounds (default 1000) counted, appending to "
+                             "--out and skipping the rounds it holds (resumable; one commit)")
     parser.add_argument("--table", nargs="*", metavar="OUTPUT",
                         help="print the tables of earlier rounds' outputs (default: the "
                              "committed bench/soak/*.jsonl.gz; no round run)")
@@ -692,6 +765,12 @@ def main():
             chaos_table.rewrite(args.write, text)
         print(text)
         return 0
+    if args.soak is not None and args.only is None:  # (said before any round begins)
+        why = chaos_soak.resumable(args.out, COMMIT, args.seed) if args.out else \
+            "--soak needs --out bench/soak/NAME.jsonl.gz (the output it appends to, resumes)"
+        if why:
+            print(f"soak refused: {why}", file=sys.stderr)
+            return 2
     from IPython.testing.globalipapp import start_ipython
 
     # a TERM ends the soak as an exception would: its cluster, hosts and cgroups are undone
@@ -699,7 +778,23 @@ def main():
     ip = start_ipython()
     ip.run_line_magic("load_ext", "hvd_magic")
     began = time.monotonic()
-    if args.replay:
+    if args.slice and args.only is not None:
+        outcomes = [_played(ip, slice_rounds(args.seed, args.only + 1)[args.only], sys.stderr,
+                            args.out)]
+        finished()
+    elif args.soak is not None:
+        if args.only is not None:
+            played = chaos_soak.played_pairs(sys.modules[__name__], args.launchers,
+                                             args.programs, args.faults)
+            outcomes = [_played(ip, chaos_soak.soak_round(
+                sys.modules[__name__], args.seed, args.only, played, TIMEOUT, args.neighbours),
+                sys.stderr, None)]
+            finished()
+        else:
+            outcomes = chaos_soak.soak(sys.modules[__name__], ip, args.seed, args.soak, args.out,
+                                       args.launchers, args.programs, args.faults, TIMEOUT,
+                                       args.neighbours, minutes=args.minutes)
+    elif args.replay:
         outcomes = replay(ip, [o for o in chaos_table.outcomes_in(args.replay)
                                if not args.failed or not o["ok"]], output=args.out)
     else:

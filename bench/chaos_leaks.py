@@ -171,8 +171,32 @@ def left_behind(leftovers_now, wait, what="processes"):
     return [f"leak {what}: {', '.join(named)} outlived the run"] if left else []
 
 
-def files_left(run_id, record, temp=None):
-    """The run's folders, value files and partial cache folders still there."""
+def new_parts(record):
+    """The partial cache folders made since `record` began (and there now), less those being
+    made now: the shipped cache is the host's, and another notebook's process may be making
+    an entry while this round ends (its maker holds the entry's lock, exclusive, until the
+    part is renamed into the entry: not a leak, and not this round's)."""
+    return {p for p in set(_parts()) - record.parts_before if not _being_made(p)}
+
+
+def _being_made(part):
+    """Whether a process holds part `part`'s entry's lock exclusively (/proc/locks: read only,
+    no lock taken here)."""
+    from hvd_magic.task.caches import LOCK, PART
+    try:
+        inode = os.stat(part.split(PART)[0] + LOCK).st_ino
+        with open("/proc/locks") as f:
+            held = [line.split() for line in f if "->" not in line]
+    except OSError:
+        return False
+    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[3] == "WRITE" and
+               fields[5].rsplit(":", 1)[-1] == str(inode) for fields in held)
+
+
+def files_left(run_id, record, temp=None, parts=None):
+    """The run's folders, value files and partial cache folders still there (`parts`: those
+    to look for, where they were taken earlier: a check made later, while another round runs,
+    takes none of that round's for this one's)."""
     temp = temp or tempfile.gettempdir()
     problems = []
     folders = glob.glob(os.path.join(temp, f"hvd_magic-{run_id}-*"))
@@ -181,7 +205,7 @@ def files_left(run_id, record, temp=None):
     values = sorted(p for p in record.values if os.path.exists(p))
     if values:
         problems.append(f"leak shm: {', '.join(values)}")
-    parts = sorted(set(_parts()) - record.parts_before)
+    parts = sorted(new_parts(record) & (new_parts(record) if parts is None else parts))
     if parts:
         problems.append(f"leak parts: {', '.join(parts)}")
     return problems

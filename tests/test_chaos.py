@@ -31,7 +31,7 @@ def test_a_round_with_a_fault_at_a_seeded_moment_strikes_ends_and_leaves_nothing
     if round_["fault"] == "oom" and chaos_faults.memory_cgroup_parent() is None:
         pytest.skip("the oom fault needs a writable memory cgroup (v1, or v2's controller)")
     outcome = chaos.play(ip, round_)
-    replay = (f"bench/chaos.py --seed {SEED} --only {round_['round']} (moment "
+    replay = (f"bench/chaos.py --slice --seed {SEED} --only {round_['round']} (moment "
               f"{round_['moment']}, at step {round_['at_step']})")
     assert outcome["ok"], (replay, outcome["problems"], outcome)
     if round_["fault"] != "none":
@@ -103,8 +103,7 @@ def test_the_cut_is_refused_without_network_namespaces(monkeypatch):
 def test_a_second_notebooks_ranks_outlive_the_first_notebooks_cancel_and_end(ip):
     """Two notebooks on one machine: the first's cancel and its run's end touch only its own
     ranks; the second's (an IPython process of its own) go on and end as their own."""
-    beside = Neighbour(seed=0, number=0)
-    beside.cancel_at = 0  # (it runs until it is told to stop)
+    beside = Neighbour(seed=0, number=0, cancel_at=0)  # (it runs until it is told to stop)
     try:
         assert beside.wait_started(), "the second notebook's run never started"
         run = ip.run_cell_magic("distributed", "--np -2 --background --quiet",
@@ -116,6 +115,9 @@ def test_a_second_notebooks_ranks_outlive_the_first_notebooks_cancel_and_end(ip)
             run.wait(60)
         assert run.state == "cancelled"
         assert beside.finish() == []
+        again = Neighbour(seed=0, number=1, cancel_at=0)  # (the next round's, in its shell)
+        assert again.process is beside.process and again.wait_started()
+        assert again.finish() == []
     finally:
         if beside.process.poll() is None:
             beside.process.kill()
@@ -133,3 +135,71 @@ def test_the_table_is_remade_from_the_committed_outputs(tmp_path):
     assert text.strip() in reliability, "RELIABILITY.md's tables are not --table's"
 
 
+
+
+def test_the_soak_plays_every_pair_each_cycle_a_launcher_at_a_time():
+    import chaos_soak
+    played = chaos_soak.pairs(list(chaos.LAUNCHERS), list(chaos.PROGRAMS), list(chaos.FAULTS),
+                              chaos.NOT_ON)
+    assert ("cluster", "elastic", "freeze") in played and ("driver", "ddp", "task") not in played
+    assert ("driver", "session", "notebook") not in played
+    rounds = [chaos_soak.pair_of(3, n, played) for n in range(2 * len(played))]
+    for cycle in (rounds[:len(played)], rounds[len(played):]):
+        assert sorted(cycle) == sorted(played)  # (every pair, once a cycle)
+    switches = sum(a[0] != b[0] for a, b in zip(rounds, rounds[1:]))
+    assert switches == 2 * (len(chaos.LAUNCHERS) - 1)  # (and the cycles meet on one launcher)
+
+
+def test_the_soak_resumes_its_output_and_refuses_another_commits(tmp_path):
+    import types
+    import chaos_soak
+    output = str(tmp_path / "soak.jsonl.gz")
+    playing = []
+
+    def played(ip, round_, out, output):  # (what each round would give: struck, ok)
+        playing.append(round_["round"])
+        outcome = dict(round_, struck=True, ok=True, problems=[], commit="abc1234")
+        chaos_table.write(output, outcome)
+        return outcome
+    harness = types.SimpleNamespace(refused=lambda faults: {}, NOT_ON=chaos.NOT_ON,
+                                    draw=chaos.draw, _played=played, finished=lambda: None)
+    soak = dict(launchers=["driver"], programs=["ddp"], faults=["kill", "cancel"], timeout=20,
+                neighbours=0.0, out=open(os.devnull, "w"))
+    chaos_soak.soak(harness, None, 5, 3, output, **soak)
+    assert playing == [0, 1, 2]
+    chaos_soak.soak(harness, None, 5, 5, output, **soak)  # (a second sitting)
+    assert playing == [0, 1, 2, 3, 4]
+    assert [o["round"] for o in chaos_table.outcomes_in(output)] == [0, 1, 2, 3, 4]
+    assert chaos_soak.resumable(output, "abc1234", 5) is None
+    assert "commit" in chaos_soak.resumable(output, "def5678", 5)
+    assert "seed" in chaos_soak.resumable(output, "abc1234", 6)
+
+
+def test_a_check_made_later_takes_no_partial_folder_of_the_next_round(tmp_path, monkeypatch):
+    """A killed notebook's files are looked for while the next round runs: a partial cache
+    folder that round makes is not this round's leak; one this round left is."""
+    monkeypatch.setattr(chaos_leaks, "_parts", lambda: sorted(
+        str(p) for p in tmp_path.glob("*.part-*")))
+    record = chaos_leaks.Record()
+    (tmp_path / "ours.part-1").mkdir()  # (left by this round)
+    parts = chaos_leaks.new_parts(record)  # (taken as its ranks were gone)
+    (tmp_path / "next.part-2").mkdir()  # (the next round's, made meanwhile)
+    found = chaos_leaks.files_left("RUNID", record, temp=str(tmp_path), parts=parts)
+    assert found == [f"leak parts: {tmp_path / 'ours.part-1'}"]
+
+
+def test_a_partial_folder_another_process_is_making_is_no_leak(tmp_path, monkeypatch):
+    """The shipped cache is the host's: a part whose maker holds its entry's lock (another
+    notebook making that entry as the round ends) is not the round's leak; once no one makes
+    it, it is."""
+    import fcntl
+    monkeypatch.setattr(chaos_leaks, "_parts", lambda: sorted(
+        str(p) for p in tmp_path.glob("*.part-*")))
+    record = chaos_leaks.Record()
+    (tmp_path / "pkg-1.0-abc.part-1234").mkdir()
+    with open(tmp_path / "pkg-1.0-abc.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (its maker, making it)
+        assert chaos_leaks.files_left("RUNID", record, temp=str(tmp_path)) == []
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    found = chaos_leaks.files_left("RUNID", record, temp=str(tmp_path))
+    assert found == [f"leak parts: {tmp_path / 'pkg-1.0-abc.part-1234'}"]
