@@ -163,6 +163,40 @@ def test_a_frozen_horovod_member_is_given_up_after_the_frozen_timeout(ip, fresh_
     assert results and all(r["step"] == 80 for r in results), results
 
 
+def test_a_member_stopped_before_its_group_is_given_up_and_the_others_go_on(ip, fresh_ns):
+    """Slot 2 stops itself (SIGSTOP) before its init_process_group, its replacement too:
+    slots 0 and 1 wait for it while the group is made (on the old code unseen, the run waited
+    for its --timeout); after --frozen-timeout 4 it is given up, the two form a world of their
+    own and finish."""
+    fresh_ns.update(steps=10, grow_to=2, raise_at=None)
+    stop = ("import os, signal\nif os.environ['HVD_MAGIC_ELASTIC_SLOT'] == '2':\n"
+            "    os.kill(os.getpid(), signal.SIGSTOP)\n")
+    with _ddp_run(ip, "--np -3 --min-np 2 --frozen-timeout 4 --timeout 200", stop + DDP_CELL) \
+            as run:
+        results = run.wait(200)
+
+    assert run.state == "done", run.error
+    lost = [c for c in run.membership if c["t"] == "lost"]
+    assert (lost[0]["rank"], lost[0]["code"]) == (2, -signal.SIGKILL), run.membership
+    assert "(init_process_group) that ranks 0, 1 waited in" in lost[0]["how"], lost[0]["how"]
+    assert len(results) == 2 and all(r["worlds"] == [2] * 10 for r in results), results
+
+
+def test_left_behind_means_every_member_still_alive_idle_after_one_ended():
+    wall = 5000.0
+    done, stopped, busy = _rank(0), _rank(1), _rank(2)
+    done.exit = 0
+    for r, cpu in ((stopped, 0.0), (busy, 97.0)):
+        _sampled(r, cpu, wall)
+    assert frozen.left_behind([done, stopped], 8, wall) == [stopped]
+    # one still at work: the run is not waiting on the idle one alone
+    assert frozen.left_behind([done, stopped, busy], 8, wall) == []
+    # nobody ended yet: an idle member is the collective check's to judge
+    assert frozen.left_behind([stopped], 8, wall) == []
+    assert frozen.left_behind([done, stopped], 12, wall) == []  # not idle for 12 s yet
+    assert "every other member had ended" in frozen.how([], 8)
+
+
 def _rank(rank, blocked_for=None, now=1000.0):
     r = RankState(rank)
     r.pid = 100 + rank

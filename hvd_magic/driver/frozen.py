@@ -11,7 +11,9 @@ second: at most `IDLE_CPU` % of one core each) is declared lost: its task kills 
 group (SIGKILL), and the launcher goes on as after any loss (the survivors re-form, a
 replacement joins later). A rank that computes on its own while the others wait uses CPU and
 is left alone; one that waits on something outside the run (a slow disk, a lock) uses none and
-is given up too: a longer timeout is the way to allow it.
+is given up too: a longer timeout is the way to allow it. Once every other member has ended,
+nobody waits in a collective, yet the run waits for the one left: a member that used no CPU
+for ``--frozen-timeout`` seconds then (stopped before it ever joined a ring) is given up too.
 
 Not for: the hang watchdog's report (ranks waiting in a collective that others never call:
 `hvd_magic.driver.watchdog`), or the loss itself (`hvd_magic.driver.membership`).
@@ -43,6 +45,18 @@ def frozen(ranks, timeout, waited, now=None, wall=None):
                      and idle(r.usage.points, timeout, wall)]
 
 
+def left_behind(ranks, timeout, wall=None):
+    """The members the run still waits for once others have ended, every one of them idle for
+    `timeout` seconds (`ranks`: the members now, not the lost ones; a member in ``init`` too:
+    with the others gone, nobody will form a ring with it)."""
+    wall = time.time() if wall is None else wall
+    live = [r for r in ranks if r.exit is None and r.pid is not None]
+    if not any(r.exit is not None for r in ranks) or \
+            not all(idle(r.usage.points, timeout, wall) for r in live):
+        return []
+    return live
+
+
 def idle(points, timeout, wall):
     """Whether the samples of the last `timeout` seconds (``Usage.points``: unix time, cpu %,
     ...) cover them and say the process tree did not run."""
@@ -53,6 +67,9 @@ def idle(points, timeout, wall):
 
 def how(waiting, timeout):
     """How a member given up was lost, in words (the membership's ``lost`` line)."""
+    if not waiting:
+        return (f"frozen: it used no CPU for {timeout:g} s (--frozen-timeout) while every other "
+                f"member had ended, so it was killed (SIGKILL)")
     ops = ", ".join(dict.fromkeys(r.blocked_op for r in waiting if r.blocked_op))
     return (f"frozen: it used no CPU and was not in the collective ({ops}) that "
             f"{ranks_text(waiting)} waited in for {timeout:g} s (--frozen-timeout), so it was "

@@ -189,6 +189,9 @@ class Membership:
         self._waited.update((r.rank, now) for r in run.ranks if r.blocked_since is not None)
         waiting, idle = frozen.frozen(self.watched(run.ranks), self.frozen_timeout,
                                       self._waited, now)
+        if not waiting:
+            idle = frozen.left_behind([r for r in run.ranks if r.state != "lost"],
+                                      self.frozen_timeout)
         for r in idle:
             if self._frozen.get(r.rank, (None,))[0] == self.attempts[r.rank]:
                 continue

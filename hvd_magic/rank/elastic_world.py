@@ -204,6 +204,7 @@ class World:
         `join` found): its rank for this process."""
         import torch.distributed as dist
 
+        since = time.monotonic()
         while True:
             if reform is None:
                 reform = self._next()
@@ -216,6 +217,9 @@ class World:
             self._forming = g
             rank, size = reform["slots"].index(self.slot), len(reform["slots"])
             port = self.held.getsockname()[1] if g == self.generation and rank == 0 else 0
+            # (a wait for every member: a frozen one is given up by the driver, driver/frozen.py)
+            reporting.send({"t": "blocked", "op": "init_process_group",
+                            "seconds": time.monotonic() - since})
             try:  # (what the store's and the group's making open is the group's: a loss cuts it)
                 with self.sockets.making():
                     store = self._store(reform, rank, size, port)
@@ -231,8 +235,10 @@ class World:
                     if short:  # (then its collectives wait as long as the code asked, or torch's)
                         torch_compat.set_group_timeout(wait)
                     self._formed(g)
+                    reporting.send({"t": "unblocked"})
                     return rank
             except Exception:  # noqa: BLE001  (a member lost while it formed)
+                reporting.send({"t": "unblocked"})
                 if not self.disrupted and not self.changed():
                     raise
                 self._failed = g  # a newer world is needed: the driver forms it
