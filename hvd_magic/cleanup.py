@@ -40,6 +40,7 @@ class Cleanup:
         self.kept = {}  # path -> [(pid, start time)]: said again to a new cleanup process
         self.lock = threading.Lock()
         self.proc = None
+        self.unable = False       # no cleanup process can be started here (said once)
 
     @classmethod
     def here(cls):
@@ -80,13 +81,20 @@ class Cleanup:
             except OSError:
                 self.proc = None
 
-    @staticmethod
-    def _start():
+    def _start(self):
+        """The cleanup process; None (said once) where none can run: this file is not one on
+        disk (a package imported from a zip), or no process can be started."""
+        if self.unable:
+            return None
+        script = os.path.abspath(__file__)
         try:
+            if not os.path.isfile(script):
+                raise OSError(f"{script} is not a file")
             return subprocess.Popen(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                [sys.executable, "-I", "-S", script], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
+            self.unable = True
             print(f"hvd_magic: no cleanup process ({e}): a killed notebook or task leaves its "
                   "rank folders and value files behind", file=sys.stderr)
             return None
