@@ -32,6 +32,8 @@ import struct
 import tempfile
 import weakref
 
+from .cleanup import Cleanup
+
 FILE_KEY = "hvd_magic.shared_file"  # {FILE_KEY: path}: the value is in that file
 RAW_KEY = "raw"                     # the file holds the value's pickle (not a pickle of those bytes)
 MAPPED_KEY = "mapped"               # the file holds an OutOfBand value: its buffers, then its index
@@ -126,7 +128,7 @@ class LocalFile:
     """A large value's pickled bytes in one file of this machine, for tasks that run here.
 
     Pickles as its path only. `release()` (at the run's end; else when garbage collected or at
-    exit) removes the file."""
+    exit) removes the file; this process's `Cleanup` if it is killed."""
 
     def __init__(self, data):
         fd, self.path = tempfile.mkstemp(prefix="hvd_magic-value-", dir=_roomy_folder(len(data)))
@@ -136,6 +138,7 @@ class LocalFile:
                 _write_out_of_band(f, data)
             else:
                 f.write(data)
+        Cleanup.here().keep(self.path)  # (gone even if this process is SIGKILLed)
         self._remove = weakref.finalize(self, _unlink, self.path)
 
     def release(self):
@@ -154,6 +157,7 @@ def _unlink(path):
         os.unlink(path)
     except OSError:
         pass
+    Cleanup.here().forget(path)
 
 
 def release(ref):

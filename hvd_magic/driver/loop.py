@@ -207,7 +207,7 @@ class Driver:
         tasks without killing the Python workers. Tell those tasks to stop their ranks, and wait
         for them to say so."""
         run = self.run
-        if not run.unended():
+        if not run.unended() or not run.launcher.orphans_heed_stop:
             return
         run._server.stop_all(run.stop_reason or "failed")
         deadline = time.monotonic() + STOP_GRACE_SECONDS + 2

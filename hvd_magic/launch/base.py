@@ -44,6 +44,9 @@ class Launcher:
     shipment = ()                 # what they got: `hvd_magic.task.shipped.Parcel`s (prepare)
     error_loses_ranks = True      # an `error` means tasks died under their ranks (not so in a
     # session, whose ranks outlive a cell: there it says which ranks ignored the interrupt)
+    orphans_heed_stop = True      # a rank unended once the tasks are done may still end if its
+    # task is told again (Spark gave up on the task, not its Python worker); not in a session,
+    # whose tasks repeat the interrupt until the cell ends: a second stop would only be waited on
 
     def __init__(self):
         self.phase = None         # what prepare() waits on now, in words; None: nothing slow

@@ -93,6 +93,7 @@ class CellChannel:
 
 class SessionLauncher(Launcher):
     error_loses_ranks = False
+    orphans_heed_stop = False
 
     def __init__(self, session):
         super().__init__()

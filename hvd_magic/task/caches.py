@@ -16,10 +16,11 @@ Not for: what ships (`hvd_magic.launch.shipping`), or when an executor uses it (
 
 import fcntl
 import os
-import shutil
 import stat
 import time
 import uuid
+
+from ..cleanup import remove
 
 MAX_BYTES = 4 * 1024 ** 3     # a cache past this sheds its least recently used entries...
 KEEP_S = 24 * 3600            # ...but never one used within a day (a run may still be reading it)
@@ -72,16 +73,6 @@ def _locked(path, how):
         os.close(fd)
 
 
-def _remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-
 def _size(path):
     if not os.path.isdir(path) or os.path.islink(path):
         return os.lstat(path).st_size
@@ -124,7 +115,7 @@ class Cache:
                     make(part)
                     os.rename(part, path)  # whole or not at all
                 finally:
-                    _remove(part)
+                    remove(part)
             # (not atomic: a pruner that takes the lock between finds an entry used just now)
             fcntl.flock(fd, fcntl.LOCK_SH)
         except BaseException:
@@ -135,7 +126,7 @@ class Cache:
     def _drop_parts(self, name):
         for other in os.listdir(self.root):
             if other.startswith(name + PART):
-                _remove(os.path.join(self.root, other))
+                remove(os.path.join(self.root, other))
 
     def prune(self, now=None):
         """Remove what no process holds: entries unused for `max_age`, then, the least recently
@@ -180,7 +171,7 @@ class Cache:
             return False
         try:
             if entry:
-                _remove(path)
+                remove(path)
             self._drop_parts(name)
             if not os.path.exists(path):
                 os.unlink(path + LOCK)  # (under its lock: a waiter then takes the new one)

@@ -28,6 +28,7 @@ import tempfile
 import threading
 
 from .. import frameworks, payload
+from ..cleanup import Cleanup
 from .shipped import arrive, spark_fetched
 from ..rank.session import FRAMEWORK_VARS
 from .environ import rank_base_env
@@ -173,6 +174,8 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
     rank = slot.rank
     forward = link.forward
     workdir = tempfile.mkdtemp(prefix=f"hvd_magic-{settings.run_id}-rank{rank}-")
+    cleanup = Cleanup.here()  # the folder goes even if this process is SIGKILLed
+    cleanup.keep(workdir)
     proc = None
     try:
         if settings.session:
@@ -215,6 +218,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         proc = link.proc = start_rank(
             settings, ["hvd_magic.rank", workdir] + (["--session"] if settings.session else []),
             env, cwd, {"HVD_MAGIC_EVENT_FD": events_w, "HVD_MAGIC_PROBE_FD": probe_r})
+        cleanup.keep(workdir, proc.pid)  # (not while the rank may still write there)
         os.close(events_w)
         os.close(probe_r)
         link.probe = StackProbe(proc, probe_w, dump_path, forward)
@@ -261,6 +265,7 @@ def _run_rank(settings, slot, env, host, gpus, link, executor=None, partition=No
         if proc is not None:
             stop_group(proc, grace=0.5)
         shutil.rmtree(workdir, ignore_errors=True)
+        cleanup.forget(workdir)
 
 
 def _outcome(workdir, code, rank, host, stopped, env, sampler=None):
