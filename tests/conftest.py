@@ -405,8 +405,8 @@ def env_without_pyspark(tmp_path_factory, project_wheel):
                     without=("horovod", "pyspark", "py4j"))
 
 
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory):
+@pytest.fixture(scope="session")
+def _standalone_cluster(tmp_path_factory):
     # (each worker's executors know which worker they are: HVD_TEST_WORKER, for a test whose
     # executors' Python differs by worker: test_standalone_cluster.py's shipping tests)
     cluster = StandaloneCluster(str(tmp_path_factory.mktemp("spark-standalone")),
@@ -414,6 +414,18 @@ def standalone(tmp_path_factory):
                                              1: {"HVD_TEST_WORKER": "1"}}).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def standalone(_standalone_cluster):
+    """The cluster of two workers, one per test session (per xdist worker) for every file that
+    uses it: its start (a master and two worker JVMs) was paid once per file. Each test makes
+    and stops a session of its own on it; a worker a test killed and left dead (a test that
+    failed before it started the worker again) is started again here."""
+    for i, worker in enumerate(_standalone_cluster.workers):
+        if worker.poll() is not None:
+            _standalone_cluster.restart_worker(i)
+    return _standalone_cluster
 
 
 def spark_session(np):
