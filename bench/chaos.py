@@ -625,12 +625,14 @@ def slice_rounds(seed, count, launchers=("driver", "spark"), timeout=TIMEOUT,
     """The suite's seeded slice: `count` rounds of `seed`, their moments drawn in turn from
     init (the rank's start: its imports, its framework's init), early and late, their
     launchers in turn from `launchers`; program and fault drawn from the seed (a frozen rank's
-    run under a --timeout of `timeout`)."""
+    run under a --timeout of `timeout`; twice that on Spark, whose start the timeout counts too:
+    on a loaded machine a rank reached step 3 after 20 s, and the freeze never struck)."""
     chosen = []
     for number in range(count):
         rng = random.Random(f"slice:{seed}:{number}")
         launcher = launchers[number % len(launchers)]
-        round_ = draw(seed, number, [launcher], list(programs), list(faults), timeout)
+        round_ = draw(seed, number, [launcher], list(programs), list(faults),
+                      timeout if launcher == "driver" else 2 * timeout)
         moment = MOMENTS[number % len(MOMENTS)]
         round_.update(at_step={"init": 0, "early": rng.randint(1, 5),
                                "late": rng.randint(STEPS - 20, STEPS - 12)}[moment],
