@@ -257,3 +257,20 @@ def test_jax_across_a_standalone_clusters_two_workers(ip, standalone):
         assert_jax_world(run.results, n=4)
     finally:
         session.stop()
+
+
+def test_a_jax_cell_that_runs_its_own_profiler_is_told_why_its_timeline_is_empty(ip, capsys,
+                                                                                tmp_path):
+    """The cell's own jax.profiler.trace holds JAX's one profiler through the --timeline window:
+    the run says the profiler could not start, not that no rank reached the window's steps."""
+    cell = (f"import jax, jax.numpy as jnp\nimport hvd_magic\n"
+            f"with jax.profiler.trace({str(tmp_path)!r} + '/own' + str(jax.process_index())):\n"
+            f"    for step in range(1, 6):\n"
+            f"        jnp.ones(4).sum().block_until_ready()\n"
+            f"        hvd_magic.report(step=step)\n1\n")
+    ip.run_cell_magic("horovod", "--np -2 --timeline-steps 2:3", cell)
+    run = hvd_magic.last_run()
+    assert run.state == "done" and run.timeline_path is None, run.error
+    out = capsys.readouterr().out
+    assert "the profiler could not start on rank(s) 0, 1" in out, out
+    assert "reached step" not in out, out

@@ -29,7 +29,7 @@ def finish(run, internal=None):
     run.timeline_path, unread = timeline_of(run)
     if run.profile and run.timeline_path is None and not unread:  # (--timeline, no step in it)
         from ..timelines.ranks import nothing_recorded
-        _notice(run, {"t": "note", "message": nothing_recorded(run.profile)})
+        _notice(run, {"t": "note", "message": nothing_recorded(run.profile, run.run_dir, run.np)})
     ok_ranks = {rank for rank, status, _ in run.launcher.outcomes or () if status == "ok"}
     for state in run.ranks:  # the final state from the outcomes, if no exit event came
         if state.rank in ok_ranks:

@@ -103,6 +103,7 @@ class _Window:
                         f"could not start ({exc}). A job that runs the profiler itself "
                         f"(jax.profiler.trace, torch.profiler.profile) records its own: drop "
                         f"--timeline.\n".encode())
+            self._record({"steps": [], "events": [], "unstarted": str(exc)})
             return
         self.recorder = recorder
         self.marks.append(time.time_ns() // 1000)
@@ -134,15 +135,21 @@ class _Window:
         try:
             events, distributed = recorder.events()
             events, cut = _within(events, self.budget)
-            record = {"host": socket.gethostname(), "pid": os.getpid(), "steps": marks,
-                      "skip": self.skip, "cut": cut, "events": events,
-                      "framework": self.framework, "distributed": distributed}
-            tmp = self.path + ".part"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(record, f, separators=(",", ":"))
-            os.replace(tmp, self.path)
+            self._record({"steps": marks, "cut": cut, "events": events,
+                          "distributed": distributed})
         except Exception as exc:  # noqa: BLE001  (said by `finish`, the rank's end)
             self.failed = exc
+
+    def _record(self, fields):
+        """The rank's profile record, written whole (`unstarted`: why its profiler did not
+        start, which the driver says instead of the window's steps)."""
+        record = dict({"host": socket.gethostname(), "pid": os.getpid(), "skip": self.skip,
+                       "framework": self.framework}, **fields)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = self.path + ".part"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f, separators=(",", ":"))
+        os.replace(tmp, self.path)
 
 
 class _TorchRecorder:

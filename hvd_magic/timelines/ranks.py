@@ -122,9 +122,31 @@ def _is_profile(record):
         and all(isinstance(s, number) for s in record["steps"])
 
 
-def nothing_recorded(plan):
+def unstarted(run_dir, np):
+    """{rank: why its profiler could not start} of the ranks that said so in their record."""
+    why = {}
+    for rank in range(np):
+        try:
+            with open(os.path.join(run_dir, "profile", f"rank-{rank}", "trace.json"),
+                      encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("unstarted"):
+            why[rank] = str(record["unstarted"])
+    return why
+
+
+def nothing_recorded(plan, run_dir=None, np=0):
     """What a ``--timeline`` run of `plan` (`hvd_magic.api.profile_plan`) whose ranks recorded
-    nothing says: the steps its window waited for, and what counts as a step."""
+    nothing says: why the profiler could not start where a rank said so, else the steps its
+    window waited for, and what counts as a step."""
+    why = unstarted(run_dir, np) if run_dir else {}
+    if why:
+        ranks = ", ".join(str(rank) for rank in sorted(why))
+        return (f"--timeline recorded nothing: the profiler could not start on rank(s) {ranks} "
+                f"({why[min(why)]}). A job that runs the profiler itself (jax.profiler.trace, "
+                f"torch.profiler.profile) records its own: drop --timeline.")
     first, last = plan["skip"] + 1, plan["skip"] + plan["steps"]
     counted = ("a Keras training batch, or a `hvd_magic.report(step=...)` call"
                if plan["framework"] == "tensorflow" else
@@ -134,7 +156,7 @@ def nothing_recorded(plan):
                "without one a `hvd_magic.report(step=...)` call")
     return (f"--timeline recorded nothing: its window is steps {first} to {last} and no rank "
             f"reached step {first}. A step is {counted}; a shorter run needs an earlier "
-            f"window (--timeline-steps 1:2). Horovod code records its whole run, or a window "
+            f"window (--timeline-steps 2:3). Horovod code records its whole run, or a window "
             f"with `with hvd_magic.timeline():`.")
 
 

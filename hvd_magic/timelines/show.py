@@ -184,7 +184,8 @@ def _pick(runs, run_id):
     if not run.timeline_path:
         if run.state in ("pending", "running"):
             raise _usage(f"run {run.id} is still running; its timeline comes back when it ends.")
-        how = ranks.nothing_recorded(run.profile) if run.profile else HOW_TO_RECORD
+        how = (ranks.nothing_recorded(run.profile, run.run_dir, run.np) if run.profile
+               else HOW_TO_RECORD)
         raise _usage(f"run {run.id} has no timeline. {how} Runs with a timeline: {available}.")
     return run
 
