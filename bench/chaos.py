@@ -288,15 +288,27 @@ def deadline(round_):
                    "cut": round_.get("cut_seconds", 0) + 30}.get(round_["fault"], 0)
 
 
+# the code a round runs: the product, its install, and the harness (not its outputs, the other
+# benchmarks or prose)
+RUN_CODE = ("hvd_magic", "pyproject.toml", "requirements", "scripts", "Makefile", "bench/chaos*.py",
+            "tests/simhosts.py")
+
+
 def _commit():
-    """The commit this process runs (read once, as it starts: a commit made while a soak runs
-    is not the code it runs), "-dirty" where the worktree had changes."""
+    """The last commit that changed the code a round runs (`RUN_CODE`; read once, as it starts:
+    a commit made while a soak runs is not the code it runs), "-dirty" where the worktree had
+    changes to it. A commit of soak outputs, prose or other benchmarks keeps the code's commit,
+    so that a soak's sittings, with its outputs committed between them, are all of one commit."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = ["--", *RUN_CODE]
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
-                              capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        commit = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h", "--abbrev=7"]
+                                + paths, capture_output=True, text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", root, "status", "--porcelain"] + paths,
+                                 capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
+    return (commit + "-dirty" if changed else commit) or "?"
 
 
 COMMIT = _commit()

@@ -2,7 +2,8 @@
 (their fault struck, or none), every launcher x program x fault pair the harness can play
 drawn in turn, and resumable: each round is appended to one .jsonl.gz, and a soak started
 again on that output skips the rounds it holds, so that a thousand rounds can be played over
-two sittings on one commit (a soak refuses an output of another commit).
+sittings on one commit (a soak refuses an output of another commit: `chaos.COMMIT`, the last
+commit of the code a round runs, so that outputs committed between sittings change nothing).
 
 Round n of a soak plays pair n mod P of its cycle (P: the pairs; a cycle: P rounds), the
 pairs of each cycle shuffled by the seed, then grouped by launcher (a Spark session is made
