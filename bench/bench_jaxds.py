@@ -46,16 +46,9 @@ def ds_train(steps, warmup=WARMUP, on_window=None):
     and `("end")` called at the timed steps' edges (bench_dscpu.py measures its CPU there)."""
     import time
 
-    import deepspeed
-    import torch
     import torch.distributed as dist
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10))
-    engine, *_ = deepspeed.initialize(model=model, config=ZERO2,
-                                      optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
-    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    train_step = ds_step()
     start = None
     for i in range(warmup + steps):
         if i == warmup:
@@ -63,13 +56,31 @@ def ds_train(steps, warmup=WARMUP, on_window=None):
             if on_window:
                 on_window("start")
             start = time.perf_counter()
-        engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
-        engine.step()
+        train_step()
     dist.barrier()
     rate = steps / (time.perf_counter() - start)
     if on_window:
         on_window("end")
     return rate
+
+
+def ds_step():
+    """One ZeRO-2 training step of the benchmark's model, as a function (DeepSpeed initialized
+    here: a launched world of ranks)."""
+    import deepspeed
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10))
+    engine, *_ = deepspeed.initialize(model=model, config=ZERO2,
+                                      optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def step():
+        engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
+        engine.step()
+    return step
 
 
 def jax_psum_ms(coordinator=None, process_id=None, mib=PSUM_MIB, calls=PSUM_CALLS):

@@ -112,6 +112,9 @@ BENCHMARKS = {
     # DeepSpeed ZeRO-2 beside torchrun, JAX's psum beside processes started by hand, the first
     # DeepSpeed run's wait with an empty and a warm op folder (#82)
     "jaxds": ("bench_jaxds.py", ["--reps", "3"], ["--reps", "1", "--steps", "100"]),
+    # the same ZeRO-2 loop in turns of half a second, every launcher's ranks alive at once: each
+    # hvd_magic turn against the torchrun turns beside it (the minutes' noise cancels) (#82)
+    "ds-turns": ("bench_ds_turns.py", ["--turns", "60"], ["--turns", "6"]),
     # the driver side at np 64-1024 simulated ranks (issue #29)
     "scale": ("bench_scale.py", ["--np", "64", "256", "1024"], ["--quick"]),
     # that dashboard's updates replayed in Chromium: frame time, DOM size (issue #29)
