@@ -82,22 +82,31 @@ class Cleanup:
                 self.proc = None
 
     def _start(self):
-        """The cleanup process; None (said once) where none can run: this file is not one on
-        disk (a package imported from a zip), or no process can be started."""
+        """The cleanup process: this file run, or its source where the package was imported
+        from a zip (a cluster's executors import the hvd_magic Spark shipped them so); None
+        (said once) where no process can be started."""
         if self.unable:
             return None
-        script = os.path.abspath(__file__)
         try:
-            if not os.path.isfile(script):
-                raise OSError(f"{script} is not a file")
             return subprocess.Popen(
-                [sys.executable, "-I", "-S", script], stdin=subprocess.PIPE,
+                [sys.executable, "-I", "-S", *_program()], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
             self.unable = True
             print(f"hvd_magic: no cleanup process ({e}): a killed notebook or task leaves its "
                   "rank folders and value files behind", file=sys.stderr)
             return None
+
+
+def _program():
+    """The arguments that run this module as a script: its file, or its source (``-c``)."""
+    script = os.path.abspath(__file__)
+    if os.path.isfile(script) and script.endswith(".py"):
+        return [script]
+    source = __loader__.get_source(__name__) if hasattr(__loader__, "get_source") else None
+    if not source:
+        raise OSError(f"{script} is not a file and its source cannot be read")
+    return ["-c", source]
 
 
 def _started(pid):

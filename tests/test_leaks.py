@@ -5,7 +5,6 @@ Spark task's Python worker) and looks for exactly the paths that run made, never
 
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import time
@@ -90,3 +89,37 @@ def test_the_cleanup_process_removes_only_what_is_still_registered_once_users_ar
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_a_process_that_imported_hvd_magic_from_a_zip_still_cleans_up_when_killed(tmp_path):
+    """A cluster's executors import the hvd_magic that Spark shipped them, a zip (`sc.addPyFile`):
+    its cleanup process runs from the module's source there, and still removes a killed task's
+    folder."""
+    import zipfile
+    package = os.path.dirname(hvd_magic.__file__)
+    shipped = tmp_path / "hvd_magic.zip"
+    with zipfile.ZipFile(shipped, "w") as z:
+        for folder, _, names in os.walk(package):
+            for name in names:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    z.write(path, os.path.relpath(path, os.path.dirname(package)))
+    kept = tmp_path / "rank-folder"
+    kept.mkdir()
+    task = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\nimport hvd_magic.cleanup as c\n"
+         "assert c.__file__.startswith(sys.argv[1]), c.__file__\n"
+         "c.Cleanup.here().keep(sys.argv[2])\nprint('kept', flush=True)\ntime.sleep(60)\n",
+         str(shipped), str(kept)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+        env=dict(os.environ, PYTHONPATH=str(shipped)))
+    try:
+        assert task.stdout.readline().strip() == "kept", task.stderr.read()
+        task.kill()
+        task.wait()
+        assert _gone([str(kept)]) == []
+        assert "no cleanup process" not in task.stderr.read()
+    finally:
+        task.kill()
+        task.wait()
