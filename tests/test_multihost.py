@@ -10,6 +10,7 @@ namespace, on the bridge's address. Everything made here is removed at the end, 
 import contextlib
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -182,3 +183,37 @@ def test_ranks_on_two_hosts_across_a_bridge(ip, two_hosts, two_host_cluster):
     assert nodes.keys() == {here, there}
     assert sorted(nodes.values(), key=min) == [{(0, 0), (0, 1)}, {(1, 0), (1, 1)}]
     session.stop()
+
+
+CUT_AT_INIT_CELL = """\
+import os, time, torch, horovod.torch as hvd
+open(os.path.join({folder!r}, "ready-" + os.environ["HOROVOD_RANK"]), "w").close()
+while not os.path.exists(os.path.join({folder!r}, "cut")):  # hvd.init() once the hosts are apart
+    time.sleep(0.05)
+hvd.init()
+hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
+"""
+
+
+def test_a_network_cut_for_seconds_during_hvd_init_aborts_no_rank(ip, tmp_path, two_hosts,
+                                                                  two_host_cluster):
+    """The two hosts cut apart (the other host's cable: its veth's bridge end down) for 12 s
+    while every rank calls hvd.init(): the ranks on the host without the rendezvous server
+    cannot reach it until the cut heals. Horovod as published tries 3 times (each failing once
+    ARP gives up) and aborts them (std::terminate, SIGABRT); with
+    horovod-0.28.1-rendezvous-retry.patch they retry for HOROVOD_GLOO_TIMEOUT_SECONDS."""
+    two_host_cluster.session()
+    run = ip.run_cell_magic("horovod", "--np 4 --quiet --background",
+                            CUT_AT_INIT_CELL.format(folder=str(tmp_path)))
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("ready-*"))) < 4:
+        assert run.state == "running" and time.monotonic() < deadline, run.error
+        time.sleep(0.05)
+    cable = f"hvr{os.getpid()}x1"  # (tests/simhosts.py's name for host 1's veth, bridge end)
+    simhosts.ip("link", "set", cable, "down")
+    try:
+        (tmp_path / "cut").touch()
+        time.sleep(12)
+    finally:
+        simhosts.ip("link", "set", cable, "up")
+    assert run.wait(120) == [4.0] * 4

@@ -10,7 +10,9 @@
 # which otherwise bind to what the hostname resolves to and break ranks on hosts whose name
 # resolves to a loopback address; Keras 2 (tf_keras) for Horovod's Keras wrappers where `keras` is
 # Keras 3; in elastic mode, the background loop ended by a collective that failed, whose next
-# negotiation would otherwise make Gloo abort a survivor still inside it), build ONE wheel with
+# negotiation would otherwise make Gloo abort a survivor still inside it; the rendezvous server
+# retried for HOROVOD_GLOO_TIMEOUT_SECONDS while it cannot be reached, not 3 times in 1.5 s, so
+# that a network cut for seconds during hvd.init() aborts no rank), build ONE wheel with
 # PyTorch and TensorFlow, Gloo, without MPI/MXNet, and keep it in
 # ~/.cache/hvd_magic/wheels/<key>/ where <key> names the Python, torch and TensorFlow versions and
 # a hash of the patches: the second run installs in seconds. Without TensorFlow in the environment
@@ -54,7 +56,8 @@ if [[ $flavour != stock ]]; then
     patches+=("$here/patches/horovod-$version-no-spin.patch"
               "$here/patches/horovod-$version-process-set-iface.patch"
               "$here/patches/horovod-$version-tf-keras2.patch"
-              "$here/patches/horovod-$version-elastic-stop.patch")
+              "$here/patches/horovod-$version-elastic-stop.patch"
+              "$here/patches/horovod-$version-rendezvous-retry.patch")
 fi
 
 pyver=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
