@@ -57,7 +57,7 @@ def test_the_recipe_names_every_patch_it_ships():
         named = {f"horovod-$version-{n}.patch" for n in re.findall(r"horovod-\$version-([\w-]+)"
                                                                    r"\.patch", f.read())}
     assert {p.replace("0.28.1", "$version") for p in PATCHES} == named
-    assert len(PATCHES) == 6
+    assert len(PATCHES) == 7
 
 
 def test_the_wheel_carries_the_recipe_and_its_patches(wheel):

@@ -615,6 +615,26 @@ def test_a_task_lost_to_the_stop_a_ranks_abort_made_is_not_named_as_the_cause():
     assert isinstance(sparks, LaunchError) and "rank 1" in str(sparks), sparks
 
 
+@pytest.mark.parametrize("killed_first", [True, False], ids=["kill-heard-first",
+                                                               "error-heard-first"])
+def test_a_sigkilled_rank_is_the_cause_beside_a_peers_error_whichever_came_first(killed_first):
+    """Rank 1 SIGKILLed, rank 0's DeepSpeed step then raising a TypeError on gradients its peer
+    never reduced (a fresh clone's tests/test_deepspeed.py, where the error was heard first): no
+    peer's error sends a SIGKILL, so the killed rank is named either way."""
+    from hvd_magic.driver.ending import run_error
+    from hvd_magic.driver.ranks import RankState
+
+    killed = {"rank": 1, "status": "died", "signal": "SIGKILL", "after_stop": False}
+    raised = {"rank": 0, "status": "error", "type": "TypeError", "after_stop": False,
+              "message": "'NoneType' object is not iterable",
+              "traceback": "TypeError: 'NoneType' object is not iterable"}
+    ranks = [RankState(k) for k in range(2)]
+    failures = [killed, raised] if killed_first else [raised, killed]
+    error = run_error(_ended_run(ranks, failures, "failed", where="driver only"),
+                      {0: raised, 1: killed}, None)
+    assert isinstance(error, hvd_magic.RankError) and error.rank == 1, error
+
+
 # A rank's last words when TensorFlow's profiler crashed it as it stopped (a fresh clone's run:
 # tests/test_timeline_ranks.py's TensorFlow cell, about once in 25).
 PROFILER_CRASH = """Fatal Python error: Segmentation fault

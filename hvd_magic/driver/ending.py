@@ -147,9 +147,14 @@ def _of_the_stop(failure):
 
 def _first_failure(run, failures, infos):
     causes = [f for f in failures if not is_follow_on(f)]
-    # A rank that Horovod aborted (SIGABRT: Gloo lost a peer inside a collective) beside one
-    # whose code failed: the failing code is the cause, whichever end arrived first.
-    first = next((f for f in causes if f.get("signal") != "SIGABRT"), None) or \
+    # A rank SIGKILLed (not by the stop: its ranks are "stopped", not failures) beside one whose
+    # code raised: the killed one is the cause, whichever end arrived first. No peer's error
+    # sends a SIGKILL, but a killed peer makes errors beyond the collectives' own words (a
+    # DeepSpeed step's TypeError on gradients its killed peer never reduced). A rank that
+    # Horovod aborted (SIGABRT: Gloo lost a peer inside a collective) beside one whose code
+    # failed: the failing code is the cause.
+    first = next((f for f in causes if f.get("signal") == "SIGKILL"), None) or \
+        next((f for f in causes if f.get("signal") != "SIGABRT"), None) or \
         (causes or failures)[0]
     first = dict(infos.get(first["rank"], {}), **first)
     if not first.get("traceback"):
